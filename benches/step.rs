@@ -1,0 +1,62 @@
+//! `step()` in each state, beside an empty-closure baseline measured in the same run, so the
+//! figures read as a cost over doing nothing.
+//!
+//! - idle: no session (the engine's normal state): one relaxed load + the step counter.
+//! - armed: a session in its delay (counting toward the backend start).
+//! - running: a session capturing with a backend that does nothing (the profiler's own cost,
+//!   without a tool's).
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use stepscope::backend::NoBackend;
+use stepscope::{IterationInfo, ProfilerConfig, StartOptions, WorkerProfiler};
+
+fn profiler() -> WorkerProfiler {
+    let cfg = ProfilerConfig::default();
+    let p = WorkerProfiler::with_backend(&cfg, "bench", Box::new(NoBackend));
+    // Register this thread as the engine thread, as a real engine's first step does.
+    drop(p.step(&IterationInfo::default()));
+    p
+}
+
+fn bench_step(c: &mut Criterion) {
+    let info = IterationInfo::new(1, 512, 63, 63);
+    let mut g = c.benchmark_group("step");
+
+    g.bench_function("baseline_empty_closure", |b| {
+        b.iter(|| {
+            black_box(&info);
+        })
+    });
+
+    let idle = profiler();
+    g.bench_function("idle", |b| b.iter(|| drop(idle.step(black_box(&info)))));
+
+    let armed = profiler();
+    armed
+        .start_with(StartOptions {
+            delay_iterations: Some(u64::MAX),
+            max_iterations: None,
+        })
+        .expect("start");
+    g.bench_function("armed_in_delay", |b| {
+        b.iter(|| drop(armed.step(black_box(&info))))
+    });
+
+    let running = profiler();
+    running
+        .start_with(StartOptions {
+            delay_iterations: Some(0),
+            max_iterations: Some(0),
+        })
+        .expect("start");
+    assert!(running.is_running());
+    g.bench_function("running_no_tool", |b| {
+        b.iter(|| drop(running.step(black_box(&info))))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_step);
+criterion_main!(benches);

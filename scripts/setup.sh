@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what a fresh machine lacks for `make demo` and `make test`, idempotently: each step
+# checks first and does nothing (quickly) when its tool is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+if ! command -v cargo >/dev/null 2>&1; then
+  say "cargo not found: install Rust (rustup) first"; exit 1
+fi
+
+# rustfmt and clippy: `make test` runs both.
+if command -v rustup >/dev/null 2>&1; then
+  for comp in rustfmt clippy; do
+    if ! rustup component list --installed 2>/dev/null | grep -q "^$comp"; then
+      say "adding rust component $comp"
+      rustup component add "$comp"
+    fi
+  done
+fi
+
+# Debian packages, installed as root (or through sudo) when missing.
+need_debs=()
+for pkg in "$@"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    need_debs+=("$pkg")
+  fi
+done
+if [ ${#need_debs[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  say "installing Debian packages: ${need_debs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${need_debs[@]}" >/dev/null
+fi

@@ -1,0 +1,84 @@
+//! Profiling backends: what starts and stops capture, and annotates each captured iteration.
+//!
+//! A backend is a value implementing [`Backend`]; the [`crate::WorkerProfiler`] owns one and
+//! calls it only from the places its thread rules allow: `start`, `stop`, `advance`,
+//! `begin_iteration` and `end_iteration` run on the engine thread once one is known (see the
+//! profiler's docs).
+
+use crate::config::ProfilerConfig;
+use crate::error::{Error, Result};
+use crate::flush::PendingWrites;
+use crate::iteration::IterationInfo;
+
+/// What a backend learns when a capture starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureStart<'a> {
+    /// The worker's name (trace file prefix).
+    pub worker_name: &'a str,
+    /// Index of the first step the capture covers (1-based count of `step()` calls), or 0 when
+    /// the capture starts in `start()` before the next step.
+    pub first_step: u64,
+}
+
+/// A profiling backend.
+///
+/// Errors are values: a backend never panics into the engine. A failed `start` leaves the
+/// session active and not running (vLLM's behaviour); a failed `stop` is reported and the
+/// backend is treated as stopped.
+pub trait Backend: Send {
+    /// Short name used in messages and manifests: `cuda`, `torch`, …
+    fn name(&self) -> &str;
+
+    /// Begins capturing.
+    fn start(&mut self, capture: &CaptureStart<'_>) -> Result<()>;
+
+    /// Ends capturing. Slow work (serialization, compression, I/O) belongs on a writer thread,
+    /// not here: this runs on the engine thread between two iterations.
+    fn stop(&mut self) -> Result<()>;
+
+    /// One running step passed: advance the backend's own schedule (torch's
+    /// wait/warmup/active). Called before the step's iteration is annotated.
+    fn advance(&mut self) {}
+
+    /// A captured iteration begins: open its annotation (NVTX range, record_function).
+    fn begin_iteration(&mut self, _step: u64, _info: &IterationInfo) {}
+
+    /// The captured iteration ends: close what `begin_iteration` opened.
+    fn end_iteration(&mut self) {}
+
+    /// The backend's count of background writes, if it writes in the background. The profiler
+    /// waits on it for `flush()` without holding its own lock.
+    fn pending_writes(&self) -> Option<PendingWrites> {
+        None
+    }
+}
+
+/// The backend of a config without `profiler`: starting and stopping do nothing, so the
+/// schedule still runs (and step indices still count) with nothing captured.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoBackend;
+
+impl Backend for NoBackend {
+    fn name(&self) -> &str {
+        "none"
+    }
+
+    fn start(&mut self, _capture: &CaptureStart<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The backend that `config.profiler` names, for a worker called `worker_name`.
+pub fn for_config(config: &ProfilerConfig, _worker_name: &str) -> Result<Box<dyn Backend>> {
+    match config.profiler {
+        None => Ok(Box::new(NoBackend)),
+        Some(kind) => Err(Error::backend(
+            kind.as_str(),
+            "this build of stepscope has no such backend yet",
+        )),
+    }
+}

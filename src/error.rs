@@ -1,0 +1,102 @@
+//! The library's one error type.
+//!
+//! Every failure is a value: a profiler must never take its host engine down. Each variant's
+//! `Display` says what went wrong and where (the config field, the file, the backend call), so
+//! the text can be shown to a user unchanged — through the C ABI's `stepscope_last_error()`,
+//! a Python exception, or a log line.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Everything that can go wrong in stepscope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A profiler config field is missing, of the wrong type, or out of range.
+    Config {
+        /// Dotted path of the offending key, e.g. `delay_iterations` or `stepscope.nvtx`.
+        field: String,
+        /// What is wrong and what is allowed.
+        message: String,
+    },
+    /// The config text is not valid JSON, or not a JSON object.
+    Json {
+        /// Where the text came from: `STEPSCOPE_CONFIG`, a file path, or `config`.
+        source: String,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A file could not be read or written.
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The operating system's message.
+        message: String,
+    },
+    /// An argument passed to an API call is invalid (e.g. a negative override).
+    InvalidArgument {
+        /// The argument's name as the caller wrote it, e.g. `delay_iterations`.
+        name: String,
+        /// What is wrong and what is allowed.
+        message: String,
+    },
+    /// A profiling backend failed (driver missing, driver call failed, Kineto error).
+    Backend {
+        /// The backend: `cuda`, `torch`, `nvtx`, or a user backend's name.
+        backend: String,
+        /// What failed, e.g. `cuProfilerStart failed: CUDA_ERROR_NOT_INITIALIZED (...)`.
+        message: String,
+    },
+    /// Waiting for trace writing ran out of time; the writes go on in the background.
+    Timeout {
+        /// What was being waited for.
+        what: String,
+    },
+}
+
+impl Error {
+    /// A config error for `field`.
+    pub(crate) fn config(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Config {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A backend error for `backend`.
+    pub fn backend(backend: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Backend {
+            backend: backend.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The config field this error is about, if it is a config error.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Error::Config { field, .. } => Some(field),
+            Error::InvalidArgument { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Config { field, message } => write!(f, "profiler config: `{field}` {message}"),
+            Error::Json { source, message } => {
+                write!(f, "profiler config from {source} is not valid: {message}")
+            }
+            Error::Io { path, message } => write!(f, "{}: {message}", path.display()),
+            Error::InvalidArgument { name, message } => write!(f, "`{name}` {message}"),
+            Error::Backend { backend, message } => write!(f, "profiler '{backend}': {message}"),
+            Error::Timeout { what } => write!(f, "timed out waiting for {what}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,490 @@
+//! `WorkerProfiler`: the schedule, a backend, and the thread rules between them.
+//!
+//! # Thread rules
+//! `step()` is called by the engine thread, once per engine iteration. `start()` and `stop()`
+//! may come from any thread. Backends with thread affinity (a CUDA context, Kineto's
+//! thread-local state) must start and stop on the engine thread, so:
+//!
+//! - before the first `step()`, no engine thread is known and every call acts at once on the
+//!   calling thread;
+//! - afterwards, a call from the engine thread acts at once (vLLM's behaviour, where
+//!   `start_profile` runs on the worker's own thread), while a backend start or stop requested
+//!   from another thread is recorded and carried out by the engine thread at its next `step()`,
+//!   before that step is counted. The schedule's own state (active, counters) changes at once.
+//!
+//! `shutdown()` acts on the calling thread: the engine loop has ended by then.
+//!
+//! # Cost
+//! With nothing armed, `step()` is one relaxed load of the gate plus the engine-owned step
+//! counter's increment (a relaxed load and store, no read-modify-write): no lock, no allocation,
+//! no formatting. Everything else lives in `#[cold]` functions. `benches/step.rs` measures it.
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::thread::{self, ThreadId};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::backend::{self, Backend, CaptureStart};
+use crate::config::ProfilerConfig;
+use crate::error::{Error, Result};
+use crate::iteration::IterationInfo;
+use crate::schedule::{Limits, Phase, Schedule, StartDecision, StepBegin, StopDecision};
+
+/// Gate bit: a session is active, backend work is pending, or a range is open. `step()` must
+/// take the slow path.
+const GATE_ARMED: u8 = 1;
+/// Gate bit: no engine thread is known yet; the first `step()` registers it.
+const GATE_UNREGISTERED: u8 = 2;
+
+/// Per-session overrides for [`WorkerProfiler::start_with`]. `None` keeps the config's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StartOptions {
+    /// Iterations to wait before the backend starts.
+    pub delay_iterations: Option<u64>,
+    /// Iterations to capture before stopping by itself (0: until stop).
+    pub max_iterations: Option<u64>,
+}
+
+impl StartOptions {
+    /// From signed values, as the C ABI and Python pass them: a negative value is an
+    /// [`Error::InvalidArgument`] naming the field.
+    pub fn from_signed(delay_iterations: Option<i64>, max_iterations: Option<i64>) -> Result<Self> {
+        fn check(name: &str, v: Option<i64>) -> Result<Option<u64>> {
+            match v {
+                None => Ok(None),
+                Some(v) => u64::try_from(v)
+                    .map(Some)
+                    .map_err(|_| Error::InvalidArgument {
+                        name: name.into(),
+                        message: format!("must be greater than or equal to 0 (got {v})"),
+                    }),
+            }
+        }
+        Ok(StartOptions {
+            delay_iterations: check("delay_iterations", delay_iterations)?,
+            max_iterations: check("max_iterations", max_iterations)?,
+        })
+    }
+}
+
+/// What [`WorkerProfiler::start_with`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartOutcome {
+    /// The backend started.
+    Started,
+    /// The backend starts in the step whose count since now equals `delay`.
+    Armed {
+        /// The session's delay.
+        delay: u64,
+    },
+    /// The engine thread starts the backend at its next `step()`.
+    Deferred,
+    /// A session was already active; the request was ignored (as vLLM does).
+    AlreadyActive,
+}
+
+/// What [`WorkerProfiler::stop`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopOutcome {
+    /// The backend stopped.
+    Stopped,
+    /// The session ended before its backend started; the backend was not touched.
+    Disarmed,
+    /// The session ended; the engine thread stops the backend at its next `step()`.
+    Deferred,
+    /// No session was active; the request was ignored (as vLLM does).
+    NotActive,
+}
+
+/// The engine-side profiler of one worker: vLLM's `WorkerProfiler`, driven by one `step()`
+/// per engine iteration.
+///
+/// ```
+/// use stepscope::{IterationInfo, ProfilerConfig, WorkerProfiler};
+/// let cfg = ProfilerConfig::from_json_str(r#"{"delay_iterations": 2, "max_iterations": 3}"#)?;
+/// let profiler = WorkerProfiler::new(&cfg, "worker0")?;
+/// profiler.start()?;
+/// let mut captured = Vec::new();
+/// for i in 1..=8u32 {
+///     let _iteration = profiler.step(&IterationInfo::new(0, 0, i, i));
+///     if profiler.is_running() {
+///         captured.push(i);
+///     }
+///     // ... run the model for this iteration ...
+/// }
+/// assert_eq!(captured, [2, 3, 4]);
+/// assert!(!profiler.is_active());
+/// # Ok::<(), stepscope::Error>(())
+/// ```
+pub struct WorkerProfiler {
+    gate: AtomicU8,
+    steps: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    worker_name: String,
+    schedule: Schedule,
+    backend: Box<dyn Backend>,
+    engine_thread: Option<ThreadId>,
+    pending_stop: bool,
+    pending_start: bool,
+    range_open: bool,
+    last_error: Option<Error>,
+}
+
+impl WorkerProfiler {
+    /// A profiler with the backend the config names (`profiler`); none when it names none.
+    pub fn new(config: &ProfilerConfig, worker_name: &str) -> Result<Self> {
+        let backend = backend::for_config(config, worker_name)?;
+        Ok(Self::with_backend(config, worker_name, backend))
+    }
+
+    /// A profiler driving the given backend with the config's schedule.
+    pub fn with_backend(
+        config: &ProfilerConfig,
+        worker_name: &str,
+        backend: Box<dyn Backend>,
+    ) -> Self {
+        let limits = Limits {
+            delay: config.delay_iterations,
+            max: config.max_iterations,
+        };
+        WorkerProfiler {
+            gate: AtomicU8::new(GATE_UNREGISTERED),
+            steps: AtomicU64::new(0),
+            inner: Mutex::new(Inner {
+                worker_name: worker_name.to_string(),
+                schedule: Schedule::new(limits, config.uncounted_steps_after_start()),
+                backend,
+                engine_thread: None,
+                pending_stop: false,
+                pending_start: false,
+                range_open: false,
+                last_error: None,
+            }),
+        }
+    }
+
+    /// Starts a session with the config's delay and max. See [`WorkerProfiler::start_with`].
+    pub fn start(&self) -> Result<StartOutcome> {
+        self.start_with(StartOptions::default())
+    }
+
+    /// Starts a session; the overrides hold for this session only.
+    ///
+    /// A start while a session is active is ignored ([`StartOutcome::AlreadyActive`]). With
+    /// delay 0 the backend starts now (or at the engine's next step, when called from another
+    /// thread). `Err(Error::Backend)` means the backend failed to start: as in vLLM the session
+    /// stays active and not running until `stop()`.
+    pub fn start_with(&self, options: StartOptions) -> Result<StartOutcome> {
+        let mut g = self.inner.lock();
+        let here = g.is_engine_thread();
+        if here {
+            g.run_pending(self.next_step());
+        }
+        let result = match g
+            .schedule
+            .start(options.delay_iterations, options.max_iterations)
+        {
+            StartDecision::AlreadyActive => {
+                log::debug!("start received while a session is active; ignoring it");
+                Ok(StartOutcome::AlreadyActive)
+            }
+            StartDecision::Armed { delay } => Ok(StartOutcome::Armed { delay }),
+            StartDecision::StartBackend if here => g
+                .start_backend(self.next_step())
+                .map(|()| StartOutcome::Started),
+            StartDecision::StartBackend => {
+                g.pending_start = true;
+                Ok(StartOutcome::Deferred)
+            }
+        };
+        self.sync_gate(&g);
+        result
+    }
+
+    /// Ends the session. Ignored when none is active; a stop during the delay never touches
+    /// the backend. An `Err` is the backend's stop failure; the session is ended regardless.
+    pub fn stop(&self) -> Result<StopOutcome> {
+        let mut g = self.inner.lock();
+        let here = g.is_engine_thread();
+        if here {
+            g.run_pending(self.next_step());
+        }
+        let result = match g.schedule.stop() {
+            StopDecision::NotActive => {
+                log::debug!("stop received while no session is active; ignoring it");
+                Ok(StopOutcome::NotActive)
+            }
+            StopDecision::Disarmed => Ok(StopOutcome::Disarmed),
+            StopDecision::CancelStart => {
+                g.pending_start = false;
+                Ok(StopOutcome::Disarmed)
+            }
+            StopDecision::StopBackend if here => g.stop_backend().map(|()| StopOutcome::Stopped),
+            StopDecision::StopBackend => {
+                g.pending_stop = true;
+                Ok(StopOutcome::Deferred)
+            }
+        };
+        self.sync_gate(&g);
+        result
+    }
+
+    /// Ends a running session on the calling thread (the engine loop is over), as vLLM's
+    /// `shutdown()`. A session still in its delay is left as it is.
+    pub fn shutdown(&self) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.close_range();
+        let decision = g.schedule.shutdown();
+        if decision == StopDecision::CancelStart {
+            g.pending_start = false;
+        }
+        let result = if g.pending_stop || decision == StopDecision::StopBackend {
+            g.pending_stop = false;
+            g.stop_backend()
+        } else {
+            Ok(())
+        };
+        self.sync_gate(&g);
+        result
+    }
+
+    /// Marks the start of one engine iteration; call it once per iteration on the engine
+    /// thread. While capturing, the iteration is annotated until the returned guard drops (or
+    /// [`WorkerProfiler::step_end`], or the next `step()`).
+    ///
+    /// Never fails into the engine: a backend error is logged and kept for
+    /// [`WorkerProfiler::take_last_error`].
+    #[inline]
+    pub fn step(&self, info: &IterationInfo) -> Iteration<'_> {
+        // The engine thread is the only writer of the counter, so a plain load and store
+        // suffices: no locked read-modify-write on the per-iteration path.
+        let index = self.steps.load(Relaxed) + 1;
+        self.steps.store(index, Relaxed);
+        if self.gate.load(Relaxed) == 0 {
+            return Iteration::idle();
+        }
+        self.step_slow(index, info)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn step_slow(&self, index: u64, info: &IterationInfo) -> Iteration<'_> {
+        let mut g = self.inner.lock();
+        if g.engine_thread.is_none() {
+            g.engine_thread = Some(thread::current().id());
+        }
+        g.close_range();
+        g.run_pending(index);
+        match g.schedule.begin_step() {
+            StepBegin::Inactive => {}
+            StepBegin::Counted => {}
+            StepBegin::StartBackend => {
+                // The error is logged and kept; the session stays active, not running.
+                let _ = g.start_backend(index);
+            }
+        }
+        let end = g.schedule.end_step();
+        if end.advance_backend {
+            g.backend.advance();
+        }
+        if end.stop_backend {
+            let _ = g.stop_backend();
+        }
+        let open = g.schedule.is_running();
+        if open {
+            g.backend.begin_iteration(index, info);
+            g.range_open = true;
+        }
+        self.sync_gate(&g);
+        Iteration {
+            profiler: open.then_some(self),
+            _not_send: PhantomData,
+        }
+    }
+
+    /// Closes the current iteration's annotation, if one is open. The guard returned by
+    /// `step()` calls this when it drops.
+    #[inline]
+    pub fn step_end(&self) {
+        if self.gate.load(Relaxed) & GATE_ARMED != 0 {
+            self.step_end_slow();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn step_end_slow(&self) {
+        let mut g = self.inner.lock();
+        g.close_range();
+        self.sync_gate(&g);
+    }
+
+    /// Waits up to `timeout` for the backend's background trace writing. `Ok(true)` when
+    /// nothing is pending. Never holds the profiler's lock while waiting.
+    pub fn flush(&self, timeout: Duration) -> Result<bool> {
+        let pending = self.inner.lock().backend.pending_writes();
+        Ok(pending.is_none_or(|p| p.wait(timeout)))
+    }
+
+    /// A session is active (started and not stopped), vLLM's `_active`.
+    pub fn is_active(&self) -> bool {
+        self.inner.lock().schedule.is_active()
+    }
+
+    /// The backend captures, vLLM's `is_running`.
+    pub fn is_running(&self) -> bool {
+        self.inner.lock().schedule.is_running()
+    }
+
+    /// Whether iterations should be annotated: while running, as vLLM's `should_annotate`.
+    pub fn should_annotate(&self) -> bool {
+        self.is_running()
+    }
+
+    /// The session's named state.
+    pub fn phase(&self) -> Phase {
+        self.inner.lock().schedule.phase()
+    }
+
+    /// How many times `step()` has been called (the last step's index; the first is 1).
+    pub fn step_index(&self) -> u64 {
+        self.steps.load(Relaxed)
+    }
+
+    /// The worker's name.
+    pub fn worker_name(&self) -> String {
+        self.inner.lock().worker_name.clone()
+    }
+
+    /// The last error that could not be returned (from `step()`), taken.
+    pub fn take_last_error(&self) -> Option<Error> {
+        self.inner.lock().last_error.take()
+    }
+
+    fn next_step(&self) -> u64 {
+        self.steps.load(Relaxed) + 1
+    }
+
+    /// Recomputes the gate from the state; called at the end of every locked transition so
+    /// the last writer under the lock leaves the right value.
+    fn sync_gate(&self, g: &Inner) {
+        let mut gate = 0;
+        if g.engine_thread.is_none() {
+            gate |= GATE_UNREGISTERED;
+        }
+        if g.schedule.is_active() || g.pending_start || g.pending_stop || g.range_open {
+            gate |= GATE_ARMED;
+        }
+        self.gate.store(gate, Relaxed);
+    }
+}
+
+impl Drop for WorkerProfiler {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            log::warn!("stepscope: stopping the profiler at drop failed: {e}");
+        }
+    }
+}
+
+impl std::fmt::Debug for WorkerProfiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let g = self.inner.lock();
+        f.debug_struct("WorkerProfiler")
+            .field("worker_name", &g.worker_name)
+            .field("backend", &g.backend.name())
+            .field("phase", &g.schedule.phase())
+            .field("step_index", &self.step_index())
+            .finish()
+    }
+}
+
+impl Inner {
+    fn is_engine_thread(&self) -> bool {
+        self.engine_thread
+            .is_none_or(|id| id == thread::current().id())
+    }
+
+    /// Carries out backend work that other threads asked for, in the order it was asked: a
+    /// stop always precedes a start (a start can only follow once the stop ended the session).
+    fn run_pending(&mut self, next_step: u64) {
+        if self.pending_stop {
+            self.pending_stop = false;
+            let _ = self.stop_backend();
+        }
+        if self.pending_start {
+            self.pending_start = false;
+            let _ = self.start_backend(next_step);
+        }
+    }
+
+    fn start_backend(&mut self, first_step: u64) -> Result<()> {
+        let capture = CaptureStart {
+            worker_name: &self.worker_name,
+            first_step,
+        };
+        let result = self.backend.start(&capture);
+        self.schedule.start_result(result.is_ok());
+        if let Err(e) = &result {
+            log::warn!("stepscope: failed to start the profiler: {e}");
+            self.last_error = Some(e.clone());
+        }
+        result
+    }
+
+    fn stop_backend(&mut self) -> Result<()> {
+        self.close_range();
+        let result = self.backend.stop();
+        if let Err(e) = &result {
+            log::warn!("stepscope: failed to stop the profiler: {e}");
+            self.last_error = Some(e.clone());
+        }
+        result
+    }
+
+    fn close_range(&mut self) {
+        if self.range_open {
+            self.range_open = false;
+            self.backend.end_iteration();
+        }
+    }
+}
+
+/// One engine iteration, from `step()` to the guard's drop. While capturing, the iteration's
+/// annotation is open for the guard's life.
+///
+/// `!Send`: the annotation is a push/pop range on the engine thread, so it must close there.
+#[must_use = "the iteration's annotation closes when this guard drops; bind it with `let _iteration = ...`"]
+pub struct Iteration<'a> {
+    profiler: Option<&'a WorkerProfiler>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Iteration<'_> {
+    #[inline]
+    fn idle() -> Self {
+        Iteration {
+            profiler: None,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// Whether this iteration is being captured.
+    pub fn is_captured(&self) -> bool {
+        self.profiler.is_some()
+    }
+}
+
+impl Drop for Iteration<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(p) = self.profiler {
+            p.step_end();
+        }
+    }
+}
