@@ -2,8 +2,8 @@
 # idempotent), then run. `.ci/run` calls `make test` and nothing else.
 SHELL := /bin/bash
 CARGO ?= cargo
-# Debian packages the build needs on a fresh machine.
-DEBS :=
+# Debian packages the build needs on a fresh machine (libclang-dev: nvtx-sys runs bindgen).
+DEBS := libclang-dev
 
 .PHONY: all setup demo test fmt-check clippy test-rust bench clean
 

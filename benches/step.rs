@@ -4,13 +4,34 @@
 //! - idle: no session (the engine's normal state): one relaxed load + the step counter.
 //! - armed: a session in its delay (counting toward the backend start).
 //! - running: a session capturing with a backend that does nothing (the profiler's own cost,
-//!   without a tool's).
+//!   without a tool's): schedule, iteration name, backend calls.
+//! - nvtx "always" with no NVTX tool attached, beside a raw NVTX push/pop baseline: stepscope
+//!   sees the null domain NVTX returns without a tool and annotates nothing, so the step stays
+//!   idle-cheap, while the raw push/pop still pays NVTX's dispatch.
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use stepscope::backend::NoBackend;
-use stepscope::{IterationInfo, ProfilerConfig, StartOptions, WorkerProfiler};
+use stepscope::backend::{Backend, CaptureStart, NoBackend};
+use stepscope::{IterationInfo, ProfilerConfig, Result, StartOptions, WorkerProfiler};
+
+/// A backend that reads each iteration's name, as a trace backend does.
+struct Named;
+
+impl Backend for Named {
+    fn name(&self) -> &str {
+        "named"
+    }
+    fn start(&mut self, _: &CaptureStart<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn stop(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn begin_iteration(&mut self, _step: u64, _info: &IterationInfo, name: &str) {
+        black_box(name);
+    }
+}
 
 fn profiler() -> WorkerProfiler {
     let cfg = ProfilerConfig::default();
@@ -54,6 +75,27 @@ fn bench_step(c: &mut Criterion) {
     assert!(running.is_running());
     g.bench_function("running_no_tool", |b| {
         b.iter(|| drop(running.step(black_box(&info))))
+    });
+
+    let named = WorkerProfiler::with_backend(&ProfilerConfig::default(), "bench", Box::new(Named));
+    drop(named.step(&info));
+    named.start().expect("start");
+    g.bench_function("running_with_names", |b| {
+        b.iter(|| drop(named.step(black_box(&info))))
+    });
+
+    g.bench_function("baseline_raw_nvtx_push_pop_no_tool", |b| {
+        b.iter(|| {
+            let _ =
+                nvtx_sys::range_push_ascii(black_box(c"execute_context_1(512)_generation_63(63)"));
+            let _ = nvtx_sys::range_pop();
+        })
+    });
+    let cfg = ProfilerConfig::from_json_str(r#"{"stepscope": {"nvtx": "always"}}"#).unwrap();
+    let always = WorkerProfiler::with_backend(&cfg, "bench", Box::new(NoBackend));
+    drop(always.step(&info));
+    g.bench_function("nvtx_always_no_tool", |b| {
+        b.iter(|| drop(always.step(black_box(&info))))
     });
     g.finish();
 }

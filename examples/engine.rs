@@ -18,7 +18,7 @@ use stepscope::{IterationInfo, ProfilerConfig, Result, WorkerProfiler};
 #[derive(Clone, Default)]
 struct Recorder {
     events: Arc<Mutex<Vec<String>>>,
-    captured: Arc<Mutex<Vec<(u64, IterationInfo)>>>,
+    captured: Arc<Mutex<Vec<(u64, String)>>>,
 }
 
 impl Backend for Recorder {
@@ -36,8 +36,8 @@ impl Backend for Recorder {
         self.events.lock().push("capture stop".into());
         Ok(())
     }
-    fn begin_iteration(&mut self, step: u64, info: &IterationInfo) {
-        self.captured.lock().push((step, *info));
+    fn begin_iteration(&mut self, step: u64, _info: &IterationInfo, name: &str) {
+        self.captured.lock().push((step, name.to_string()));
     }
 }
 
@@ -156,7 +156,9 @@ fn main() -> ExitCode {
         println!("{event}");
     }
     let captured = recorder.captured.lock();
-    let steps: Vec<u64> = captured.iter().map(|(s, _)| *s).collect();
-    println!("captured {} iterations: steps {:?}", captured.len(), steps);
+    println!("captured {} iterations:", captured.len());
+    for (step, name) in captured.iter() {
+        println!("  step {step:>3}  {name}");
+    }
     ExitCode::SUCCESS
 }

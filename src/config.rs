@@ -75,10 +75,41 @@ impl TorchActivity {
     ];
 }
 
+/// When iterations get an NVTX range (`"stepscope": {"nvtx": ...}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NvtxMode {
+    /// While the profiler is running (captured iterations only).
+    #[default]
+    Running,
+    /// Every iteration, for NVTX-only users (an nsys run of the whole process).
+    Always,
+    /// Never.
+    Off,
+}
+
 /// stepscope's own settings: the `"stepscope": {...}` object of the config.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
-pub struct StepscopeConfig {}
+pub struct StepscopeConfig {
+    /// NVTX domain of the iteration ranges and capture marks (default `"stepscope"`).
+    pub nvtx_domain: String,
+    /// When iterations get an NVTX range (default: while running).
+    pub nvtx: NvtxMode,
+    /// CUDA device whose primary context the `cuda` profiler makes current when the engine
+    /// thread has none. `None`: the worker's local rank.
+    pub cuda_device: Option<u32>,
+}
+
+impl Default for StepscopeConfig {
+    fn default() -> Self {
+        StepscopeConfig {
+            nvtx_domain: "stepscope".into(),
+            nvtx: NvtxMode::Running,
+            cuda_device: None,
+        }
+    }
+}
 
 /// A validated profiler config. Field names, defaults and rules are vLLM 0.32's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -406,9 +437,45 @@ impl StepscopeConfig {
                 format!("must be an object, not {}", kind_of(&value)),
             ));
         };
-        let f = Fields::new(map, "stepscope.");
+        let mut f = Fields::new(map, "stepscope.");
+        let d = StepscopeConfig::default();
+        let nvtx_domain = f.string("nvtx_domain", &d.nvtx_domain)?;
+        if nvtx_domain.is_empty() || !nvtx_domain.is_ascii() || nvtx_domain.contains('\0') {
+            return Err(Error::config(
+                "stepscope.nvtx_domain",
+                "must be a non-empty ASCII string without NUL characters",
+            ));
+        }
+        let nvtx = match f.take("nvtx") {
+            None => d.nvtx,
+            Some(Value::String(s)) if s == "running" => NvtxMode::Running,
+            Some(Value::String(s)) if s == "always" => NvtxMode::Always,
+            Some(Value::String(s)) if s == "off" => NvtxMode::Off,
+            Some(v) => {
+                return Err(Error::config(
+                    "stepscope.nvtx",
+                    format!("must be \"running\", \"always\" or \"off\", not {v}"),
+                ))
+            }
+        };
+        let cuda_device = match f.take("cuda_device") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                Some(n) if n <= i32::MAX as u32 => Some(n),
+                _ => {
+                    return Err(Error::config(
+                        "stepscope.cuda_device",
+                        format!("must be a device ordinal (an integer >= 0) or null, not {v}"),
+                    ))
+                }
+            },
+        };
         f.finish()?;
-        Ok(StepscopeConfig {})
+        Ok(StepscopeConfig {
+            nvtx_domain,
+            nvtx,
+            cuda_device,
+        })
     }
 }
 

@@ -4,6 +4,9 @@
 /// produced a token yet); a generation request is one in decode.
 ///
 /// `IterationInfo::default()` means the counts are unknown (the C ABI's `NULL`).
+///
+/// With `detail`, the annotation name can carry vLLM's roofline sums
+/// (`detailed_trace_annotation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct IterationInfo {
     /// Requests in prefill this iteration.
@@ -14,6 +17,30 @@ pub struct IterationInfo {
     pub num_gen_reqs: u32,
     /// Tokens scheduled for requests in decode.
     pub num_gen_tokens: u32,
+    /// vLLM's per-phase sums, for detailed annotation names.
+    pub detail: Option<IterationDetail>,
+}
+
+/// vLLM's per-phase roofline sums of one iteration (see `Worker.annotate_profile`), over the
+/// requests of one phase, with `q` a request's scheduled tokens and `seq` its computed plus
+/// scheduled tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct PhaseSums {
+    /// Σ seq: the KV length the phase attends over.
+    pub seq_len_sum: u64,
+    /// Σ q²: a proxy for the QKᵀ compute of prefill.
+    pub qq_compute: u64,
+    /// Σ q·seq: a proxy for the QKᵀ compute of decode and chunked prefill.
+    pub qk_compute: u64,
+}
+
+/// The detailed sums of both phases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct IterationDetail {
+    /// Sums over context (prefill) requests.
+    pub ctx: PhaseSums,
+    /// Sums over generation (decode) requests.
+    pub gen: PhaseSums,
 }
 
 impl IterationInfo {
@@ -29,7 +56,55 @@ impl IterationInfo {
             num_ctx_tokens,
             num_gen_reqs,
             num_gen_tokens,
+            detail: None,
         }
+    }
+
+    /// The same counts with vLLM's detailed sums.
+    pub const fn with_detail(mut self, detail: IterationDetail) -> Self {
+        self.detail = Some(detail);
+        self
+    }
+
+    /// Writes the iteration's annotation name into `out` (cleared first), byte for byte as
+    /// vLLM's `Worker.annotate_profile` names it:
+    /// `execute_context_{n}({tok})_generation_{n}({tok})`, or with `detailed` (and sums
+    /// present) `execute_{total}_context_{n}(sq{tok}sk{seq}sqsq{qq}sqsk{qk})_generation_{n}(…)`.
+    /// Without sums, `detailed` falls back to the simple name. No allocation once `out` has
+    /// grown to fit.
+    pub fn write_name(&self, detailed: bool, out: &mut String) {
+        out.clear();
+        match (detailed, &self.detail) {
+            (true, Some(d)) => {
+                out.push_str("execute_");
+                push_u64(
+                    out,
+                    u64::from(self.num_ctx_tokens) + u64::from(self.num_gen_tokens),
+                );
+                out.push_str("_context_");
+                push_phase(out, self.num_ctx_reqs, self.num_ctx_tokens, &d.ctx);
+                out.push_str("_generation_");
+                push_phase(out, self.num_gen_reqs, self.num_gen_tokens, &d.gen);
+            }
+            _ => {
+                out.push_str("execute_context_");
+                push_u64(out, self.num_ctx_reqs.into());
+                out.push('(');
+                push_u64(out, self.num_ctx_tokens.into());
+                out.push_str(")_generation_");
+                push_u64(out, self.num_gen_reqs.into());
+                out.push('(');
+                push_u64(out, self.num_gen_tokens.into());
+                out.push(')');
+            }
+        }
+    }
+
+    /// The annotation name as a new string (see [`IterationInfo::write_name`]).
+    pub fn name(&self, detailed: bool) -> String {
+        let mut s = String::with_capacity(64);
+        self.write_name(detailed, &mut s);
+        s
     }
 
     /// The iteration's stage, from which kinds of request it holds.
@@ -40,6 +115,37 @@ impl IterationInfo {
             (true, true) => Stage::Mixed,
             (false, false) => Stage::Idle,
         }
+    }
+}
+
+fn push_phase(out: &mut String, reqs: u32, tokens: u32, sums: &PhaseSums) {
+    push_u64(out, reqs.into());
+    out.push_str("(sq");
+    push_u64(out, tokens.into());
+    out.push_str("sk");
+    push_u64(out, sums.seq_len_sum);
+    out.push_str("sqsq");
+    push_u64(out, sums.qq_compute);
+    out.push_str("sqsk");
+    push_u64(out, sums.qk_compute);
+    out.push(')');
+}
+
+/// Appends the decimal digits of `n` without going through `fmt` (it is on the per-iteration
+/// path while capturing).
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
     }
 }
 
@@ -81,5 +187,43 @@ mod tests {
         assert_eq!(IterationInfo::new(0, 0, 3, 3).stage(), Stage::Decode);
         assert_eq!(IterationInfo::new(1, 8, 3, 3).stage(), Stage::Mixed);
         assert_eq!(IterationInfo::default().stage(), Stage::Idle);
+    }
+
+    #[test]
+    fn simple_names_match_vllm() {
+        assert_eq!(
+            IterationInfo::new(2, 384, 30, 30).name(false),
+            "execute_context_2(384)_generation_30(30)"
+        );
+        assert_eq!(
+            IterationInfo::default().name(true),
+            "execute_context_0(0)_generation_0(0)"
+        );
+        assert_eq!(
+            IterationInfo::new(u32::MAX, 0, 0, 10).name(false),
+            "execute_context_4294967295(0)_generation_0(10)"
+        );
+    }
+
+    #[test]
+    fn detailed_names_match_vllm() {
+        // One new request with 4 prompt tokens (seq 4), two decodes at seq 10 and 7.
+        let info = IterationInfo::new(1, 4, 2, 2).with_detail(IterationDetail {
+            ctx: PhaseSums {
+                seq_len_sum: 4,
+                qq_compute: 16,
+                qk_compute: 16,
+            },
+            gen: PhaseSums {
+                seq_len_sum: 17,
+                qq_compute: 2,
+                qk_compute: 17,
+            },
+        });
+        assert_eq!(
+            info.name(true),
+            "execute_6_context_1(sq4sk4sqsq16sqsk16)_generation_2(sq2sk17sqsq2sqsk17)"
+        );
+        assert_eq!(info.name(false), "execute_context_1(4)_generation_2(2)");
     }
 }

@@ -41,7 +41,7 @@ pub mod schedule;
 
 pub use config::ProfilerConfig;
 pub use error::{Error, Result};
-pub use iteration::{IterationInfo, Stage};
+pub use iteration::{IterationDetail, IterationInfo, PhaseSums, Stage};
 pub use profiler::{Iteration, StartOptions, StartOutcome, StopOutcome, WorkerProfiler};
 
 /// This library's version.

@@ -26,8 +26,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::backend::nvtx::Nvtx;
 use crate::backend::{self, Backend, CaptureStart};
-use crate::config::ProfilerConfig;
+use crate::config::{NvtxMode, ProfilerConfig};
 use crate::error::{Error, Result};
 use crate::iteration::IterationInfo;
 use crate::schedule::{Limits, Phase, Schedule, StartDecision, StepBegin, StopDecision};
@@ -37,6 +38,8 @@ use crate::schedule::{Limits, Phase, Schedule, StartDecision, StepBegin, StopDec
 const GATE_ARMED: u8 = 1;
 /// Gate bit: no engine thread is known yet; the first `step()` registers it.
 const GATE_UNREGISTERED: u8 = 2;
+/// Gate bit: every iteration gets an NVTX range (`nvtx: "always"` with a tool attached).
+const GATE_ANNOTATE: u8 = 4;
 
 /// Per-session overrides for [`WorkerProfiler::start_with`]. `None` keeps the config's value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -131,14 +134,32 @@ struct Inner {
     engine_thread: Option<ThreadId>,
     pending_stop: bool,
     pending_start: bool,
-    range_open: bool,
+    /// The backend's annotation of the current iteration is open.
+    backend_range_open: bool,
+    /// Present only while an NVTX tool listens and NVTX is not off.
+    nvtx: Option<Nvtx>,
+    nvtx_always: bool,
+    detailed_names: bool,
+    /// The current iteration's name, reused so naming allocates only until it has grown.
+    name: String,
     last_error: Option<Error>,
 }
 
 impl WorkerProfiler {
-    /// A profiler with the backend the config names (`profiler`); none when it names none.
+    /// A profiler with the backend the config names (`profiler`; none when it names none),
+    /// for local rank 0. See [`WorkerProfiler::with_local_rank`].
     pub fn new(config: &ProfilerConfig, worker_name: &str) -> Result<Self> {
-        let backend = backend::for_config(config, worker_name)?;
+        Self::with_local_rank(config, worker_name, 0)
+    }
+
+    /// A profiler for the worker of local rank `local_rank`: the `cuda` profiler uses that
+    /// CUDA device's primary context when the engine thread has no current context.
+    pub fn with_local_rank(
+        config: &ProfilerConfig,
+        worker_name: &str,
+        local_rank: u32,
+    ) -> Result<Self> {
+        let backend = backend::for_config(config, local_rank)?;
         Ok(Self::with_backend(config, worker_name, backend))
     }
 
@@ -152,7 +173,12 @@ impl WorkerProfiler {
             delay: config.delay_iterations,
             max: config.max_iterations,
         };
-        WorkerProfiler {
+        let nvtx = match config.stepscope.nvtx {
+            NvtxMode::Off => None,
+            NvtxMode::Running | NvtxMode::Always => Nvtx::attach(&config.stepscope.nvtx_domain),
+        };
+        let nvtx_always = nvtx.is_some() && config.stepscope.nvtx == NvtxMode::Always;
+        let profiler = WorkerProfiler {
             gate: AtomicU8::new(GATE_UNREGISTERED),
             steps: AtomicU64::new(0),
             inner: Mutex::new(Inner {
@@ -162,10 +188,16 @@ impl WorkerProfiler {
                 engine_thread: None,
                 pending_stop: false,
                 pending_start: false,
-                range_open: false,
+                backend_range_open: false,
+                nvtx,
+                nvtx_always,
+                detailed_names: config.detailed_trace_annotation,
+                name: String::with_capacity(128),
                 last_error: None,
             }),
-        }
+        };
+        profiler.sync_gate(&profiler.inner.lock());
+        profiler
     }
 
     /// Starts a session with the config's delay and max. See [`WorkerProfiler::start_with`].
@@ -224,7 +256,9 @@ impl WorkerProfiler {
                 g.pending_start = false;
                 Ok(StopOutcome::Disarmed)
             }
-            StopDecision::StopBackend if here => g.stop_backend().map(|()| StopOutcome::Stopped),
+            StopDecision::StopBackend if here => g
+                .stop_backend(self.step_index())
+                .map(|()| StopOutcome::Stopped),
             StopDecision::StopBackend => {
                 g.pending_stop = true;
                 Ok(StopOutcome::Deferred)
@@ -245,7 +279,7 @@ impl WorkerProfiler {
         }
         let result = if g.pending_stop || decision == StopDecision::StopBackend {
             g.pending_stop = false;
-            g.stop_backend()
+            g.stop_backend(self.step_index())
         } else {
             Ok(())
         };
@@ -293,16 +327,14 @@ impl WorkerProfiler {
             g.backend.advance();
         }
         if end.stop_backend {
-            let _ = g.stop_backend();
+            let _ = g.stop_backend(index);
         }
-        let open = g.schedule.is_running();
-        if open {
-            g.backend.begin_iteration(index, info);
-            g.range_open = true;
-        }
+        let captured = g.schedule.is_running();
+        let open = g.open_iteration(index, info, captured);
         self.sync_gate(&g);
         Iteration {
             profiler: open.then_some(self),
+            captured,
             _not_send: PhantomData,
         }
     }
@@ -377,8 +409,11 @@ impl WorkerProfiler {
         if g.engine_thread.is_none() {
             gate |= GATE_UNREGISTERED;
         }
-        if g.schedule.is_active() || g.pending_start || g.pending_stop || g.range_open {
+        if g.schedule.is_active() || g.pending_start || g.pending_stop || g.iteration_open() {
             gate |= GATE_ARMED;
+        }
+        if g.nvtx_always {
+            gate |= GATE_ANNOTATE;
         }
         self.gate.store(gate, Relaxed);
     }
@@ -415,7 +450,7 @@ impl Inner {
     fn run_pending(&mut self, next_step: u64) {
         if self.pending_stop {
             self.pending_stop = false;
-            let _ = self.stop_backend();
+            let _ = self.stop_backend(next_step);
         }
         if self.pending_start {
             self.pending_start = false;
@@ -430,15 +465,26 @@ impl Inner {
         };
         let result = self.backend.start(&capture);
         self.schedule.start_result(result.is_ok());
-        if let Err(e) = &result {
-            log::warn!("stepscope: failed to start the profiler: {e}");
-            self.last_error = Some(e.clone());
+        match &result {
+            Ok(()) => {
+                if let Some(nvtx) = &self.nvtx {
+                    nvtx.mark(c"capture start", first_step);
+                }
+            }
+            Err(e) => {
+                log::warn!("stepscope: failed to start the profiler: {e}");
+                self.last_error = Some(e.clone());
+            }
         }
         result
     }
 
-    fn stop_backend(&mut self) -> Result<()> {
+    /// Stops the backend; `step` is the step it stops in (for the NVTX mark).
+    fn stop_backend(&mut self, step: u64) -> Result<()> {
         self.close_range();
+        if let Some(nvtx) = &self.nvtx {
+            nvtx.mark(c"capture stop", step);
+        }
         let result = self.backend.stop();
         if let Err(e) = &result {
             log::warn!("stepscope: failed to stop the profiler: {e}");
@@ -447,10 +493,41 @@ impl Inner {
         result
     }
 
+    /// Opens the iteration's annotations: the backend's while capturing, NVTX's while
+    /// capturing or always. The name is formatted only when one of them will use it.
+    /// Returns whether anything was opened.
+    fn open_iteration(&mut self, step: u64, info: &IterationInfo, captured: bool) -> bool {
+        let nvtx = self.nvtx.is_some() && (captured || self.nvtx_always);
+        if !captured && !nvtx {
+            return false;
+        }
+        if nvtx || self.backend.uses_names() {
+            info.write_name(self.detailed_names, &mut self.name);
+        } else {
+            self.name.clear();
+        }
+        if let Some(n) = self.nvtx.as_mut().filter(|_| nvtx) {
+            n.push_iteration(step, info, &self.name);
+        }
+        if captured {
+            self.backend.begin_iteration(step, info, &self.name);
+            self.backend_range_open = true;
+        }
+        true
+    }
+
+    fn iteration_open(&self) -> bool {
+        self.backend_range_open || self.nvtx.as_ref().is_some_and(Nvtx::is_open)
+    }
+
+    /// Closes what `open_iteration` opened, innermost first.
     fn close_range(&mut self) {
-        if self.range_open {
-            self.range_open = false;
+        if self.backend_range_open {
+            self.backend_range_open = false;
             self.backend.end_iteration();
+        }
+        if let Some(n) = self.nvtx.as_mut() {
+            n.pop_iteration();
         }
     }
 }
@@ -462,6 +539,7 @@ impl Inner {
 #[must_use = "the iteration's annotation closes when this guard drops; bind it with `let _iteration = ...`"]
 pub struct Iteration<'a> {
     profiler: Option<&'a WorkerProfiler>,
+    captured: bool,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -470,13 +548,14 @@ impl Iteration<'_> {
     fn idle() -> Self {
         Iteration {
             profiler: None,
+            captured: false,
             _not_send: PhantomData,
         }
     }
 
-    /// Whether this iteration is being captured.
+    /// Whether this iteration is being captured (the backend runs).
     pub fn is_captured(&self) -> bool {
-        self.profiler.is_some()
+        self.captured
     }
 }
 

@@ -320,3 +320,40 @@ fn config_comes_from_stepscope_config() {
     std::env::remove_var("STEPSCOPE_CONFIG");
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn stepscope_keys_are_checked() {
+    use stepscope::config::NvtxMode;
+    let c = ProfilerConfig::from_json_str(
+        r#"{"stepscope": {"nvtx": "always", "nvtx_domain": "engine", "cuda_device": 3}}"#,
+    )
+    .unwrap();
+    assert_eq!(c.stepscope.nvtx, NvtxMode::Always);
+    assert_eq!(c.stepscope.nvtx_domain, "engine");
+    assert_eq!(c.stepscope.cuda_device, Some(3));
+    let d = ProfilerConfig::from_json_str("{}").unwrap();
+    assert_eq!(d.stepscope.nvtx, NvtxMode::Running);
+    assert_eq!(d.stepscope.nvtx_domain, "stepscope");
+    assert_eq!(d.stepscope.cuda_device, None);
+
+    assert_err(
+        r#"{"stepscope": {"nvtx": "on"}}"#,
+        "stepscope.nvtx",
+        r#""running", "always" or "off""#,
+    );
+    assert_err(
+        r#"{"stepscope": {"nvtx_domain": ""}}"#,
+        "stepscope.nvtx_domain",
+        "non-empty ASCII",
+    );
+    assert_err(
+        r#"{"stepscope": {"nvtx_domain": 7}}"#,
+        "stepscope.nvtx_domain",
+        "must be a string",
+    );
+    assert_err(
+        r#"{"stepscope": {"cuda_device": -1}}"#,
+        "stepscope.cuda_device",
+        "device ordinal",
+    );
+}

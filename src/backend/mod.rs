@@ -5,7 +5,12 @@
 //! `begin_iteration` and `end_iteration` run on the engine thread once one is known (see the
 //! profiler's docs).
 
-use crate::config::ProfilerConfig;
+mod cuda;
+pub(crate) mod nvtx;
+
+pub use cuda::CudaBackend;
+
+use crate::config::{ProfilerConfig, ProfilerKind};
 use crate::error::{Error, Result};
 use crate::flush::PendingWrites;
 use crate::iteration::IterationInfo;
@@ -40,8 +45,16 @@ pub trait Backend: Send {
     /// wait/warmup/active). Called before the step's iteration is annotated.
     fn advance(&mut self) {}
 
-    /// A captured iteration begins: open its annotation (NVTX range, record_function).
-    fn begin_iteration(&mut self, _step: u64, _info: &IterationInfo) {}
+    /// A captured iteration begins: open its annotation (e.g. a `record_function` range).
+    /// `name` is vLLM's annotation name for it (see [`IterationInfo::write_name`]). The NVTX
+    /// range is the profiler's, not the backend's.
+    fn begin_iteration(&mut self, _step: u64, _info: &IterationInfo, _name: &str) {}
+
+    /// Whether `begin_iteration` reads its `name`. When no backend does and no NVTX tool
+    /// listens, the profiler does not format names at all (an empty `name` is passed).
+    fn uses_names(&self) -> bool {
+        true
+    }
 
     /// The captured iteration ends: close what `begin_iteration` opened.
     fn end_iteration(&mut self) {}
@@ -63,6 +76,10 @@ impl Backend for NoBackend {
         "none"
     }
 
+    fn uses_names(&self) -> bool {
+        false
+    }
+
     fn start(&mut self, _capture: &CaptureStart<'_>) -> Result<()> {
         Ok(())
     }
@@ -72,13 +89,18 @@ impl Backend for NoBackend {
     }
 }
 
-/// The backend that `config.profiler` names, for a worker called `worker_name`.
-pub fn for_config(config: &ProfilerConfig, _worker_name: &str) -> Result<Box<dyn Backend>> {
+/// The backend that `config.profiler` names, for a worker with local rank `local_rank` (the
+/// CUDA device it uses unless `stepscope.cuda_device` says otherwise).
+pub fn for_config(config: &ProfilerConfig, local_rank: u32) -> Result<Box<dyn Backend>> {
     match config.profiler {
         None => Ok(Box::new(NoBackend)),
-        Some(kind) => Err(Error::backend(
-            kind.as_str(),
-            "this build of stepscope has no such backend yet",
+        Some(ProfilerKind::Cuda) => Ok(Box::new(CudaBackend::new(
+            config.stepscope.cuda_device.unwrap_or(local_rank),
+        ))),
+        Some(ProfilerKind::Torch) => Err(Error::backend(
+            "torch",
+            "this build of stepscope has no torch (Kineto) backend; use \"cuda\", or a build \
+             with the `torch` feature once it exists",
         )),
     }
 }

@@ -26,6 +26,8 @@ pub struct Recording {
     /// Outcomes for the next starts: `false` fails one. Empty: starts succeed.
     pub start_plan: Arc<Mutex<VecDeque<bool>>>,
     pub fail_stops: Arc<Mutex<bool>>,
+    /// The annotation name of each `Begin`, in order.
+    pub names: Arc<Mutex<Vec<String>>>,
 }
 
 impl Recording {
@@ -93,7 +95,8 @@ impl Backend for Recording {
     fn advance(&mut self) {
         self.push(Call::Advance);
     }
-    fn begin_iteration(&mut self, step: u64, info: &IterationInfo) {
+    fn begin_iteration(&mut self, step: u64, info: &IterationInfo, name: &str) {
+        self.names.lock().push(name.to_string());
         self.push(Call::Begin { step, info: *info });
     }
     fn end_iteration(&mut self) {

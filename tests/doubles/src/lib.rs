@@ -1,0 +1,62 @@
+//! Paths of the C test doubles this crate builds (see build.rs), and a reader for their log.
+
+use std::path::{Path, PathBuf};
+
+/// Directory holding the stub `libcuda.so` and `libcuda.so.1`: put it on `LD_LIBRARY_PATH`.
+pub const CUDA_STUB_DIR: &str = concat!(env!("OUT_DIR"), "/cuda");
+
+/// The NVTX injection library: set `NVTX_INJECTION64_PATH` to it.
+pub const NVTX_RECORDER: &str = concat!(env!("OUT_DIR"), "/libnvtx_recorder.so");
+
+/// The environment variable naming the log file both doubles append to.
+pub const LOG_ENV: &str = "STEPSCOPE_DOUBLES_LOG";
+
+/// One line of the doubles' log: `source`, thread id, then the event's fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// `cuda` or `nvtx`.
+    pub source: String,
+    /// The OS thread id of the caller.
+    pub tid: u64,
+    /// The event's fields: the call or event name first.
+    pub fields: Vec<String>,
+}
+
+impl Event {
+    /// The call or event name (`cuProfilerStart`, `push`, …).
+    pub fn name(&self) -> &str {
+        self.fields.first().map(String::as_str).unwrap_or("")
+    }
+
+    /// Field `i` after the name, or "" when absent.
+    pub fn arg(&self, i: usize) -> &str {
+        self.fields.get(i + 1).map(String::as_str).unwrap_or("")
+    }
+}
+
+/// Reads the log; a missing file is an empty log.
+pub fn read_log(path: &Path) -> Vec<Event> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let mut parts = line.split('\t');
+            let source = parts.next()?.to_string();
+            let tid = parts.next()?.parse().ok()?;
+            Some(Event {
+                source,
+                tid,
+                fields: parts.map(str::to_string).collect(),
+            })
+        })
+        .collect()
+}
+
+/// A fresh log path under the system temp dir, unique to this process and `tag`.
+pub fn log_path(tag: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!(
+        "stepscope-doubles-{}-{tag}.log",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&p);
+    p
+}

@@ -1,0 +1,89 @@
+//! The per-iteration path allocates nothing: idle, in the delay, and while capturing with a
+//! backend that reads the iteration names (after the name buffer has grown once).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use stepscope::backend::{Backend, CaptureStart};
+use stepscope::{IterationInfo, ProfilerConfig, Result, StartOptions, WorkerProfiler};
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards to the system allocator; only counts calls made on this thread.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+/// A backend that reads every name, as a trace backend does.
+struct Named(usize);
+
+impl Backend for Named {
+    fn name(&self) -> &str {
+        "named"
+    }
+    fn start(&mut self, _: &CaptureStart<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn stop(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn begin_iteration(&mut self, _step: u64, _info: &IterationInfo, name: &str) {
+        self.0 += name.len();
+    }
+}
+
+fn steps_allocate(p: &WorkerProfiler, n: u32) -> u64 {
+    let before = allocations();
+    for i in 0..n {
+        let _it = p.step(&IterationInfo::new(i % 2, 4096 + i, 255, 255));
+    }
+    allocations() - before
+}
+
+#[test]
+fn steps_do_not_allocate_in_any_state() {
+    let cfg = ProfilerConfig::from_json_str(r#"{"detailed_trace_annotation": false}"#).unwrap();
+    let p = WorkerProfiler::with_backend(&cfg, "w", Box::new(Named(0)));
+    // The first step registers the engine thread (ThreadId is not allocated, but be fair).
+    drop(p.step(&IterationInfo::default()));
+    assert_eq!(steps_allocate(&p, 1000), 0, "idle");
+
+    p.start_with(StartOptions {
+        delay_iterations: Some(1_000_000),
+        max_iterations: None,
+    })
+    .unwrap();
+    assert_eq!(steps_allocate(&p, 1000), 0, "armed, in the delay");
+    p.stop().unwrap();
+
+    p.start().unwrap();
+    assert!(p.is_running());
+    // Names up to the longest one seen fit the reused buffer.
+    steps_allocate(&p, 2);
+    assert_eq!(steps_allocate(&p, 1000), 0, "running, names formatted");
+    p.stop().unwrap();
+}
