@@ -2,10 +2,12 @@
 # idempotent), then run. `.ci/run` calls `make test` and nothing else.
 SHELL := /bin/bash
 CARGO ?= cargo
-# Debian packages the build needs on a fresh machine (libclang-dev: nvtx-sys runs bindgen).
-DEBS := libclang-dev
+# Debian packages a fresh machine needs: libclang-dev (nvtx-sys runs bindgen), valgrind and
+# pkg-config (the C ABI tests).
+PREFIX ?= /usr/local
+DEBS := libclang-dev valgrind pkg-config
 
-.PHONY: all setup demo test fmt-check clippy test-rust bench clean
+.PHONY: all setup demo test fmt-check clippy test-rust bench install clean
 
 all: test
 
@@ -30,6 +32,11 @@ test-rust:
 
 bench: setup
 	$(CARGO) bench --workspace
+
+# The C/C++ library, headers and pkg-config file under $(PREFIX).
+install:
+	$(CARGO) build --release
+	scripts/install.sh $(PREFIX) target/release
 
 clean:
 	$(CARGO) clean

@@ -34,6 +34,7 @@
 pub mod backend;
 pub mod config;
 mod error;
+pub mod ffi;
 pub mod flush;
 pub mod iteration;
 mod profiler;

@@ -318,8 +318,10 @@ impl WorkerProfiler {
             StepBegin::Inactive => {}
             StepBegin::Counted => {}
             StepBegin::StartBackend => {
-                // The error is logged and kept; the session stays active, not running.
-                let _ = g.start_backend(index);
+                // The session stays active, not running; the error is kept for the caller.
+                if let Err(e) = g.start_backend(index) {
+                    g.last_error = Some(e);
+                }
             }
         }
         let end = g.schedule.end_step();
@@ -327,7 +329,9 @@ impl WorkerProfiler {
             g.backend.advance();
         }
         if end.stop_backend {
-            let _ = g.stop_backend(index);
+            if let Err(e) = g.stop_backend(index) {
+                g.last_error = Some(e);
+            }
         }
         let captured = g.schedule.is_running();
         let open = g.open_iteration(index, info, captured);
@@ -393,7 +397,8 @@ impl WorkerProfiler {
         self.inner.lock().worker_name.clone()
     }
 
-    /// The last error that could not be returned (from `step()`), taken.
+    /// The last error that could not be returned to its caller (a backend failure inside
+    /// `step()`, or in work another thread asked for), taken.
     pub fn take_last_error(&self) -> Option<Error> {
         self.inner.lock().last_error.take()
     }
@@ -447,14 +452,19 @@ impl Inner {
 
     /// Carries out backend work that other threads asked for, in the order it was asked: a
     /// stop always precedes a start (a start can only follow once the stop ended the session).
+    /// Their errors cannot reach the threads that asked, so they are kept in `last_error`.
     fn run_pending(&mut self, next_step: u64) {
         if self.pending_stop {
             self.pending_stop = false;
-            let _ = self.stop_backend(next_step);
+            if let Err(e) = self.stop_backend(next_step) {
+                self.last_error = Some(e);
+            }
         }
         if self.pending_start {
             self.pending_start = false;
-            let _ = self.start_backend(next_step);
+            if let Err(e) = self.start_backend(next_step) {
+                self.last_error = Some(e);
+            }
         }
     }
 
@@ -471,10 +481,7 @@ impl Inner {
                     nvtx.mark(c"capture start", first_step);
                 }
             }
-            Err(e) => {
-                log::warn!("stepscope: failed to start the profiler: {e}");
-                self.last_error = Some(e.clone());
-            }
+            Err(e) => log::warn!("stepscope: failed to start the profiler: {e}"),
         }
         result
     }
@@ -488,7 +495,6 @@ impl Inner {
         let result = self.backend.stop();
         if let Err(e) = &result {
             log::warn!("stepscope: failed to stop the profiler: {e}");
-            self.last_error = Some(e.clone());
         }
         result
     }

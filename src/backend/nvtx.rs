@@ -113,6 +113,9 @@ impl Nvtx {
 impl Drop for Nvtx {
     fn drop(&mut self) {
         self.pop_iteration();
+        // SAFETY: `domain` came from nvtxDomainCreateA, no range of it is open any more, and
+        // nothing uses it after this (the profiler that owned it is being dropped).
+        unsafe { ffi::nvtxDomainDestroy(self.domain) };
     }
 }
 

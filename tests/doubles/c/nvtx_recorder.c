@@ -137,7 +137,10 @@ static const void *d_create(const char *name) {
   doubles_log("nvtx", "domain_create\t%s", name ? name : "");
   return new_handle(name);
 }
-static void d_destroy(const void *dom) { doubles_log("nvtx", "domain_destroy\t%s", domain_name(dom)); }
+static void d_destroy(const void *dom) {
+  doubles_log("nvtx", "domain_destroy\t%s", domain_name(dom));
+  free((void *)dom);
+}
 
 /* The core (default-domain) functions. */
 static void c_mark_ex(const EventAttributes *a) { d_mark(0, a); }

@@ -1,0 +1,77 @@
+/*
+ * stepscope C ABI: an engine-side profiler that captures chosen engine iterations with vLLM's
+ * WorkerProfiler semantics (delay_iterations, max_iterations with its `> N` cutoff, per-session
+ * overrides, the stop by itself), one stepscope_step() per engine iteration.
+ *
+ * Threads: call stepscope_step/stepscope_step_end on the engine thread. start/stop may come from
+ * any thread; once the engine thread has stepped, backend work they ask for happens on the
+ * engine thread at its next step (CUDA contexts need this).
+ *
+ * Errors: every function returning int returns STEPSCOPE_OK or an error code, and sets this
+ * thread's message (stepscope_last_error). No call aborts or unwinds into the caller.
+ *
+ * Checked against the Rust declarations by the test suite (tests/c_abi.rs).
+ */
+#ifndef STEPSCOPE_H
+#define STEPSCOPE_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An opaque profiler. */
+typedef struct stepscope_profiler stepscope_profiler;
+
+/* What one engine iteration scheduled. */
+typedef struct stepscope_iteration {
+  uint32_t num_ctx_reqs, num_ctx_tokens;   /* requests in prefill, their scheduled tokens */
+  uint32_t num_gen_reqs, num_gen_tokens;   /* requests in decode, their scheduled tokens */
+} stepscope_iteration;
+
+enum {
+  STEPSCOPE_OK = 0,
+  STEPSCOPE_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, invalid UTF-8 */
+  STEPSCOPE_ERR_CONFIG = 2,           /* malformed JSON or a bad field (the message names it) */
+  STEPSCOPE_ERR_BACKEND = 3,          /* driver missing or a driver call failed */
+  STEPSCOPE_ERR_IO = 4,               /* a file could not be read or written */
+  STEPSCOPE_ERR_TIMEOUT = 5,          /* stepscope_flush ran out of time */
+  STEPSCOPE_ERR_INTERNAL = 6          /* a bug in stepscope, caught */
+};
+
+/* Creates a profiler. config_json: vLLM's --profiler-config JSON (stepscope keys under
+ * "stepscope"), or a path to a JSON file. On success *out is the profiler, else NULL. */
+int  stepscope_profiler_new(const char *config_json, const char *worker_name, stepscope_profiler **out);
+/* Stops a running capture, flushes, frees. NULL is a no-op. */
+void stepscope_profiler_free(stepscope_profiler *p);
+/* Starts a session; < 0: the config value. Ignored (STEPSCOPE_OK) while a session is active.
+ * STEPSCOPE_ERR_BACKEND: the backend failed to start; the session stays active, not running,
+ * until stepscope_stop (vLLM's behaviour). */
+int  stepscope_start(stepscope_profiler *p, int64_t delay_iterations, int64_t max_iterations);
+/* Ends the session; ignored when none is active. A stop during the delay touches no driver. */
+int  stepscope_stop(stepscope_profiler *p);
+/* One engine iteration begins. NULL: counts unknown. While capturing, its range stays open until
+ * stepscope_step_end (or the next step). STEPSCOPE_ERR_BACKEND: the backend failed in this step;
+ * the engine can go on. */
+int  stepscope_step(stepscope_profiler *p, const stepscope_iteration *iteration);
+/* Closes the iteration's range. */
+int  stepscope_step_end(stepscope_profiler *p);
+/* Stops a running session on the calling thread (vLLM's shutdown). */
+int  stepscope_shutdown(stepscope_profiler *p);
+/* 1 or 0 (0 for NULL). */
+int  stepscope_is_active(const stepscope_profiler *p);
+/* 1 or 0 (0 for NULL). */
+int  stepscope_is_running(const stepscope_profiler *p);
+/* Waits up to timeout_ms for trace writing: STEPSCOPE_OK or STEPSCOPE_ERR_TIMEOUT. */
+int  stepscope_flush(stepscope_profiler *p, uint32_t timeout_ms);
+/* This thread's last error text ("" if none); valid until the next failing call on this thread. */
+const char *stepscope_last_error(void);
+/* The library version, e.g. "0.1.0". */
+const char *stepscope_version(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* STEPSCOPE_H */

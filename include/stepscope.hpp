@@ -1,0 +1,141 @@
+// stepscope C++17 wrapper: header-only RAII over the C ABI (stepscope.h).
+//
+//   stepscope::Profiler profiler(R"({"profiler": "cuda", "delay_iterations": 10, "max_iterations": 3})", "rank0");
+//   profiler.start();                      // from any thread; throws stepscope::Error on failure
+//   for (;;) {                             // the engine loop
+//     stepscope::Iteration it = profiler.step({prefill_reqs, prefill_tokens, decode_reqs, decode_tokens});
+//     run_model();                         // annotated while captured; the range closes with `it`
+//   }
+//
+// Construction, start, stop, shutdown and flush throw stepscope::Error (with the C error code and
+// message). step() never throws: a profiler must not break the engine loop; a backend failure in
+// a step is available from Iteration::status() and stepscope::last_error().
+#ifndef STEPSCOPE_HPP
+#define STEPSCOPE_HPP
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "stepscope.h"
+
+namespace stepscope {
+
+// A failed stepscope call: code() is one of the STEPSCOPE_ERR_* values.
+class Error : public std::runtime_error {
+ public:
+  Error(int code, const std::string &message) : std::runtime_error(message), code_(code) {}
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+// This thread's last error message ("" if none).
+inline std::string last_error() { return stepscope_last_error(); }
+
+// The library's version.
+inline std::string version() { return stepscope_version(); }
+
+namespace detail {
+inline void check(int code) {
+  if (code != STEPSCOPE_OK) throw Error(code, stepscope_last_error());
+}
+}  // namespace detail
+
+// One engine iteration, from Profiler::step() to destruction: closes the iteration's range.
+// Movable, not copyable; keep it on the engine thread.
+class Iteration {
+ public:
+  Iteration(Iteration &&other) noexcept
+      : profiler_(std::exchange(other.profiler_, nullptr)), status_(other.status_) {}
+  Iteration &operator=(Iteration &&other) noexcept {
+    if (this != &other) {
+      end();
+      profiler_ = std::exchange(other.profiler_, nullptr);
+      status_ = other.status_;
+    }
+    return *this;
+  }
+  Iteration(const Iteration &) = delete;
+  Iteration &operator=(const Iteration &) = delete;
+  ~Iteration() { end(); }
+
+  // STEPSCOPE_OK, or the code stepscope_step returned (e.g. STEPSCOPE_ERR_BACKEND).
+  int status() const noexcept { return status_; }
+
+  // Closes the range now (idempotent).
+  void end() noexcept {
+    if (profiler_) stepscope_step_end(std::exchange(profiler_, nullptr));
+  }
+
+ private:
+  friend class Profiler;
+  Iteration(stepscope_profiler *p, int status) noexcept : profiler_(p), status_(status) {}
+  stepscope_profiler *profiler_;
+  int status_;
+};
+
+// The profiler of one worker. Move-only; destruction stops a running capture and waits for
+// trace writing.
+class Profiler {
+ public:
+  // config: vLLM's --profiler-config JSON text, or a path to a JSON file.
+  Profiler(const std::string &config, const std::string &worker_name) {
+    detail::check(stepscope_profiler_new(config.c_str(), worker_name.c_str(), &p_));
+  }
+  Profiler(Profiler &&other) noexcept : p_(std::exchange(other.p_, nullptr)) {}
+  Profiler &operator=(Profiler &&other) noexcept {
+    if (this != &other) {
+      stepscope_profiler_free(p_);
+      p_ = std::exchange(other.p_, nullptr);
+    }
+    return *this;
+  }
+  Profiler(const Profiler &) = delete;
+  Profiler &operator=(const Profiler &) = delete;
+  ~Profiler() { stepscope_profiler_free(p_); }
+
+  // Starts a session; unset overrides keep the config's values.
+  void start(std::optional<std::int64_t> delay_iterations = std::nullopt,
+             std::optional<std::int64_t> max_iterations = std::nullopt) {
+    if (delay_iterations && *delay_iterations < 0)
+      throw Error(STEPSCOPE_ERR_INVALID_ARGUMENT, "`delay_iterations` must be greater than or equal to 0");
+    if (max_iterations && *max_iterations < 0)
+      throw Error(STEPSCOPE_ERR_INVALID_ARGUMENT, "`max_iterations` must be greater than or equal to 0");
+    detail::check(stepscope_start(p_, delay_iterations.value_or(-1), max_iterations.value_or(-1)));
+  }
+  void stop() { detail::check(stepscope_stop(p_)); }
+  void shutdown() { detail::check(stepscope_shutdown(p_)); }
+
+  // One engine iteration begins; its range closes when the returned Iteration does.
+  [[nodiscard]] Iteration step(const stepscope_iteration &counts) noexcept {
+    return Iteration(p_, stepscope_step(p_, &counts));
+  }
+  // The same with unknown counts.
+  [[nodiscard]] Iteration step() noexcept { return Iteration(p_, stepscope_step(p_, nullptr)); }
+
+  bool is_active() const noexcept { return stepscope_is_active(p_) == 1; }
+  bool is_running() const noexcept { return stepscope_is_running(p_) == 1; }
+
+  // Waits for trace writing: true when done, false on timeout.
+  bool flush(std::chrono::milliseconds timeout) {
+    int code = stepscope_flush(p_, static_cast<std::uint32_t>(timeout.count()));
+    if (code == STEPSCOPE_ERR_TIMEOUT) return false;
+    detail::check(code);
+    return true;
+  }
+
+  // The C handle, for calls this wrapper does not cover.
+  stepscope_profiler *handle() const noexcept { return p_; }
+
+ private:
+  stepscope_profiler *p_ = nullptr;
+};
+
+}  // namespace stepscope
+
+#endif  // STEPSCOPE_HPP

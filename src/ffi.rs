@@ -1,0 +1,409 @@
+//! The C ABI (`include/stepscope.h`), for engines written in C and C++ and for any FFI.
+//!
+//! Every entry point catches panics (`STEPSCOPE_ERR_INTERNAL`): nothing unwinds across the
+//! boundary and nothing aborts the host. Errors are a status code plus a thread-local message
+//! (`stepscope_last_error`). Semantics are [`WorkerProfiler`]'s, i.e. vLLM's.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::iteration::IterationInfo;
+use crate::profiler::{StartOptions, WorkerProfiler};
+use crate::ProfilerConfig;
+
+/// Success.
+pub const STEPSCOPE_OK: c_int = 0;
+/// A NULL pointer, invalid UTF-8, or an out-of-range argument.
+pub const STEPSCOPE_ERR_INVALID_ARGUMENT: c_int = 1;
+/// Malformed config JSON or a bad config field.
+pub const STEPSCOPE_ERR_CONFIG: c_int = 2;
+/// The profiling backend failed (driver missing, driver call failed).
+pub const STEPSCOPE_ERR_BACKEND: c_int = 3;
+/// A file could not be read or written.
+pub const STEPSCOPE_ERR_IO: c_int = 4;
+/// Waiting for trace writing timed out.
+pub const STEPSCOPE_ERR_TIMEOUT: c_int = 5;
+/// A bug in stepscope (a caught panic).
+pub const STEPSCOPE_ERR_INTERNAL: c_int = 6;
+
+/// Counts of one engine iteration (C layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+#[allow(non_camel_case_types)]
+pub struct stepscope_iteration {
+    /// Requests in prefill.
+    pub num_ctx_reqs: u32,
+    /// Their scheduled tokens.
+    pub num_ctx_tokens: u32,
+    /// Requests in decode.
+    pub num_gen_reqs: u32,
+    /// Their scheduled tokens.
+    pub num_gen_tokens: u32,
+}
+
+/// An opaque profiler handle.
+#[allow(non_camel_case_types)]
+pub struct stepscope_profiler {
+    inner: WorkerProfiler,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(message: &str) {
+    let text = CString::new(message.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = text);
+}
+
+fn code_of(e: &Error) -> c_int {
+    match e {
+        Error::Config { .. } | Error::Json { .. } => STEPSCOPE_ERR_CONFIG,
+        Error::InvalidArgument { .. } => STEPSCOPE_ERR_INVALID_ARGUMENT,
+        Error::Backend { .. } => STEPSCOPE_ERR_BACKEND,
+        Error::Io { .. } => STEPSCOPE_ERR_IO,
+        Error::Timeout { .. } => STEPSCOPE_ERR_TIMEOUT,
+    }
+}
+
+fn fail(e: &Error) -> c_int {
+    set_last_error(&e.to_string());
+    code_of(e)
+}
+
+fn invalid(message: &str) -> c_int {
+    set_last_error(message);
+    STEPSCOPE_ERR_INVALID_ARGUMENT
+}
+
+/// Runs an entry point's body: a panic becomes `STEPSCOPE_ERR_INTERNAL`.
+fn guard(what: &str, body: impl FnOnce() -> c_int) -> c_int {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(code) => code,
+        Err(payload) => {
+            let detail = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            set_last_error(&format!("internal error in {what}: {detail}"));
+            STEPSCOPE_ERR_INTERNAL
+        }
+    }
+}
+
+/// # Safety
+/// `ptr` is NULL or a NUL-terminated string valid for the call.
+unsafe fn str_arg<'a>(ptr: *const c_char, name: &str) -> Result<&'a str, c_int> {
+    if ptr.is_null() {
+        return Err(invalid(&format!("`{name}` is NULL")));
+    }
+    // SAFETY: non-null, and NUL-terminated per the caller's contract.
+    let c = unsafe { CStr::from_ptr(ptr) };
+    c.to_str()
+        .map_err(|e| invalid(&format!("`{name}` is not valid UTF-8: {e}")))
+}
+
+/// # Safety
+/// `p` is NULL or a handle from `stepscope_profiler_new` not yet freed.
+unsafe fn profiler<'a>(p: *const stepscope_profiler) -> Result<&'a WorkerProfiler, c_int> {
+    if p.is_null() {
+        return Err(invalid("the profiler handle is NULL"));
+    }
+    // SAFETY: non-null and live per the caller's contract; only shared access is taken.
+    Ok(unsafe { &(*p).inner })
+}
+
+/// Creates a profiler from config JSON (or a path to a JSON file) for the named worker.
+///
+/// # Safety
+/// `config_json` and `worker_name` are NUL-terminated strings; `out` is a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_profiler_new(
+    config_json: *const c_char,
+    worker_name: *const c_char,
+    out: *mut *mut stepscope_profiler,
+) -> c_int {
+    guard("stepscope_profiler_new", || {
+        if out.is_null() {
+            return invalid("`out` is NULL");
+        }
+        // SAFETY: `out` is non-null and valid per the contract.
+        unsafe { *out = std::ptr::null_mut() };
+        // SAFETY: per the contract.
+        let config = match unsafe { str_arg(config_json, "config_json") } {
+            Ok(s) => s,
+            Err(code) => return code,
+        };
+        // SAFETY: per the contract.
+        let name = match unsafe { str_arg(worker_name, "worker_name") } {
+            Ok(s) => s,
+            Err(code) => return code,
+        };
+        let config = match ProfilerConfig::from_spec(config, "config_json") {
+            Ok(c) => c,
+            Err(e) => return fail(&e),
+        };
+        match WorkerProfiler::new(&config, name) {
+            Ok(inner) => {
+                let handle = Box::into_raw(Box::new(stepscope_profiler { inner }));
+                // SAFETY: `out` is non-null and valid per the contract.
+                unsafe { *out = handle };
+                STEPSCOPE_OK
+            }
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Stops a running capture, waits for trace writing, and frees the profiler. NULL is a no-op.
+///
+/// # Safety
+/// `p` is NULL or a live handle from `stepscope_profiler_new`, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_profiler_free(p: *mut stepscope_profiler) {
+    guard("stepscope_profiler_free", || {
+        if !p.is_null() {
+            // SAFETY: the handle came from Box::into_raw and is freed once per the contract.
+            drop(unsafe { Box::from_raw(p) });
+        }
+        STEPSCOPE_OK
+    });
+}
+
+/// Starts a session; a negative delay or max keeps the config's value.
+///
+/// # Safety
+/// `p` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_start(
+    p: *mut stepscope_profiler,
+    delay_iterations: i64,
+    max_iterations: i64,
+) -> c_int {
+    guard("stepscope_start", || {
+        // SAFETY: per the contract.
+        let p = match unsafe { profiler(p) } {
+            Ok(p) => p,
+            Err(code) => return code,
+        };
+        let opts = StartOptions {
+            delay_iterations: u64::try_from(delay_iterations).ok(),
+            max_iterations: u64::try_from(max_iterations).ok(),
+        };
+        match p.start_with(opts) {
+            Ok(_) => STEPSCOPE_OK,
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Ends the session (ignored when none is active).
+///
+/// # Safety
+/// `p` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_stop(p: *mut stepscope_profiler) -> c_int {
+    guard("stepscope_stop", || {
+        // SAFETY: per the contract.
+        match unsafe { profiler(p) } {
+            Ok(p) => match p.stop() {
+                Ok(_) => STEPSCOPE_OK,
+                Err(e) => fail(&e),
+            },
+            Err(code) => code,
+        }
+    })
+}
+
+/// Marks the start of an iteration (NULL: counts unknown). The iteration's range stays open
+/// until `stepscope_step_end` or the next `stepscope_step`. Returns `STEPSCOPE_ERR_BACKEND`
+/// when the backend failed in this step (profiling is affected; the engine can go on).
+///
+/// # Safety
+/// `p` is a live handle; `iteration` is NULL or valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_step(
+    p: *mut stepscope_profiler,
+    iteration: *const stepscope_iteration,
+) -> c_int {
+    guard("stepscope_step", || {
+        // SAFETY: per the contract.
+        let p = match unsafe { profiler(p) } {
+            Ok(p) => p,
+            Err(code) => return code,
+        };
+        let info = if iteration.is_null() {
+            IterationInfo::default()
+        } else {
+            // SAFETY: non-null and valid per the contract.
+            let it = unsafe { *iteration };
+            IterationInfo::new(
+                it.num_ctx_reqs,
+                it.num_ctx_tokens,
+                it.num_gen_reqs,
+                it.num_gen_tokens,
+            )
+        };
+        // The range stays open past this call: the C caller closes it with step_end.
+        std::mem::forget(p.step(&info));
+        match p.take_last_error() {
+            None => STEPSCOPE_OK,
+            Some(e) => fail(&e),
+        }
+    })
+}
+
+/// Closes the current iteration's range, if one is open.
+///
+/// # Safety
+/// `p` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_step_end(p: *mut stepscope_profiler) -> c_int {
+    guard("stepscope_step_end", || {
+        // SAFETY: per the contract.
+        match unsafe { profiler(p) } {
+            Ok(p) => {
+                p.step_end();
+                STEPSCOPE_OK
+            }
+            Err(code) => code,
+        }
+    })
+}
+
+/// Stops a running session on the calling thread (vLLM's `shutdown`).
+///
+/// # Safety
+/// `p` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_shutdown(p: *mut stepscope_profiler) -> c_int {
+    guard("stepscope_shutdown", || {
+        // SAFETY: per the contract.
+        match unsafe { profiler(p) } {
+            Ok(p) => match p.shutdown() {
+                Ok(()) => STEPSCOPE_OK,
+                Err(e) => fail(&e),
+            },
+            Err(code) => code,
+        }
+    })
+}
+
+/// 1 while a session is active, else 0 (also for NULL).
+///
+/// # Safety
+/// `p` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_is_active(p: *const stepscope_profiler) -> c_int {
+    guard("stepscope_is_active", || {
+        // SAFETY: per the contract.
+        match unsafe { profiler(p) } {
+            Ok(p) => c_int::from(p.is_active()),
+            Err(_) => 0,
+        }
+    })
+}
+
+/// 1 while the backend captures, else 0 (also for NULL).
+///
+/// # Safety
+/// `p` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_is_running(p: *const stepscope_profiler) -> c_int {
+    guard("stepscope_is_running", || {
+        // SAFETY: per the contract.
+        match unsafe { profiler(p) } {
+            Ok(p) => c_int::from(p.is_running()),
+            Err(_) => 0,
+        }
+    })
+}
+
+/// Waits up to `timeout_ms` for trace writing: `STEPSCOPE_OK` when nothing is pending,
+/// `STEPSCOPE_ERR_TIMEOUT` otherwise.
+///
+/// # Safety
+/// `p` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_flush(p: *mut stepscope_profiler, timeout_ms: u32) -> c_int {
+    guard("stepscope_flush", || {
+        // SAFETY: per the contract.
+        let p = match unsafe { profiler(p) } {
+            Ok(p) => p,
+            Err(code) => return code,
+        };
+        match p.flush(Duration::from_millis(timeout_ms.into())) {
+            Ok(true) => STEPSCOPE_OK,
+            Ok(false) => fail(&Error::Timeout {
+                what: format!("trace writing ({timeout_ms} ms)"),
+            }),
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// This thread's last error message ("" when none). Valid until the next failing call on
+/// this thread.
+#[no_mangle]
+pub extern "C" fn stepscope_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// The library version, e.g. "0.1.0".
+#[no_mangle]
+pub extern "C" fn stepscope_version() -> *const c_char {
+    static VERSION: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(v) => v,
+            Err(_) => c"unknown",
+        };
+    VERSION.as_ptr()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Rust declarations have exactly the C header's signatures.
+    #[test]
+    fn signatures_match_the_header() {
+        type P = stepscope_profiler;
+        let _: unsafe extern "C" fn(*const c_char, *const c_char, *mut *mut P) -> c_int =
+            stepscope_profiler_new;
+        let _: unsafe extern "C" fn(*mut P) = stepscope_profiler_free;
+        let _: unsafe extern "C" fn(*mut P, i64, i64) -> c_int = stepscope_start;
+        let _: unsafe extern "C" fn(*mut P) -> c_int = stepscope_stop;
+        let _: unsafe extern "C" fn(*mut P, *const stepscope_iteration) -> c_int = stepscope_step;
+        let _: unsafe extern "C" fn(*mut P) -> c_int = stepscope_step_end;
+        let _: unsafe extern "C" fn(*mut P) -> c_int = stepscope_shutdown;
+        let _: unsafe extern "C" fn(*const P) -> c_int = stepscope_is_active;
+        let _: unsafe extern "C" fn(*const P) -> c_int = stepscope_is_running;
+        let _: unsafe extern "C" fn(*mut P, u32) -> c_int = stepscope_flush;
+        let _: extern "C" fn() -> *const c_char = stepscope_last_error;
+        let _: extern "C" fn() -> *const c_char = stepscope_version;
+        assert_eq!(std::mem::size_of::<stepscope_iteration>(), 16);
+        assert_eq!(
+            [
+                STEPSCOPE_OK,
+                STEPSCOPE_ERR_INVALID_ARGUMENT,
+                STEPSCOPE_ERR_CONFIG,
+                STEPSCOPE_ERR_BACKEND,
+                STEPSCOPE_ERR_IO,
+                STEPSCOPE_ERR_TIMEOUT,
+                STEPSCOPE_ERR_INTERNAL
+            ],
+            [0, 1, 2, 3, 4, 5, 6]
+        );
+    }
+
+    #[test]
+    fn version_is_the_crate_version() {
+        // SAFETY: a static NUL-terminated string.
+        let v = unsafe { CStr::from_ptr(stepscope_version()) };
+        assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
+    }
+}

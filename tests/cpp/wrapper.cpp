@@ -1,0 +1,67 @@
+// The header-only C++ wrapper: RAII iterations, exceptions, move semantics. tests/c_abi.rs
+// compiles it with -std=c++17 and checks the NVTX ranges it produced.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "stepscope.hpp"
+
+static int checks = 0, failures = 0;
+#define CHECK(cond)                                                                     \
+  do {                                                                                  \
+    checks++;                                                                           \
+    if (!(cond)) {                                                                      \
+      failures++;                                                                       \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);     \
+    }                                                                                   \
+  } while (0)
+
+int main() {
+  {
+    stepscope::Profiler profiler(R"({"profiler": "cuda", "delay_iterations": 2, "max_iterations": 3})", "cpp");
+    profiler.start();
+    CHECK(profiler.is_active() && !profiler.is_running());
+    for (std::uint32_t i = 1; i <= 6; i++) {
+      stepscope::Iteration it = profiler.step({i % 3 == 1 ? 1u : 0u, 10 * i, i, i});
+      CHECK(it.status() == STEPSCOPE_OK);
+      CHECK(profiler.is_running() == (i >= 2 && i <= 4));
+      // The range closes when `it` goes out of scope.
+    }
+    CHECK(!profiler.is_active());
+
+    // Moving a profiler and an iteration keeps exactly one owner.
+    stepscope::Profiler moved = std::move(profiler);
+    moved.start(0, 1);
+    CHECK(moved.is_running());
+    {
+      stepscope::Iteration a = moved.step();
+      stepscope::Iteration b = std::move(a);
+      b.end();
+      b.end();  // idempotent
+    }
+    CHECK(moved.flush(std::chrono::milliseconds(100)));
+    moved.stop();
+  }
+
+  try {
+    stepscope::Profiler bad(R"({"max_iterations": -1})", "cpp");
+    CHECK(false);
+  } catch (const stepscope::Error &e) {
+    CHECK(e.code() == STEPSCOPE_ERR_CONFIG);
+    CHECK(std::strstr(e.what(), "max_iterations") != nullptr);
+  }
+
+  try {
+    stepscope::Profiler p("{}", "cpp");
+    p.start(-1);
+    CHECK(false);
+  } catch (const stepscope::Error &e) {
+    CHECK(e.code() == STEPSCOPE_ERR_INVALID_ARGUMENT);
+    CHECK(std::strstr(e.what(), "delay_iterations") != nullptr);
+  }
+
+  CHECK(!stepscope::version().empty());
+  std::printf("wrapper: %d checks, %d failed\n", checks, failures);
+  return failures ? 1 : 0;
+}
