@@ -1,0 +1,522 @@
+//! `stepscope ctl` against real HTTP on loopback: a test router and test workers (healthy,
+//! hanging past the timeout, down, 404, 500, transient 503) served by this test.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+#[derive(Debug, Clone)]
+struct Request {
+    method: String,
+    path: String,
+    body: String,
+}
+
+/// What a test server answers: status and body, or hang until the server is dropped.
+enum Reply {
+    Json(u16, Value),
+    Text(u16, &'static str),
+    Hang,
+}
+
+type Handler = dyn Fn(&Request, usize) -> Reply + Send + Sync;
+
+struct Server {
+    url: String,
+    requests: Arc<Mutex<Vec<Request>>>,
+    released: Arc<(Mutex<bool>, Condvar)>,
+    stop: Arc<AtomicBool>,
+    port: u16,
+}
+
+impl Server {
+    fn new(handler: impl Fn(&Request, usize) -> Reply + Send + Sync + 'static) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let released = Arc::new((Mutex::new(false), Condvar::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let handler: Arc<Handler> = Arc::new(handler);
+        let count = Arc::new(AtomicUsize::new(0));
+        {
+            let (requests, released, stop) = (requests.clone(), released.clone(), stop.clone());
+            std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    let (requests, released, handler, count) = (
+                        requests.clone(),
+                        released.clone(),
+                        handler.clone(),
+                        count.clone(),
+                    );
+                    std::thread::spawn(move || {
+                        serve_one(conn, &requests, &released, &*handler, &count)
+                    });
+                }
+            });
+        }
+        Server {
+            url: format!("http://127.0.0.1:{port}"),
+            requests,
+            released,
+            stop,
+            port,
+        }
+    }
+
+    fn ok() -> Server {
+        Server::new(|_, _| Reply::Json(200, json!({"status": "ok"})))
+    }
+
+    fn requests(&self) -> Vec<Request> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.released;
+        *lock.lock().unwrap() = true;
+        cv.notify_all();
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port)); // wake the accept loop
+    }
+}
+
+fn serve_one(
+    conn: TcpStream,
+    requests: &Mutex<Vec<Request>>,
+    released: &(Mutex<bool>, Condvar),
+    handler: &Handler,
+    count: &AtomicUsize,
+) {
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    let mut parts = line.split_whitespace();
+    let (method, path) = (
+        parts.next().unwrap_or("").to_string(),
+        parts.next().unwrap_or("").to_string(),
+    );
+    let mut length = 0;
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    let _ = reader.read_exact(&mut body);
+    let req = Request {
+        method,
+        path,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    };
+    requests.lock().unwrap().push(req.clone());
+    let n = count.fetch_add(1, Ordering::SeqCst);
+    let (status, text) = match handler(&req, n) {
+        Reply::Json(s, v) => (s, v.to_string()),
+        Reply::Text(s, t) => (s, t.to_string()),
+        Reply::Hang => {
+            let (lock, cv) = released;
+            let mut done = lock.lock().unwrap();
+            while !*done {
+                done = cv.wait(done).unwrap();
+            }
+            return;
+        }
+    };
+    let mut conn = conn;
+    let _ = write!(
+        conn,
+        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+        text.len()
+    );
+}
+
+/// A URL where nothing listens.
+fn down_url() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    format!("http://127.0.0.1:{port}")
+}
+
+fn router(workers: Value) -> Server {
+    Server::new(move |req, _| match req.path.as_str() {
+        "/workers" => Reply::Json(200, workers.clone()),
+        _ => Reply::Json(404, json!({"detail": "Not Found"})),
+    })
+}
+
+fn ctl(args: &[&str]) -> (Output, Duration) {
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_stepscope"))
+        .arg("ctl")
+        .args(args)
+        .output()
+        .expect("run stepscope");
+    (out, start.elapsed())
+}
+
+fn json_of(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn by_url<'a>(doc: &'a Value, url: &str) -> &'a Value {
+    doc["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == url)
+        .unwrap_or_else(|| panic!("{url} missing from {doc}"))
+}
+
+#[test]
+fn start_through_a_vllm_router_reports_every_worker() {
+    let ok1 = Server::ok();
+    let ok2 = Server::ok();
+    let hung = Server::new(|_, _| Reply::Hang);
+    let missing = Server::new(|_, _| Reply::Json(404, json!({"detail": "Not Found"})));
+    let broken = Server::new(|_, _| Reply::Text(500, "Internal Server Error: boom"));
+    let unhealthy = Server::ok();
+    let down = down_url();
+    let r = router(json!({"workers": [
+        {"url": ok1.url, "is_healthy": true},
+        {"url": hung.url, "is_healthy": true},
+        {"url": down, "is_healthy": true},
+        {"url": missing.url, "is_healthy": true},
+        {"url": broken.url, "is_healthy": true},
+        {"url": unhealthy.url, "is_healthy": false},
+        {"url": ok2.url, "is_healthy": true},
+    ], "total": 7}));
+
+    let (out, elapsed) = ctl(&[
+        "start",
+        "--router-url",
+        &r.url,
+        "--delay-iterations",
+        "5",
+        "--max-iterations",
+        "3",
+        "--profile-prefix",
+        "run1",
+        "--timeout",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "a failure anywhere exits 1");
+    let doc = json_of(&out);
+    let urls: Vec<&str> = doc["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["url"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        urls,
+        [
+            &ok1.url,
+            &hung.url,
+            &down,
+            &missing.url,
+            &broken.url,
+            &unhealthy.url,
+            &ok2.url
+        ],
+        "discovery order"
+    );
+    for ok in [&ok1, &ok2] {
+        let w = by_url(&doc, &ok.url);
+        assert_eq!(
+            (w["ok"].clone(), w["status"].clone()),
+            (json!(true), json!(200))
+        );
+        assert_eq!(w["error"], Value::Null);
+        let reqs = ok.requests();
+        assert_eq!(reqs.len(), 1);
+        assert_eq!(
+            (reqs[0].method.as_str(), reqs[0].path.as_str()),
+            ("POST", "/start_profile")
+        );
+        let body: Value = serde_json::from_str(&reqs[0].body).unwrap();
+        assert_eq!(
+            body,
+            json!({"profile_prefix": "run1", "delay_iterations": 5, "max_iterations": 3})
+        );
+    }
+    let err = |url: &str| by_url(&doc, url)["error"].as_str().unwrap().to_string();
+    assert_eq!(by_url(&doc, &hung.url)["status"], Value::Null);
+    assert!(
+        err(&hung.url).contains("no answer within the timeout"),
+        "{}",
+        err(&hung.url)
+    );
+    assert!(err(&down).contains("connection refused"), "{}", err(&down));
+    assert_eq!(by_url(&doc, &missing.url)["status"], json!(404));
+    assert!(
+        err(&missing.url).contains("--profiler-config"),
+        "{}",
+        err(&missing.url)
+    );
+    assert_eq!(by_url(&doc, &broken.url)["status"], json!(500));
+    assert!(
+        err(&broken.url).contains("Internal Server Error: boom"),
+        "{}",
+        err(&broken.url)
+    );
+    assert!(
+        err(&unhealthy.url).starts_with("skipped"),
+        "{}",
+        err(&unhealthy.url)
+    );
+    assert!(
+        unhealthy.requests().is_empty(),
+        "an unhealthy worker is not contacted"
+    );
+    // One hung worker costs about one timeout (1 s), not more.
+    assert!(elapsed < Duration::from_millis(2500), "took {elapsed:?}");
+}
+
+#[test]
+fn many_hung_workers_cost_one_timeout_together() {
+    let hung: Vec<Server> = (0..6).map(|_| Server::new(|_, _| Reply::Hang)).collect();
+    let mut args = vec!["stop", "--timeout", "1", "--json"];
+    for s in &hung {
+        args.extend(["--worker", s.url.as_str()]);
+    }
+    let (out, elapsed) = ctl(&args);
+    assert_eq!(out.status.code(), Some(1));
+    let doc = json_of(&out);
+    assert!(doc["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|w| w["ok"] == false));
+    assert!(hung.iter().all(|s| s.requests().len() == 1));
+    // Called one after another they would take at least 6 s.
+    assert!(elapsed < Duration::from_millis(2500), "took {elapsed:?}");
+}
+
+#[test]
+fn all_workers_ok_exits_0_with_a_table() {
+    let a = Server::ok();
+    let b = Server::ok();
+    let (out, _) = ctl(&["stop", "--worker", &a.url, "--worker", &b.url]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{table}");
+    assert!(table.starts_with("WORKER"), "{table}");
+    assert!(
+        table.contains("2 of 2 workers stopped, 0 failed"),
+        "{table}"
+    );
+    for s in [&a, &b] {
+        let r = s.requests();
+        assert_eq!(
+            (r[0].method.as_str(), r[0].path.as_str()),
+            ("POST", "/stop_profile")
+        );
+        assert_eq!(r[0].body, "", "stop sends no body");
+    }
+}
+
+#[test]
+fn sglang_dialect_through_a_list_workers_router() {
+    let a = Server::ok();
+    let b = Server::ok();
+    let urls = json!({"urls": [a.url, b.url]});
+    let r = Server::new(move |req, _| match req.path.as_str() {
+        "/list_workers" => Reply::Json(200, urls.clone()),
+        _ => Reply::Json(404, json!({"detail": "Not Found"})),
+    });
+    let (out, _) = ctl(&[
+        "start",
+        "--engine",
+        "sglang",
+        "--router-url",
+        &r.url,
+        "--num-steps",
+        "5",
+        "--activities",
+        "CPU,GPU",
+        "--profile-by-stage",
+        "--output-dir",
+        "/tmp/traces",
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let paths: Vec<String> = r.requests().iter().map(|q| q.path.clone()).collect();
+    assert_eq!(paths, ["/workers", "/list_workers"]);
+    for s in [&a, &b] {
+        let body: Value = serde_json::from_str(&s.requests()[0].body).unwrap();
+        assert_eq!(
+            body,
+            json!({"output_dir": "/tmp/traces", "num_steps": 5, "activities": ["CPU", "GPU"],
+                   "profile_by_stage": true})
+        );
+    }
+    // A 404 from an SGLang worker points at the dialect, not at vLLM's flag.
+    let missing = Server::new(|_, _| Reply::Json(404, json!({})));
+    let (out, _) = ctl(&[
+        "start",
+        "--engine",
+        "sglang",
+        "--worker",
+        &missing.url,
+        "--json",
+    ]);
+    let doc = json_of(&out);
+    let e = doc["workers"][0]["error"].as_str().unwrap();
+    assert!(e.contains("is this an SGLang server"), "{e}");
+}
+
+#[test]
+fn discovery_and_usage_errors_exit_2_and_say_why() {
+    let stderr = |o: &Output| String::from_utf8_lossy(&o.stderr).into_owned();
+
+    let (out, _) = ctl(&["start", "--router-url", &down_url(), "--timeout", "2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("cannot list workers"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("connection refused"),
+        "{}",
+        stderr(&out)
+    );
+
+    let empty = router(json!({"workers": [], "total": 0}));
+    let (out, _) = ctl(&["start", "--router-url", &empty.url]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("lists no workers"),
+        "{}",
+        stderr(&out)
+    );
+
+    let not_json = Server::new(|_, _| Reply::Text(200, "<html>hello</html>"));
+    let (out, _) = ctl(&["stop", "--router-url", &not_json.url]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("did not return JSON"),
+        "{}",
+        stderr(&out)
+    );
+
+    let no_list = Server::new(|_, _| Reply::Json(404, json!({})));
+    let (out, _) = ctl(&["stop", "--router-url", &no_list.url]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("has no worker list"),
+        "{}",
+        stderr(&out)
+    );
+
+    let (out, _) = ctl(&[
+        "start",
+        "--worker",
+        "http://127.0.0.1:1",
+        "--num-steps",
+        "3",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--num-steps is an SGLang field"),
+        "{}",
+        stderr(&out)
+    );
+
+    let (out, _) = ctl(&["start"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "neither --router-url nor --worker"
+    );
+    let (out, _) = ctl(&["stop", "--worker", "https://w:8000"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("https is not supported"),
+        "{}",
+        stderr(&out)
+    );
+    let (out, _) = ctl(&["stop", "--worker", "w:1", "--timeout", "0"]);
+    assert_eq!(out.status.code(), Some(2), "a zero timeout is refused");
+}
+
+#[test]
+fn retries_recover_a_transient_503() {
+    let flaky = || {
+        Server::new(|_, n| {
+            if n == 0 {
+                Reply::Json(503, json!({"error": "warming up"}))
+            } else {
+                Reply::Json(200, json!({}))
+            }
+        })
+    };
+    let once = flaky();
+    let (out, _) = ctl(&["start", "--worker", &once.url, "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json_of(&out)["workers"][0]["status"], json!(503));
+    assert_eq!(once.requests().len(), 1);
+
+    let retried = flaky();
+    let (out, _) = ctl(&[
+        "start",
+        "--worker",
+        &retried.url,
+        "--retries",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(json_of(&out)["workers"][0]["status"], json!(200));
+    assert_eq!(retried.requests().len(), 2);
+}
+
+#[test]
+fn workers_lists_what_discovery_found_with_health() {
+    let up = Server::ok();
+    let r = router(json!({"workers": [
+        {"url": up.url, "is_healthy": true},
+        {"url": down_url(), "is_healthy": false},
+    ]}));
+    let (out, _) = ctl(&["workers", "--router-url", &r.url]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{table}");
+    assert!(table.contains("healthy"), "{table}");
+    assert!(table.contains("skipped"), "{table}");
+    assert_eq!(up.requests()[0].path, "/health");
+    assert!(
+        table.contains("1 of 2 workers healthy, 1 failed"),
+        "{table}"
+    );
+}
