@@ -3,9 +3,9 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 # Debian packages a fresh machine needs: libclang-dev (nvtx-sys runs bindgen), valgrind and
-# pkg-config (the C ABI tests).
+# pkg-config (the C ABI tests), chromium (the HTML report test).
 PREFIX ?= /usr/local
-DEBS := libclang-dev valgrind pkg-config
+DEBS := libclang-dev valgrind pkg-config chromium
 
 .PHONY: all setup demo test fmt-check clippy test-rust bench install clean
 

@@ -1,10 +1,14 @@
 //! `stepscope`: control profiling across a fleet of engine workers.
 
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
+use stepscope_cli::analyze::{self, TraceReport};
 use stepscope_cli::ctl::{self, Action, Engine, Outcome, StartFields};
+use stepscope_cli::trace::{self, TraceError};
 
 #[derive(Parser)]
 #[command(
@@ -14,7 +18,8 @@ use stepscope_cli::ctl::{self, Action, Engine, Outcome, StartFields};
     long_about = "Profile chosen engine iterations across every worker of an LLM serving fleet.\n\n\
         `stepscope ctl` starts, stops and lists profiling on every worker behind a router \
         (vllm-router, SGLang's router) or on workers given directly, concurrently and with a \
-        timeout per worker."
+        timeout per worker. `stepscope analyze`, `merge` and `report` read the traces back: \
+        Kineto/Chrome traces (.json or .json.gz), one per rank."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -26,6 +31,52 @@ enum Command {
     /// Start, stop or list profiling on every worker behind a router
     #[command(subcommand)]
     Ctl(CtlCommand),
+    /// Summarize traces: kernels, GPU busy time and gaps, iterations, stragglers across ranks
+    #[command(
+        after_help = "Exit status: 0 when every trace was read, 1 when some of a \
+        directory's could not be (the others are reported), 2 when none could."
+    )]
+    Analyze(AnalyzeArgs),
+    /// Merge one trace per rank into one Perfetto/Chrome trace, ranks labelled and ordered
+    Merge(MergeArgs),
+    /// Write a self-contained HTML report (charts, no network) of one trace or a run's ranks
+    Report(ReportArgs),
+}
+
+#[derive(Args)]
+struct AnalyzeArgs {
+    /// Trace files (.json, .json.gz) or directories of them (one per rank)
+    #[arg(required = true, value_name = "PATH")]
+    paths: Vec<PathBuf>,
+    /// Print {"traces": [...], "ranks": [...], "errors": [...]} instead of tables
+    #[arg(long)]
+    json: bool,
+    /// Kernel names listed per trace (0: all)
+    #[arg(long, value_name = "N", default_value_t = 15)]
+    top: usize,
+    /// Only the trace of this rank
+    #[arg(long, value_name = "R")]
+    rank: Option<i64>,
+}
+
+#[derive(Args)]
+struct MergeArgs {
+    /// A directory of traces (one per rank), or the trace files
+    #[arg(required = true, value_name = "PATH")]
+    paths: Vec<PathBuf>,
+    /// Output file; gzip-compressed when it ends in .gz
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+}
+
+#[derive(Args)]
+struct ReportArgs {
+    /// A trace, or a directory of traces (one per rank)
+    #[arg(required = true, value_name = "PATH")]
+    paths: Vec<PathBuf>,
+    /// Output HTML file
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -148,7 +199,142 @@ fn main() -> ExitCode {
         }
         Command::Ctl(CtlCommand::Stop(c)) => run(Action::Stop, &c, None),
         Command::Ctl(CtlCommand::Workers(c)) => run(Action::Workers, &c, None),
+        Command::Analyze(a) => analyze_cmd(&a),
+        Command::Merge(m) => merge_cmd(&m),
+        Command::Report(r) => report_cmd(&r),
     }
+}
+
+/// Analyzes the inputs; errors are kept per file so a directory's good traces still count.
+fn load(paths: &[PathBuf], top: usize) -> Result<(Vec<TraceReport>, Vec<TraceError>), ExitCode> {
+    let files = match trace::expand(paths) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("stepscope: error: {e}");
+            return Err(ExitCode::from(2));
+        }
+    };
+    let bytes: u64 = files
+        .iter()
+        .filter_map(|f| std::fs::metadata(f).ok())
+        .map(|m| m.len())
+        .sum();
+    let show_progress = std::io::stderr().is_terminal() && bytes > 20 << 20;
+    if show_progress {
+        eprintln!(
+            "stepscope: reading {} trace(s), {:.0} MB on disk…",
+            files.len(),
+            bytes as f64 / 1e6
+        );
+    }
+    let started = Instant::now();
+    let mut reports = Vec::new();
+    let mut errors = Vec::new();
+    for r in analyze::analyze_all(&files, top) {
+        match r {
+            Ok(r) => reports.push(r),
+            Err(e) => {
+                eprintln!("stepscope: error: {e}");
+                errors.push(e);
+            }
+        }
+    }
+    if show_progress {
+        eprintln!(
+            "stepscope: done in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok((reports, errors))
+}
+
+fn outcome_code(reports: &[TraceReport], errors: &[TraceError]) -> ExitCode {
+    match (reports.is_empty(), errors.is_empty()) {
+        (_, true) => ExitCode::SUCCESS,
+        (false, false) => ExitCode::from(1),
+        (true, false) => ExitCode::from(2),
+    }
+}
+
+fn analyze_cmd(a: &AnalyzeArgs) -> ExitCode {
+    let (mut reports, errors) = match load(&a.paths, a.top) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    if let Some(rank) = a.rank {
+        reports.retain(|r| r.rank == Some(rank));
+        if reports.is_empty() && errors.is_empty() {
+            eprintln!("stepscope: error: no trace of rank {rank} among the inputs");
+            return ExitCode::from(2);
+        }
+    }
+    let rows = analyze::ranks(&reports);
+    if a.json {
+        let errs: Vec<serde_json::Value> = errors
+            .iter()
+            .map(|e| serde_json::json!({"file": e.path.display().to_string(), "error": e.message}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"traces": reports, "ranks": rows, "errors": errs})
+        );
+    } else {
+        for r in &reports {
+            println!("{}", analyze::render(r));
+        }
+        if reports.len() > 1 {
+            println!("{}", analyze::render_ranks(&rows));
+        }
+    }
+    outcome_code(&reports, &errors)
+}
+
+fn merge_cmd(m: &MergeArgs) -> ExitCode {
+    let verbose = std::io::stderr().is_terminal();
+    let result = stepscope_cli::merge::merge(&m.paths, &m.output, |path: &Path, rank, n| {
+        if verbose {
+            eprintln!(
+                "stepscope: merged rank {rank} ({n} events) from {}",
+                path.display()
+            );
+        }
+    });
+    match result {
+        Ok(done) => {
+            println!(
+                "merged {} trace(s), {} events, into {}",
+                done.ranks.len(),
+                done.events_written,
+                m.output.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("stepscope: error: {e}");
+            let _ = std::fs::remove_file(&m.output);
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn report_cmd(r: &ReportArgs) -> ExitCode {
+    let (reports, errors) = match load(&r.paths, 50) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    if reports.is_empty() {
+        return ExitCode::from(2);
+    }
+    let html = stepscope_cli::report::render(&reports, &errors);
+    if let Err(e) = std::fs::write(&r.output, html) {
+        eprintln!(
+            "stepscope: error: {}: cannot write: {e}",
+            r.output.display()
+        );
+        return ExitCode::from(2);
+    }
+    println!("wrote {} ({} trace(s))", r.output.display(), reports.len());
+    outcome_code(&reports, &errors)
 }
 
 fn usage_error(message: &str) -> ExitCode {

@@ -1,0 +1,541 @@
+//! `stepscope analyze`, `merge` and `report` on real GPU traces (tests/data/hta, MIT, from
+//! HolisticTraceAnalysis): every figure is checked against numbers this test computes itself
+//! from the raw JSON.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/hta");
+
+fn data(name: &str) -> PathBuf {
+    Path::new(DATA).join(name)
+}
+
+fn stepscope(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stepscope"))
+        .args(args)
+        .output()
+        .expect("run stepscope")
+}
+
+fn raw(path: &Path) -> Value {
+    let bytes = std::fs::read(path).unwrap();
+    let mut text = String::new();
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        flate2::read::GzDecoder::new(&bytes[..])
+            .read_to_string(&mut text)
+            .unwrap();
+    } else {
+        text = String::from_utf8(bytes).unwrap();
+    }
+    serde_json::from_str(&text).unwrap()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("stepscope-analyze-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The figures computed directly from the raw events, independently of the tool.
+struct Expected {
+    kernel_count: u64,
+    kernel_total: f64,
+    top: Vec<(String, f64)>,
+    busy: f64,
+    profiler_steps: usize,
+    rank: Option<i64>,
+}
+
+fn expected(trace: &Value) -> Expected {
+    let events = trace["traceEvents"].as_array().unwrap();
+    let x = |e: &&Value| e["ph"] == "X";
+    let kernels: Vec<&Value> = events
+        .iter()
+        .filter(x)
+        .filter(|e| e["cat"] == "kernel")
+        .collect();
+    let mut per_name: HashMap<String, f64> = HashMap::new();
+    for k in &kernels {
+        *per_name
+            .entry(k["name"].as_str().unwrap().to_string())
+            .or_default() += k["dur"].as_f64().unwrap();
+    }
+    let mut top: Vec<(String, f64)> = per_name.into_iter().collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    top.truncate(5);
+    // Busy: a sweep over start/end points per device, counting time where any is active.
+    let mut by_device: HashMap<i64, Vec<(f64, i32)>> = HashMap::new();
+    for e in events.iter().filter(x).filter(|e| {
+        matches!(
+            e["cat"].as_str(),
+            Some("kernel" | "gpu_memcpy" | "gpu_memset")
+        )
+    }) {
+        let dev = e["args"]["device"].as_i64().unwrap_or(-1);
+        let ts = e["ts"].as_f64().unwrap();
+        let dur = e["dur"].as_f64().unwrap_or(0.0);
+        let pts = by_device.entry(dev).or_default();
+        pts.push((ts, 1));
+        pts.push((ts + dur, -1));
+    }
+    let mut busy = 0.0;
+    for pts in by_device.values_mut() {
+        // Starts before ends at the same instant, so touching intervals count once.
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+        let (mut depth, mut since) = (0, 0.0);
+        for (t, d) in pts.iter() {
+            if depth == 0 && *d == 1 {
+                since = *t;
+            }
+            depth += d;
+            if depth == 0 {
+                busy += t - since;
+            }
+        }
+    }
+    Expected {
+        kernel_count: kernels.len() as u64,
+        kernel_total: kernels.iter().map(|k| k["dur"].as_f64().unwrap()).sum(),
+        top,
+        busy,
+        profiler_steps: events
+            .iter()
+            .filter(|e| {
+                e["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("ProfilerStep#"))
+            })
+            .count(),
+        rank: trace["distributedInfo"]["rank"].as_i64(),
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1.0)
+}
+
+fn analyze_json(args: &[&str]) -> Value {
+    let out = stepscope(&[&["analyze", "--json", "--top", "0"][..], args].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn figures_match_the_raw_json_on_real_traces() {
+    for name in [
+        "trace_diff__control__control.json.gz",
+        "trace_filter__sampled_rank-0.json.gz",
+        "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz",
+        "cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
+    ] {
+        let path = data(name);
+        let want = expected(&raw(&path));
+        let doc = analyze_json(&[path.to_str().unwrap()]);
+        let t = &doc["traces"][0];
+        assert_eq!(
+            t["kernels"]["count"].as_u64().unwrap(),
+            want.kernel_count,
+            "{name}"
+        );
+        assert!(
+            close(
+                t["kernels"]["total_us"].as_f64().unwrap(),
+                want.kernel_total
+            ),
+            "{name}: total {} vs {}",
+            t["kernels"]["total_us"],
+            want.kernel_total
+        );
+        let top: Vec<(String, f64)> = t["kernels"]["by_name"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .take(5)
+            .map(|k| {
+                (
+                    k["name"].as_str().unwrap().to_string(),
+                    k["total_us"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(top.len(), want.top.len(), "{name}");
+        for (got, exp) in top.iter().zip(&want.top) {
+            assert_eq!(got.0, exp.0, "{name}");
+            assert!(
+                close(got.1, exp.1),
+                "{name}: {} {} vs {}",
+                got.0,
+                got.1,
+                exp.1
+            );
+        }
+        assert!(
+            close(t["gpu_busy_us"].as_f64().unwrap(), want.busy),
+            "{name}: busy {} vs {}",
+            t["gpu_busy_us"],
+            want.busy
+        );
+        assert_eq!(
+            t["steps"].as_array().unwrap().len(),
+            want.profiler_steps,
+            "{name}"
+        );
+        assert_eq!(t["rank"].as_i64(), want.rank, "{name}");
+    }
+}
+
+#[test]
+fn the_big_trace_reads_as_a_person_would_expect() {
+    let doc = analyze_json(&[data("trace_diff__control__control.json.gz")
+        .to_str()
+        .unwrap()]);
+    let t = &doc["traces"][0];
+    assert_eq!(t["kernels"]["count"], 8568);
+    assert_eq!(t["rank"], 3);
+    assert_eq!(t["world_size"], 8);
+    assert_eq!(t["devices"].as_array().unwrap().len(), 8);
+    assert_eq!(t["devices"][0]["numSms"], 108);
+    let steps = t["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 6);
+    assert_eq!(steps[0]["name"], "ProfilerStep#1009");
+    for s in steps {
+        // Every step launched kernels, and the attributed GPU time is theirs.
+        assert!(s["kernel_count"].as_u64().unwrap() > 0);
+        assert!(s["kernel_us"].as_f64().unwrap() > 0.0);
+    }
+    let split = &t["split"];
+    assert!(
+        split["communication_us"].as_f64().unwrap() > 0.0,
+        "NCCL kernels are communication"
+    );
+    let u = t["utilization"].as_f64().unwrap();
+    assert!(u > 0.0 && u <= 1.0);
+    assert!(!t["idle_gaps"].as_array().unwrap().is_empty());
+    // The table form names the trace and has the kernel table.
+    let out = stepscope(&[
+        "analyze",
+        data("trace_diff__control__control.json.gz")
+            .to_str()
+            .unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("rank 3 of 8") && text.contains("ncclKernel_SendRecv"),
+        "{text}"
+    );
+}
+
+/// A vLLM-style trace: iterations annotated `execute_…`, kernels linked to launches by
+/// correlation id; one launch falls outside every iteration.
+fn synthetic_vllm_trace(step_us: f64) -> Value {
+    let mut ev = vec![
+        serde_json::json!({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}}),
+    ];
+    let names = [
+        "execute_context_1(512)_generation_3(3)",
+        "execute_context_0(0)_generation_4(4)",
+    ];
+    let mut corr = 1;
+    for (i, n) in names.iter().enumerate() {
+        let t0 = 1000.0 + i as f64 * (step_us + 100.0);
+        ev.push(serde_json::json!({"ph": "X", "cat": "user_annotation", "name": n, "pid": 1, "tid": 1, "ts": t0, "dur": step_us}));
+        for k in 0..(i + 2) {
+            let launch = t0 + 10.0 + k as f64 * 20.0;
+            ev.push(serde_json::json!({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": launch, "dur": 5, "args": {"correlation": corr}}));
+            ev.push(serde_json::json!({"ph": "X", "cat": "kernel", "name": format!("gemm_{k}"), "pid": 0, "tid": 7, "ts": launch + 8.0, "dur": 10.0 + k as f64, "args": {"correlation": corr, "device": 0}}));
+            corr += 1;
+        }
+    }
+    ev.push(serde_json::json!({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 50.0, "dur": 5, "args": {"correlation": corr}}));
+    ev.push(serde_json::json!({"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce", "pid": 0, "tid": 8, "ts": 60.0, "dur": 30.0, "args": {"correlation": corr, "device": 0}}));
+    serde_json::json!({"traceEvents": ev})
+}
+
+#[test]
+fn engine_iterations_get_their_kernels_by_correlation_and_stragglers_are_named() {
+    let dir = scratch("ranks");
+    for (rank, step) in [(0, 400.0), (1, 410.0), (2, 900.0)] {
+        let t = synthetic_vllm_trace(step);
+        std::fs::write(dir.join(format!("run_rank{rank}.json")), t.to_string()).unwrap();
+    }
+    let doc = analyze_json(&[dir.to_str().unwrap()]);
+    let t0 = &doc["traces"][0];
+    let steps = t0["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 2);
+    assert_eq!(steps[0]["name"], "execute_context_1(512)_generation_3(3)");
+    assert_eq!(steps[0]["kernel_count"], 2);
+    assert_eq!(steps[0]["kernel_us"], 21.0); // 10 + 11
+    assert_eq!(steps[1]["kernel_count"], 3);
+    assert_eq!(steps[1]["kernel_us"], 33.0); // 10 + 11 + 12
+    assert_eq!(
+        t0["kernels"]["count"], 6,
+        "the NCCL kernel outside every step still counts"
+    );
+    assert_eq!(t0["split"]["communication_us"], 30.0);
+    let ranks = doc["ranks"].as_array().unwrap();
+    let stragglers: Vec<i64> = ranks
+        .iter()
+        .filter(|r| r["straggler"] == true)
+        .map(|r| r["rank"].as_i64().unwrap())
+        .collect();
+    assert_eq!(stragglers, [2]);
+    // --rank picks one trace.
+    let one = analyze_json(&[dir.to_str().unwrap(), "--rank", "1"]);
+    assert_eq!(one["traces"].as_array().unwrap().len(), 1);
+    assert_eq!(one["traces"][0]["rank"], 1);
+}
+
+#[test]
+fn merging_a_rank_pair_keeps_every_event_with_rank_labels() {
+    let dir = scratch("merge");
+    let input = dir.join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    for r in [0, 1] {
+        let name = format!("trace_filter__sampled_rank-{r}.json.gz");
+        std::fs::copy(data(&name), input.join(&name)).unwrap();
+    }
+    let out = dir.join("merged.json.gz");
+    let o = stepscope(&[
+        "merge",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let merged = raw(&out);
+    let events = merged["traceEvents"].as_array().unwrap();
+
+    let key = |e: &Value| {
+        format!(
+            "{}|{}|{}|{}|{}",
+            e["ph"], e["cat"], e["name"], e["ts"], e["dur"]
+        )
+    };
+    let mut pids_of_rank: HashMap<i64, Vec<i64>> = HashMap::new();
+    let mut have: HashMap<String, i64> = HashMap::new();
+    for e in events {
+        *have.entry(key(e)).or_default() += 1;
+    }
+    let mut originals = 0;
+    for r in [0, 1] {
+        let t = raw(&data(&format!("trace_filter__sampled_rank-{r}.json.gz")));
+        for e in t["traceEvents"].as_array().unwrap() {
+            if e["ph"] == "M" {
+                continue; // metadata is rewritten with rank labels
+            }
+            originals += 1;
+            let k = key(e);
+            let n = have
+                .get_mut(&k)
+                .unwrap_or_else(|| panic!("missing event {k}"));
+            assert!(*n > 0, "event {k} appears fewer times than in its rank");
+            *n -= 1;
+        }
+    }
+    assert!(originals > 5000);
+    for e in events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "process_name")
+    {
+        let label = e["args"]["name"].as_str().unwrap();
+        let rank: i64 = label
+            .strip_prefix("rank ")
+            .and_then(|s| s.split(' ').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("unlabelled process {label}"));
+        pids_of_rank
+            .entry(rank)
+            .or_default()
+            .push(e["pid"].as_i64().unwrap());
+    }
+    assert_eq!(pids_of_rank.len(), 2, "both ranks labelled");
+    let (a, b) = (&pids_of_rank[&0], &pids_of_rank[&1]);
+    assert!(a.iter().all(|p| !b.contains(p)), "ranks never share a pid");
+    // Ordered by rank: every rank-0 process sorts before every rank-1 process.
+    let sort_of = |pid: i64| {
+        events
+            .iter()
+            .find(|e| e["name"] == "process_sort_index" && e["pid"] == pid)
+            .and_then(|e| e["args"]["sort_index"].as_i64())
+            .unwrap()
+    };
+    let max0 = a.iter().map(|p| sort_of(*p)).max().unwrap();
+    let min1 = b.iter().map(|p| sort_of(*p)).min().unwrap();
+    assert!(max0 < min1);
+    assert_eq!(merged["stepscope_merged"].as_array().unwrap().len(), 2);
+}
+
+fn chromium() -> String {
+    for c in ["chromium", "chromium-browser", "google-chrome"] {
+        if Command::new("which")
+            .arg(c)
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return c.to_string();
+        }
+    }
+    panic!("no Chromium found: `make test` installs Debian's chromium");
+}
+
+/// Loads a page in headless Chromium; returns (DOM after scripts ran, console errors).
+fn render_in_chromium(page: &Path, profile: &Path) -> (String, Vec<String>) {
+    let out = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=2000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("--dump-dom")
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .expect("run chromium");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let console: Vec<String> = stderr
+        .lines()
+        .filter(|l| l.contains("CONSOLE") || l.contains("Uncaught"))
+        .map(str::to_string)
+        .collect();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), console)
+}
+
+#[test]
+fn the_report_renders_in_headless_chromium_without_console_errors() {
+    let dir = scratch("report");
+    let html = dir.join("report.html");
+    let input = dir.join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    for r in [0, 1] {
+        let name = format!("trace_filter__sampled_rank-{r}.json.gz");
+        std::fs::copy(data(&name), input.join(&name)).unwrap();
+    }
+    let o = stepscope(&[
+        "report",
+        input.to_str().unwrap(),
+        "-o",
+        html.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "no network"
+    );
+
+    // The check itself works: a page with a script error is caught.
+    let broken = dir.join("broken.html");
+    std::fs::write(
+        &broken,
+        "<html><body><script>undefinedFunction();</script></body></html>",
+    )
+    .unwrap();
+    let (_, errors) = render_in_chromium(&broken, &dir.join("profile-a"));
+    assert!(
+        !errors.is_empty(),
+        "the console check must see a script error"
+    );
+
+    let (dom, errors) = render_in_chromium(&html, &dir.join("profile-b"));
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+    assert!(
+        dom.contains("data-ready=\"1\""),
+        "the page's script ran to the end"
+    );
+    assert!(dom.contains("data-charts=\"4\""), "four charts rendered");
+    assert!(dom.contains("rank 0") && dom.contains("rank 1"));
+}
+
+#[test]
+fn bad_input_names_the_file_and_exits_2() {
+    let dir = scratch("bad");
+    let gz = std::fs::read(data("trace_filter__sampled_rank-0.json.gz")).unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "truncated.json.gz",
+            gz[..gz.len() / 2].to_vec(),
+            "not a valid gzip file",
+        ),
+        (
+            "notjson.json",
+            b"hello, not json".to_vec(),
+            "not valid trace JSON",
+        ),
+        (
+            "noevents.json",
+            br#"{"schemaVersion": 1}"#.to_vec(),
+            "traceEvents",
+        ),
+    ];
+    for (name, bytes, text) in &cases {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let o = stepscope(&["analyze", p.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(name) && err.contains(text), "{name}: {err}");
+    }
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let o = stepscope(&["analyze", empty.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("holds no .json or .json.gz trace"));
+    let o = stepscope(&["analyze", dir.join("missing.json").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read"));
+
+    // A directory with good and bad traces: the good ones are analyzed, exit 1.
+    let mixed = dir.join("mixed");
+    std::fs::create_dir_all(mixed.join("unreadable.json")).unwrap(); // a directory: read fails
+    std::fs::copy(
+        data("trace_filter__sampled_rank-1.json.gz"),
+        mixed.join("rank-1.json.gz"),
+    )
+    .unwrap();
+    std::fs::write(mixed.join("truncated.json.gz"), &gz[..gz.len() / 3]).unwrap();
+    let o = stepscope(&["analyze", "--json", mixed.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["traces"].as_array().unwrap().len(), 1);
+    assert_eq!(doc["traces"][0]["rank"], 1);
+    let errs: Vec<&str> = doc["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["file"].as_str().unwrap())
+        .collect();
+    assert!(
+        errs.iter().any(|f| f.ends_with("unreadable.json")),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter().any(|f| f.ends_with("truncated.json.gz")),
+        "{errs:?}"
+    );
+    let o = stepscope(&[
+        "merge",
+        mixed.to_str().unwrap(),
+        "-o",
+        dir.join("m.json").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "merge refuses an incomplete set");
+    assert!(!dir.join("m.json").exists(), "no partial output is left");
+}
