@@ -98,5 +98,14 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// The text of a caught panic's payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic")
+}
+
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

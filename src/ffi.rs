@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::error::{panic_message, Error};
 use crate::iteration::IterationInfo;
 use crate::profiler::{StartOptions, WorkerProfiler};
 use crate::ProfilerConfig;
@@ -84,11 +84,7 @@ fn guard(what: &str, body: impl FnOnce() -> c_int) -> c_int {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(code) => code,
         Err(payload) => {
-            let detail = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or("unknown panic");
+            let detail = panic_message(payload.as_ref());
             set_last_error(&format!("internal error in {what}: {detail}"));
             STEPSCOPE_ERR_INTERNAL
         }

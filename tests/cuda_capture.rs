@@ -151,6 +151,14 @@ impl Run {
     fn cuda(&self) -> Vec<&Event> {
         self.events.iter().filter(|e| e.source == "cuda").collect()
     }
+    /// The CUDA profiler API calls, in order.
+    fn profiler_calls(&self) -> Vec<&str> {
+        self.events
+            .iter()
+            .filter(|e| e.source == "cuda" && e.name().starts_with("cuProfiler"))
+            .map(Event::name)
+            .collect()
+    }
     fn nvtx(&self, name: &str) -> Vec<&Event> {
         self.events
             .iter()
@@ -325,13 +333,7 @@ fn without_an_nvtx_tool_nothing_is_annotated_and_capture_still_works() {
         "{:#?}",
         r.events
     );
-    let names: Vec<&str> = r
-        .cuda()
-        .iter()
-        .map(|e| e.name())
-        .filter(|n| n.starts_with("cuProfiler"))
-        .collect();
-    assert_eq!(names, ["cuProfilerStart", "cuProfilerStop"]);
+    assert_eq!(r.profiler_calls(), ["cuProfilerStart", "cuProfilerStop"]);
 }
 
 #[test]
@@ -416,12 +418,7 @@ fn cross_thread_start_and_stop_call_the_driver_on_the_engine_thread() {
     let engine: u64 = r.result("engine_tid").parse().unwrap();
     let control: u64 = r.result("control_tid").parse().unwrap();
     assert_ne!(engine, control);
-    let profiler_calls: Vec<&Event> = r
-        .cuda()
-        .into_iter()
-        .filter(|e| e.name().starts_with("cuProfiler"))
-        .collect();
-    assert_eq!(profiler_calls.len(), 2);
+    assert_eq!(r.profiler_calls(), ["cuProfilerStart", "cuProfilerStop"]);
     assert!(r.cuda().iter().all(|e| e.tid == engine), "{:#?}", r.cuda());
     // The two iterations stepped while running are annotated, with steps 2 and 3.
     let payloads: Vec<&str> = r.nvtx("push").iter().map(|e| e.arg(2)).collect();
@@ -455,13 +452,7 @@ fn nvtx_off_leaves_only_the_profiler_window() {
         r.nvtx("domain_create").is_empty(),
         "no domain is even created"
     );
-    let names: Vec<&str> = r
-        .cuda()
-        .iter()
-        .map(|e| e.name())
-        .filter(|n| n.starts_with("cuProfiler"))
-        .collect();
-    assert_eq!(names, ["cuProfilerStart", "cuProfilerStop"]);
+    assert_eq!(r.profiler_calls(), ["cuProfilerStart", "cuProfilerStop"]);
 }
 
 #[test]

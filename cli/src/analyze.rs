@@ -369,28 +369,8 @@ pub fn analyze_bytes(path: &Path, bytes: &[u8], top: usize) -> Result<TraceRepor
 
 /// Analyzes files in parallel (one thread per core); results in the files' order.
 pub fn analyze_all(files: &[PathBuf], top: usize) -> Vec<Result<TraceReport, TraceError>> {
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .min(files.len().max(1));
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: std::sync::Mutex<Vec<Option<Result<TraceReport, TraceError>>>> =
-        std::sync::Mutex::new(vec![None; files.len()]);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(f) = files.get(i) else { break };
-                let r = analyze_file(f, top);
-                if let Ok(mut v) = results.lock() {
-                    v[i] = Some(r);
-                }
-            });
-        }
-    });
-    results
-        .into_inner()
-        .unwrap_or_default()
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    crate::par_map(files, threads, |f| analyze_file(f, top))
         .into_iter()
         .zip(files)
         .map(|(r, f)| {

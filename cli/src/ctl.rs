@@ -4,8 +4,6 @@
 //! so one hung or dead worker costs one timeout, not the whole fleet's patience; every result
 //! is reported, with what to check when it failed.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -338,36 +336,21 @@ pub fn fan_out(
     concurrency: usize,
     retries: u32,
 ) -> Vec<Outcome> {
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Outcome>>> = Mutex::new(vec![None; workers.len()]);
-    let threads = concurrency.clamp(1, workers.len().max(1));
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(worker) = workers.get(i) else { break };
-                let outcome = call_worker(agent, engine, action, worker, body, retries);
-                if let Ok(mut r) = results.lock() {
-                    r[i] = Some(outcome);
-                }
-            });
-        }
-    });
-    results
-        .into_inner()
-        .unwrap_or_default()
-        .into_iter()
-        .zip(workers)
-        .map(|(o, url)| {
-            o.unwrap_or_else(|| Outcome {
-                url: url.clone(),
-                ok: false,
-                status: None,
-                elapsed_ms: 0,
-                error: Some("internal error: no result recorded".into()),
-            })
+    crate::par_map(workers, concurrency, |worker| {
+        call_worker(agent, engine, action, worker, body, retries)
+    })
+    .into_iter()
+    .zip(workers)
+    .map(|(o, url)| {
+        o.unwrap_or_else(|| Outcome {
+            url: url.clone(),
+            ok: false,
+            status: None,
+            elapsed_ms: 0,
+            error: Some("internal error: no result recorded".into()),
         })
-        .collect()
+    })
+    .collect()
 }
 
 /// The `/start_profile` body fields a user gave, per dialect.

@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use cudarc::driver::sys as cu;
 
 use super::{Backend, CaptureStart};
-use crate::error::{Error, Result};
+use crate::error::{panic_message, Error, Result};
 
 const NAME: &str = "cuda";
 
@@ -141,11 +141,7 @@ fn call(what: &str, f: impl FnOnce() -> cu::CUresult) -> Result<()> {
             format!("{what} failed: {}", describe(code)),
         )),
         Err(payload) => {
-            let detail = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or("the driver library is unusable");
+            let detail = panic_message(payload.as_ref());
             Err(Error::backend(
                 NAME,
                 format!("{what} could not be called: {detail}"),
