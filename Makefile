@@ -14,8 +14,14 @@ all: test
 setup:
 	@scripts/setup.sh $(DEBS)
 
+# The toy engine's capture, then reading a real GPU trace back (bundled, from HTA's test set:
+# the engine cannot write Kineto traces until the torch backend exists).
 demo: setup
 	$(CARGO) run --quiet --release --example engine
+	@echo
+	@echo "== stepscope analyze on a real GPU trace (cli/tests/data/hta, rank 0 of a 128-GPU job)"
+	$(CARGO) run --quiet --release -p stepscope-cli -- analyze --top 5 \
+		cli/tests/data/hta/trace_filter__sampled_rank-0.json.gz
 
 test: setup fmt-check clippy test-rust
 	@echo "make test: all checks passed"
