@@ -314,14 +314,10 @@ impl WorkerProfiler {
         }
         g.close_range();
         g.run_pending(index);
-        match g.schedule.begin_step() {
-            StepBegin::Inactive => {}
-            StepBegin::Counted => {}
-            StepBegin::StartBackend => {
-                // The session stays active, not running; the error is kept for the caller.
-                if let Err(e) = g.start_backend(index) {
-                    g.last_error = Some(e);
-                }
+        if g.schedule.begin_step() == StepBegin::StartBackend {
+            // On failure the session stays active, not running; the error is kept.
+            if let Err(e) = g.start_backend(index) {
+                g.last_error = Some(e);
             }
         }
         let end = g.schedule.end_step();
