@@ -113,6 +113,46 @@ unsafe fn profiler<'a>(p: *const stepscope_profiler) -> Result<&'a WorkerProfile
     Ok(unsafe { &(*p).inner })
 }
 
+/// An entry point that needs a live profiler: NULL is `STEPSCOPE_ERR_INVALID_ARGUMENT`, an error
+/// its code and message, a panic `STEPSCOPE_ERR_INTERNAL`.
+///
+/// # Safety
+/// `p` is NULL or a live handle.
+unsafe fn with_profiler(
+    what: &str,
+    p: *const stepscope_profiler,
+    body: impl FnOnce(&WorkerProfiler) -> crate::Result<()>,
+) -> c_int {
+    guard(what, || {
+        // SAFETY: per the caller's contract.
+        match unsafe { profiler(p) } {
+            Ok(p) => match body(p) {
+                Ok(()) => STEPSCOPE_OK,
+                Err(e) => fail(&e),
+            },
+            Err(code) => code,
+        }
+    })
+}
+
+/// A 1-or-0 query; 0 for NULL.
+///
+/// # Safety
+/// `p` is NULL or a live handle.
+unsafe fn flag(
+    what: &str,
+    p: *const stepscope_profiler,
+    f: impl FnOnce(&WorkerProfiler) -> bool,
+) -> c_int {
+    guard(what, || {
+        // SAFETY: per the caller's contract.
+        match unsafe { profiler(p) } {
+            Ok(p) => c_int::from(f(p)),
+            Err(_) => 0,
+        }
+    })
+}
+
 /// Creates a profiler from config JSON (or a path to a JSON file) for the named worker.
 ///
 /// # Safety
@@ -180,21 +220,12 @@ pub unsafe extern "C" fn stepscope_start(
     delay_iterations: i64,
     max_iterations: i64,
 ) -> c_int {
-    guard("stepscope_start", || {
-        // SAFETY: per the contract.
-        let p = match unsafe { profiler(p) } {
-            Ok(p) => p,
-            Err(code) => return code,
-        };
-        let opts = StartOptions {
-            delay_iterations: u64::try_from(delay_iterations).ok(),
-            max_iterations: u64::try_from(max_iterations).ok(),
-        };
-        match p.start_with(opts) {
-            Ok(_) => STEPSCOPE_OK,
-            Err(e) => fail(&e),
-        }
-    })
+    let opts = StartOptions {
+        delay_iterations: u64::try_from(delay_iterations).ok(),
+        max_iterations: u64::try_from(max_iterations).ok(),
+    };
+    // SAFETY: per the contract.
+    unsafe { with_profiler("stepscope_start", p, |p| p.start_with(opts).map(drop)) }
 }
 
 /// Ends the session (ignored when none is active).
@@ -203,16 +234,8 @@ pub unsafe extern "C" fn stepscope_start(
 /// `p` is a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn stepscope_stop(p: *mut stepscope_profiler) -> c_int {
-    guard("stepscope_stop", || {
-        // SAFETY: per the contract.
-        match unsafe { profiler(p) } {
-            Ok(p) => match p.stop() {
-                Ok(_) => STEPSCOPE_OK,
-                Err(e) => fail(&e),
-            },
-            Err(code) => code,
-        }
-    })
+    // SAFETY: per the contract.
+    unsafe { with_profiler("stepscope_stop", p, |p| p.stop().map(drop)) }
 }
 
 /// Marks the start of an iteration (NULL: counts unknown). The iteration's range stays open
@@ -226,31 +249,26 @@ pub unsafe extern "C" fn stepscope_step(
     p: *mut stepscope_profiler,
     iteration: *const stepscope_iteration,
 ) -> c_int {
-    guard("stepscope_step", || {
-        // SAFETY: per the contract.
-        let p = match unsafe { profiler(p) } {
-            Ok(p) => p,
-            Err(code) => return code,
-        };
-        let info = if iteration.is_null() {
-            IterationInfo::default()
-        } else {
-            // SAFETY: non-null and valid per the contract.
-            let it = unsafe { *iteration };
-            IterationInfo::new(
-                it.num_ctx_reqs,
-                it.num_ctx_tokens,
-                it.num_gen_reqs,
-                it.num_gen_tokens,
-            )
-        };
-        // The range stays open past this call: the C caller closes it with step_end.
-        std::mem::forget(p.step(&info));
-        match p.take_last_error() {
-            None => STEPSCOPE_OK,
-            Some(e) => fail(&e),
-        }
-    })
+    // SAFETY: per the contract.
+    unsafe {
+        with_profiler("stepscope_step", p, |p| {
+            let info = if iteration.is_null() {
+                IterationInfo::default()
+            } else {
+                // SAFETY: non-null and valid per the contract.
+                let it = *iteration;
+                IterationInfo::new(
+                    it.num_ctx_reqs,
+                    it.num_ctx_tokens,
+                    it.num_gen_reqs,
+                    it.num_gen_tokens,
+                )
+            };
+            // The range stays open past this call: the C caller closes it with step_end.
+            std::mem::forget(p.step(&info));
+            p.take_last_error().map_or(Ok(()), Err)
+        })
+    }
 }
 
 /// Closes the current iteration's range, if one is open.
@@ -259,16 +277,13 @@ pub unsafe extern "C" fn stepscope_step(
 /// `p` is a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn stepscope_step_end(p: *mut stepscope_profiler) -> c_int {
-    guard("stepscope_step_end", || {
-        // SAFETY: per the contract.
-        match unsafe { profiler(p) } {
-            Ok(p) => {
-                p.step_end();
-                STEPSCOPE_OK
-            }
-            Err(code) => code,
-        }
-    })
+    // SAFETY: per the contract.
+    unsafe {
+        with_profiler("stepscope_step_end", p, |p| {
+            p.step_end();
+            Ok(())
+        })
+    }
 }
 
 /// Stops a running session on the calling thread (vLLM's `shutdown`).
@@ -277,16 +292,8 @@ pub unsafe extern "C" fn stepscope_step_end(p: *mut stepscope_profiler) -> c_int
 /// `p` is a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn stepscope_shutdown(p: *mut stepscope_profiler) -> c_int {
-    guard("stepscope_shutdown", || {
-        // SAFETY: per the contract.
-        match unsafe { profiler(p) } {
-            Ok(p) => match p.shutdown() {
-                Ok(()) => STEPSCOPE_OK,
-                Err(e) => fail(&e),
-            },
-            Err(code) => code,
-        }
-    })
+    // SAFETY: per the contract.
+    unsafe { with_profiler("stepscope_shutdown", p, WorkerProfiler::shutdown) }
 }
 
 /// 1 while a session is active, else 0 (also for NULL).
@@ -295,13 +302,8 @@ pub unsafe extern "C" fn stepscope_shutdown(p: *mut stepscope_profiler) -> c_int
 /// `p` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn stepscope_is_active(p: *const stepscope_profiler) -> c_int {
-    guard("stepscope_is_active", || {
-        // SAFETY: per the contract.
-        match unsafe { profiler(p) } {
-            Ok(p) => c_int::from(p.is_active()),
-            Err(_) => 0,
-        }
-    })
+    // SAFETY: per the contract.
+    unsafe { flag("stepscope_is_active", p, WorkerProfiler::is_active) }
 }
 
 /// 1 while the backend captures, else 0 (also for NULL).
@@ -310,13 +312,8 @@ pub unsafe extern "C" fn stepscope_is_active(p: *const stepscope_profiler) -> c_
 /// `p` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn stepscope_is_running(p: *const stepscope_profiler) -> c_int {
-    guard("stepscope_is_running", || {
-        // SAFETY: per the contract.
-        match unsafe { profiler(p) } {
-            Ok(p) => c_int::from(p.is_running()),
-            Err(_) => 0,
-        }
-    })
+    // SAFETY: per the contract.
+    unsafe { flag("stepscope_is_running", p, WorkerProfiler::is_running) }
 }
 
 /// Waits up to `timeout_ms` for trace writing: `STEPSCOPE_OK` when nothing is pending,
@@ -326,20 +323,18 @@ pub unsafe extern "C" fn stepscope_is_running(p: *const stepscope_profiler) -> c
 /// `p` is a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn stepscope_flush(p: *mut stepscope_profiler, timeout_ms: u32) -> c_int {
-    guard("stepscope_flush", || {
-        // SAFETY: per the contract.
-        let p = match unsafe { profiler(p) } {
-            Ok(p) => p,
-            Err(code) => return code,
-        };
-        match p.flush(Duration::from_millis(timeout_ms.into())) {
-            Ok(true) => STEPSCOPE_OK,
-            Ok(false) => fail(&Error::Timeout {
-                what: format!("trace writing ({timeout_ms} ms)"),
-            }),
-            Err(e) => fail(&e),
-        }
-    })
+    // SAFETY: per the contract.
+    unsafe {
+        with_profiler("stepscope_flush", p, |p| {
+            if p.flush(Duration::from_millis(timeout_ms.into()))? {
+                Ok(())
+            } else {
+                Err(Error::Timeout {
+                    what: format!("trace writing ({timeout_ms} ms)"),
+                })
+            }
+        })
+    }
 }
 
 /// This thread's last error message ("" when none). Valid until the next failing call on
