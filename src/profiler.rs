@@ -33,13 +33,11 @@ use crate::error::{Error, Result};
 use crate::iteration::IterationInfo;
 use crate::schedule::{Limits, Phase, Schedule, StartDecision, StepBegin, StopDecision};
 
-/// Gate bit: a session is active, backend work is pending, or a range is open. `step()` must
-/// take the slow path.
+/// Gate bit: a session is active, backend work is pending, a range is open, or every iteration
+/// gets an NVTX range (`nvtx: "always"` with a tool attached). `step()` must take the slow path.
 const GATE_ARMED: u8 = 1;
 /// Gate bit: no engine thread is known yet; the first `step()` registers it.
 const GATE_UNREGISTERED: u8 = 2;
-/// Gate bit: every iteration gets an NVTX range (`nvtx: "always"` with a tool attached).
-const GATE_ANNOTATE: u8 = 4;
 
 /// Per-session overrides for [`WorkerProfiler::start_with`]. `None` keeps the config's value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -410,11 +408,13 @@ impl WorkerProfiler {
         if g.engine_thread.is_none() {
             gate |= GATE_UNREGISTERED;
         }
-        if g.schedule.is_active() || g.pending_start || g.pending_stop || g.iteration_open() {
+        if g.schedule.is_active()
+            || g.pending_start
+            || g.pending_stop
+            || g.iteration_open()
+            || g.nvtx_always
+        {
             gate |= GATE_ARMED;
-        }
-        if g.nvtx_always {
-            gate |= GATE_ANNOTATE;
         }
         self.gate.store(gate, Relaxed);
     }
