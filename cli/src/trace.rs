@@ -146,16 +146,13 @@ impl<'de: 'a, 'a> Deserialize<'de> for Id<'a> {
 
 /// The `args` fields analysis reads; all others are skipped unparsed.
 #[derive(Debug, Clone, Default, Deserialize)]
-pub struct Args<'a> {
+pub struct Args {
     /// Links a launch (cuda_runtime) to its kernel, memcpy or memset.
     #[serde(default)]
     pub correlation: Option<u64>,
     /// The GPU of a device event.
     #[serde(default)]
     pub device: Option<u64>,
-    /// The process or thread name of a metadata event.
-    #[serde(default, borrow)]
-    pub name: Option<Cow<'a, str>>,
 }
 
 /// One trace event, with the fields analysis reads.
@@ -173,9 +170,6 @@ pub struct Event<'a> {
     /// Process.
     #[serde(default, borrow)]
     pub pid: Option<Id<'a>>,
-    /// Thread (or stream).
-    #[serde(default, borrow)]
-    pub tid: Option<Id<'a>>,
     /// Start, µs.
     #[serde(default)]
     pub ts: Option<f64>,
@@ -190,7 +184,7 @@ pub struct Event<'a> {
 
 impl<'a> Event<'a> {
     /// The arguments analysis reads (default when absent or malformed).
-    pub fn args(&self) -> Args<'a> {
+    pub fn args(&self) -> Args {
         self.raw_args
             .and_then(|r| serde_json::from_str(r.get()).ok())
             .unwrap_or_default()
