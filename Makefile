@@ -6,6 +6,12 @@ CARGO ?= cargo
 # pkg-config (the C ABI tests), chromium (the HTML report test).
 PREFIX ?= /usr/local
 DEBS := libclang-dev valgrind pkg-config chromium
+# The torch backend links the libtorch of the project's venv (made by scripts/setup.sh):
+# torch-sys asks that venv's python where it is.
+VENV := $(CURDIR)/.venv
+export VIRTUAL_ENV := $(VENV)
+export PATH := $(VENV)/bin:$(PATH)
+export LIBTORCH_USE_PYTORCH := 1
 
 .PHONY: all setup demo test fmt-check clippy test-rust bench install clean
 
@@ -14,10 +20,14 @@ all: test
 setup:
 	@scripts/setup.sh $(DEBS)
 
-# The toy engine's capture, then reading a real GPU trace back (bundled, from HTA's test set:
-# the engine cannot write Kineto traces until the torch backend exists).
+# The toy engine's capture (NVTX and the CUDA profiler API), the torch backend on a libtorch
+# toy engine (a Kineto trace written off the engine thread), then reading a real GPU trace back
+# (bundled, from HTA's test set: no GPU here to make one).
 demo: setup
 	$(CARGO) run --quiet --release --example engine
+	@echo
+	@echo "== the torch (Kineto) backend: a toy engine on libtorch, iterations 4-6 captured"
+	$(CARGO) run --quiet --release -p stepscope-torch-engine -- out/torch
 	@echo
 	@echo "== stepscope analyze on a real GPU trace (cli/tests/data/hta, rank 0 of a 128-GPU job)"
 	$(CARGO) run --quiet --release -p stepscope-cli -- analyze --top 5 \
@@ -29,12 +39,17 @@ test: setup fmt-check clippy test-rust
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
+# Cargo unifies features across the packages of one invocation: a workspace-wide build turns
+# on stepscope's `torch` feature (torch-engine asks for it). The library and its C ABI are
+# checked as users build them by default (no libtorch), then torch-engine with the feature.
 clippy:
+	$(CARGO) clippy --workspace --all-targets --exclude stepscope-torch-engine -- -D warnings
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test-rust:
-	$(CARGO) test --workspace --all-targets
-	$(CARGO) test --workspace --doc
+	$(CARGO) test --workspace --all-targets --exclude stepscope-torch-engine
+	$(CARGO) test --workspace --doc --exclude stepscope-torch-engine
+	$(CARGO) test -p stepscope-torch-engine --all-targets
 
 bench: setup
 	$(CARGO) bench --workspace

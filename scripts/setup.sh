@@ -35,3 +35,18 @@ if [ ${#need_debs[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${need_debs[@]}" >/dev/null
 fi
+
+# The project's Python environment: torch==2.13.0 gives libtorch to the torch backend (the
+# `torch` feature, torch-sys finds it through this venv's python with LIBTORCH_USE_PYTORCH=1).
+# Checked by its installed metadata, so a ready venv costs no Python start-up.
+TORCH_VERSION=2.13.0
+VENV=.venv
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating the Python environment $VENV"
+  python3 -m venv "$VENV"
+fi
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if ! compgen -G "$site/torch-$TORCH_VERSION.dist-info" >/dev/null; then
+  say "installing torch==$TORCH_VERSION into $VENV (about 5 GB with its CUDA libraries; once)"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
+fi

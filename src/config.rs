@@ -18,6 +18,7 @@
 //! ```
 
 use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -99,6 +100,14 @@ pub struct StepscopeConfig {
     /// CUDA device whose primary context the `cuda` profiler makes current when the engine
     /// thread has none. `None`: the worker's local rank.
     pub cuda_device: Option<u32>,
+    /// How long dropping a profiler waits for traces still being written
+    /// (`flush_timeout_s`, default 600 s). Unfinished traces are marked in their manifests.
+    #[serde(rename = "flush_timeout_s", serialize_with = "seconds")]
+    pub flush_timeout: Duration,
+}
+
+fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
 }
 
 impl Default for StepscopeConfig {
@@ -107,6 +116,7 @@ impl Default for StepscopeConfig {
             nvtx_domain: "stepscope".into(),
             nvtx: NvtxMode::Running,
             cuda_device: None,
+            flush_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -470,11 +480,24 @@ impl StepscopeConfig {
                 }
             },
         };
+        let flush_timeout = match f.take("flush_timeout_s") {
+            None => d.flush_timeout,
+            Some(v) => match v.as_f64().and_then(|s| Duration::try_from_secs_f64(s).ok()) {
+                Some(t) => t,
+                None => {
+                    return Err(Error::config(
+                        "stepscope.flush_timeout_s",
+                        format!("must be a number of seconds >= 0, not {v}"),
+                    ))
+                }
+            },
+        };
         f.finish()?;
         Ok(StepscopeConfig {
             nvtx_domain,
             nvtx,
             cuda_device,
+            flush_timeout,
         })
     }
 }

@@ -7,11 +7,17 @@
 
 mod cuda;
 pub(crate) mod nvtx;
+#[cfg(feature = "torch")]
+mod torch;
 
 pub use cuda::CudaBackend;
+#[cfg(feature = "torch")]
+pub use torch::TorchBackend;
 
 use crate::config::{ProfilerConfig, ProfilerKind};
-use crate::error::{Error, Result};
+#[cfg(not(feature = "torch"))]
+use crate::error::Error;
+use crate::error::Result;
 use crate::flush::PendingWrites;
 use crate::iteration::IterationInfo;
 
@@ -97,10 +103,13 @@ pub fn for_config(config: &ProfilerConfig, local_rank: u32) -> Result<Box<dyn Ba
         Some(ProfilerKind::Cuda) => Ok(Box::new(CudaBackend::new(
             config.stepscope.cuda_device.unwrap_or(local_rank),
         ))),
+        #[cfg(feature = "torch")]
+        Some(ProfilerKind::Torch) => Ok(Box::new(TorchBackend::new(config, local_rank)?)),
+        #[cfg(not(feature = "torch"))]
         Some(ProfilerKind::Torch) => Err(Error::backend(
             "torch",
-            "this build of stepscope has no torch (Kineto) backend; use \"cuda\", or a build \
-             with the `torch` feature once it exists",
+            "this build of stepscope has no torch (Kineto) backend: build it with the `torch` \
+             feature (see the README), or use \"cuda\"",
         )),
     }
 }

@@ -1,0 +1,553 @@
+//! PyTorch's Kineto profiler (`"profiler": "torch"`), through libtorch's C++ API.
+//!
+//! The engine thread does only what Kineto requires of it: prepare and enable the profiler at
+//! the start, open one `USER_SCOPE` `RecordFunction` per captured iteration (named as vLLM
+//! names it), and disable the profiler at the stop. The disabled session's result goes over a
+//! channel to one writer thread ([`writer`]), which serializes, compresses and renames the
+//! trace, writes the op summary and the manifest. `stop()` therefore costs the disable, never
+//! the serialization.
+//!
+//! vLLM's torch schedule (`wait_iterations`, `warmup_iterations`, `active_iterations`, one
+//! repeat) is followed step by step: nothing runs during wait, Kineto is prepared but not
+//! collecting during warmup (warmup data is discarded), and the trace is finished as soon as
+//! the active steps are over, as `torch.profiler.schedule(..., repeat=1)` does.
+
+mod summary;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use cxx::UniquePtr;
+use serde_json::json;
+// Nothing here calls torch-sys; naming it keeps it linked, and with it libtorch, which cpp/
+// needs.
+use torch_sys as _;
+
+use super::{Backend, CaptureStart};
+use crate::config::{is_uri_path, ProfilerConfig, TorchActivity};
+use crate::error::{Error, Result};
+use crate::flush::PendingWrites;
+use crate::iteration::IterationInfo;
+
+use writer::{Job, Manifest, Writer};
+
+#[cxx::bridge(namespace = "stepscope::kineto")]
+mod ffi {
+    /// What Kineto records; built from the config.
+    struct Options {
+        cpu: bool,
+        cuda: bool,
+        xpu: bool,
+        privateuse1: bool,
+        record_shapes: bool,
+        profile_memory: bool,
+        with_stack: bool,
+        with_flops: bool,
+    }
+
+    /// One event of a finished session, as the op summary needs it.
+    struct EventRow {
+        name: String,
+        thread: u64,
+        start_ns: u64,
+        duration_ns: u64,
+        /// Recorded on a device (a kernel, memcpy, memset), not on the CPU.
+        device: bool,
+        is_async: bool,
+    }
+
+    unsafe extern "C++" {
+        include!("stepscope/cpp/kineto.h");
+
+        /// A finished session's events and trace.
+        type TraceResult;
+        /// A session taken off the engine thread, not yet finalized.
+        type Detached;
+        /// A reusable `RecordFunction` range.
+        type Range;
+
+        fn cuda_available() -> bool;
+        fn prepare(options: &Options) -> Result<()>;
+        fn enable(options: &Options) -> Result<usize>;
+        fn detach(session: usize) -> Result<UniquePtr<Detached>>;
+        fn finalize(session: Pin<&mut Detached>) -> Result<UniquePtr<TraceResult>>;
+        fn add_metadata(key: &str, json_value: &str) -> Result<()>;
+
+        fn save(result: Pin<&mut TraceResult>, path: &str) -> Result<()>;
+        fn event_count(result: &TraceResult) -> usize;
+        fn event_at(result: &TraceResult, index: usize) -> Result<EventRow>;
+
+        fn new_range() -> Result<UniquePtr<Range>>;
+        fn range_begin(range: Pin<&mut Range>, name: &str) -> Result<()>;
+        fn range_end(range: Pin<&mut Range>) -> Result<()>;
+    }
+}
+
+// SAFETY: a TraceResult is plain data once the session is disabled (Kineto's events and
+// activity buffers, owned by it alone); the writer thread is its only user after the engine
+// thread sends it, and it is dropped there.
+unsafe impl Send for ffi::TraceResult {}
+// SAFETY: a detached session is no longer reachable from the engine thread (its state was
+// popped from that thread and its callback removed); the finalizer thread owns it alone.
+unsafe impl Send for ffi::Detached {}
+// SAFETY: the range is only begun and ended on the engine thread (the profiler's thread rules);
+// the backend that owns it may be moved between threads only while no range is open.
+unsafe impl Send for ffi::Range {}
+
+const NAME: &str = "torch";
+
+fn kineto_error(what: &str, e: &cxx::Exception) -> Error {
+    // c10 errors carry a C++ backtrace after the first line; the first line is the message.
+    let message = e.what().lines().next().unwrap_or_default().trim();
+    Error::backend(NAME, format!("{what} failed: {message}"))
+}
+
+/// Whether libtorch sees a usable CUDA device (the default activities record CUDA then).
+pub fn cuda_available() -> bool {
+    ffi::cuda_available()
+}
+
+/// One step of `torch.profiler.schedule`'s action sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    /// Not profiling (wait, or the schedule is over).
+    None,
+    /// Kineto prepared; data discarded.
+    Warmup,
+    /// Collecting.
+    Record,
+    /// Collecting; the trace is finished when this step ends.
+    RecordAndSave,
+}
+
+/// `torch.profiler.schedule(skip_first=0, wait, warmup, active, repeat=1)`, as vLLM builds it
+/// when `wait_iterations` or `warmup_iterations` is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TorchSchedule {
+    wait: u64,
+    warmup: u64,
+    active: u64,
+}
+
+impl TorchSchedule {
+    fn action(&self, step: u64) -> Action {
+        let cycle = self.wait + self.warmup + self.active;
+        if cycle == 0 || step >= cycle {
+            return Action::None;
+        }
+        if step < self.wait {
+            Action::None
+        } else if step < self.wait + self.warmup {
+            Action::Warmup
+        } else if step + 1 < cycle {
+            Action::Record
+        } else {
+            Action::RecordAndSave
+        }
+    }
+}
+
+/// Kineto's state as this backend drove it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kineto {
+    Off,
+    Prepared,
+    Enabled,
+}
+
+/// The capture in progress: what goes into the trace's metadata and the manifest.
+struct Session {
+    worker_name: String,
+    start_unix_ns: u128,
+    first_step: Option<u64>,
+    last_step: Option<u64>,
+    iterations: u64,
+}
+
+/// The torch (Kineto) backend. See the module docs.
+pub struct TorchBackend {
+    options: ffi::Options,
+    schedule: Option<TorchSchedule>,
+    step_num: u64,
+    action: Action,
+    kineto: Kineto,
+    /// Kineto's state object of the enabled session, checked when detaching.
+    enabled_id: usize,
+    /// Iterations get a `RecordFunction` (only when CPU activity is recorded, as vLLM).
+    annotate: bool,
+    range: Option<UniquePtr<ffi::Range>>,
+    range_open: bool,
+    session: Option<Session>,
+    dir: PathBuf,
+    local_rank: u32,
+    writer: Writer,
+}
+
+impl std::fmt::Debug for TorchBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TorchBackend")
+            .field("dir", &self.dir)
+            .field("kineto", &self.kineto)
+            .field("action", &self.action)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TorchBackend {
+    /// A backend writing to the config's `torch_profiler_dir`, which must be a local
+    /// directory that exists or can be created, and is writable.
+    pub fn new(config: &ProfilerConfig, local_rank: u32) -> Result<Self> {
+        let dir = trace_dir(config)?;
+        let activities = match &config.torch_profiler_activities {
+            Some(list) => list.clone(),
+            None if cuda_available() => vec![TorchActivity::Cpu, TorchActivity::Cuda],
+            None => vec![TorchActivity::Cpu],
+        };
+        let has = |a| activities.contains(&a);
+        let options = ffi::Options {
+            cpu: has(TorchActivity::Cpu),
+            cuda: has(TorchActivity::Cuda),
+            xpu: has(TorchActivity::Xpu),
+            privateuse1: has(TorchActivity::PrivateUse1),
+            record_shapes: config.torch_profiler_record_shapes,
+            profile_memory: config.torch_profiler_with_memory,
+            with_stack: config.torch_profiler_with_stack,
+            with_flops: config.torch_profiler_with_flops,
+        };
+        let schedule =
+            (config.warmup_iterations > 0 || config.wait_iterations > 0).then_some(TorchSchedule {
+                wait: config.wait_iterations,
+                warmup: config.warmup_iterations,
+                active: config.active_iterations,
+            });
+        // vLLM's choice of table: device time when any device activity is recorded (and the
+        // dump is on), else CPU time when CPU is the only activity.
+        let device_table = activities.iter().any(|a| *a != TorchActivity::Cpu)
+            && config.torch_profiler_dump_cuda_time_total;
+        let cpu_table = options.cpu && activities.len() == 1;
+        let table = if device_table {
+            Some(summary::SortBy::SelfDevice)
+        } else if cpu_table {
+            Some(summary::SortBy::SelfCpu)
+        } else {
+            None
+        };
+        let config_json = serde_json::to_value(config).unwrap_or(serde_json::Value::Null);
+        let writer = Writer::new(writer::Settings {
+            dir: dir.clone(),
+            gzip: config.torch_profiler_use_gzip,
+            table,
+            local_rank,
+            config: config_json,
+            flush_timeout: config.stepscope.flush_timeout,
+        });
+        Ok(TorchBackend {
+            annotate: options.cpu,
+            options,
+            schedule,
+            step_num: 0,
+            action: Action::None,
+            kineto: Kineto::Off,
+            enabled_id: 0,
+            range: None,
+            range_open: false,
+            session: None,
+            dir,
+            local_rank,
+            writer,
+        })
+    }
+
+    /// The directory traces and manifests are written to.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Moves Kineto from the previous schedule action to the next, as torch.profiler's
+    /// action map does for one repeat.
+    fn transit(&mut self, next: Action) -> Result<()> {
+        let prev = std::mem::replace(&mut self.action, next);
+        use Action::*;
+        match (prev, next) {
+            (None, Warmup) => self.prepare(),
+            (None, Record | RecordAndSave) => {
+                self.prepare()?;
+                self.enable()
+            }
+            (Warmup, Record | RecordAndSave) => self.enable(),
+            // The schedule ended in warmup: nothing was collected, nothing is written.
+            (Warmup, None) => self.discard(),
+            (Record | RecordAndSave, None) => self.finish(),
+            (RecordAndSave, Warmup | Record | RecordAndSave) => {
+                self.finish()?;
+                self.action = None;
+                self.transit(next)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn prepare(&mut self) -> Result<()> {
+        ffi::prepare(&self.options).map_err(|e| kineto_error("prepareProfiler", &e))?;
+        self.kineto = Kineto::Prepared;
+        Ok(())
+    }
+
+    fn enable(&mut self) -> Result<()> {
+        let id = ffi::enable(&self.options).map_err(|e| {
+            self.kineto = Kineto::Off;
+            kineto_error("enableProfiler", &e)
+        })?;
+        self.kineto = Kineto::Enabled;
+        self.enabled_id = id;
+        Ok(())
+    }
+
+    /// Ends a session that never collected (stopped during warmup): Kineto only lets a
+    /// prepared profiler go through enable and disable.
+    fn discard(&mut self) -> Result<()> {
+        if self.kineto == Kineto::Prepared {
+            self.enable()?;
+        }
+        if self.kineto == Kineto::Enabled {
+            self.kineto = Kineto::Off;
+            let mut session =
+                ffi::detach(self.enabled_id).map_err(|e| kineto_error("disableProfiler", &e))?;
+            if let Some(session) = session.as_mut() {
+                ffi::finalize(session).map_err(|e| kineto_error("disableProfiler", &e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Disables Kineto and hands the session's result to the writer.
+    fn finish(&mut self) -> Result<()> {
+        if self.kineto == Kineto::Prepared {
+            self.enable()?;
+        }
+        if self.kineto != Kineto::Enabled {
+            return Ok(());
+        }
+        self.end_range();
+        let stop_unix_ns = unix_ns();
+        let session = self.session.as_ref();
+        let worker_name = session.map_or("", |s| s.worker_name.as_str()).to_string();
+        let (first_step, last_step, iterations) = session.map_or((None, None, 0), |s| {
+            (s.first_step, s.last_step, s.iterations)
+        });
+        let metadata = json!({
+            "version": crate::VERSION,
+            "worker_name": worker_name,
+            "local_rank": self.local_rank,
+            "first_step": first_step,
+            "last_step": last_step,
+            "iterations": iterations,
+        });
+        // Metadata only enters the trace while the profiler is live, so before disabling.
+        if let Err(e) = ffi::add_metadata("stepscope", &metadata.to_string()) {
+            log::warn!("stepscope: {}", kineto_error("addMetadataJson", &e));
+        }
+        self.kineto = Kineto::Off;
+        // Only the cheap half of disableProfiler here; the writer finalizes the session.
+        let detached =
+            ffi::detach(self.enabled_id).map_err(|e| kineto_error("disableProfiler", &e))?;
+        let manifest = Manifest {
+            worker_name,
+            local_rank: self.local_rank,
+            first_step,
+            last_step,
+            iterations,
+            start_time_unix_ns: session.map_or(0, |s| s.start_unix_ns),
+            stop_time_unix_ns: stop_unix_ns,
+            ..Manifest::default()
+        };
+        self.writer.submit(Job {
+            session: detached,
+            time_ns: stop_unix_ns,
+            queued: Instant::now(),
+            manifest,
+        })
+    }
+
+    fn end_range(&mut self) {
+        if !self.range_open {
+            return;
+        }
+        self.range_open = false;
+        if let Some(range) = self.range.as_mut().and_then(|r| r.as_mut()) {
+            if let Err(e) = ffi::range_end(range) {
+                log::warn!("stepscope: {}", kineto_error("RecordFunction end", &e));
+            }
+        }
+    }
+}
+
+impl Backend for TorchBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn start(&mut self, capture: &CaptureStart<'_>) -> Result<()> {
+        // The directory may have gone since the profiler was made.
+        ensure_writable_dir(&self.dir)?;
+        // Kineto runs one session at a time: a start right after a stop waits for the
+        // previous session to be finalized (normally well under a second).
+        self.writer.wait_finalized()?;
+        self.session = Some(Session {
+            worker_name: capture.worker_name.to_string(),
+            start_unix_ns: unix_ns(),
+            first_step: None,
+            last_step: None,
+            iterations: 0,
+        });
+        self.step_num = 0;
+        self.action = Action::None;
+        let first = self.schedule.map_or(Action::Record, |s| s.action(0));
+        let result = self.transit(first);
+        if result.is_err() {
+            self.action = Action::None;
+            self.kineto = Kineto::Off;
+            self.session = None;
+        }
+        result
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        self.end_range();
+        let result = self.transit(Action::None);
+        self.kineto = Kineto::Off;
+        self.session = None;
+        result
+    }
+
+    fn advance(&mut self) {
+        let Some(schedule) = self.schedule else {
+            return;
+        };
+        self.step_num += 1;
+        if let Err(e) = self.transit(schedule.action(self.step_num)) {
+            // The schedule's own stop (or start) failed; the next start begins afresh.
+            log::warn!("stepscope: {e}");
+            self.kineto = Kineto::Off;
+        }
+    }
+
+    fn begin_iteration(&mut self, step: u64, _info: &IterationInfo, name: &str) {
+        if self.kineto != Kineto::Enabled {
+            return;
+        }
+        if let Some(s) = self.session.as_mut() {
+            s.first_step.get_or_insert(step);
+            s.last_step = Some(step);
+            s.iterations += 1;
+        }
+        if !self.annotate {
+            return;
+        }
+        if self.range.is_none() {
+            match ffi::new_range() {
+                Ok(r) => self.range = Some(r),
+                Err(e) => {
+                    log::warn!("stepscope: {}", kineto_error("RecordFunction", &e));
+                    self.annotate = false;
+                    return;
+                }
+            }
+        }
+        if let Some(range) = self.range.as_mut().and_then(|r| r.as_mut()) {
+            match ffi::range_begin(range, name) {
+                Ok(()) => self.range_open = true,
+                Err(e) => log::warn!("stepscope: {}", kineto_error("RecordFunction begin", &e)),
+            }
+        }
+    }
+
+    fn uses_names(&self) -> bool {
+        self.annotate
+    }
+
+    fn end_iteration(&mut self) {
+        self.end_range();
+    }
+
+    fn pending_writes(&self) -> Option<PendingWrites> {
+        Some(self.writer.pending())
+    }
+}
+
+impl Drop for TorchBackend {
+    fn drop(&mut self) {
+        if self.kineto != Kineto::Off {
+            if let Err(e) = Backend::stop(self) {
+                log::warn!("stepscope: stopping the torch profiler at drop: {e}");
+            }
+        }
+        // The writer waits for pending traces (up to flush_timeout_s) in its own drop.
+    }
+}
+
+fn unix_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// The config's trace directory, created if missing, checked writable.
+fn trace_dir(config: &ProfilerConfig) -> Result<PathBuf> {
+    let dir = &config.torch_profiler_dir;
+    if is_uri_path(dir) {
+        return Err(Error::config(
+            "torch_profiler_dir",
+            format!(
+                "{dir:?} is a URI; stepscope writes traces to a local directory only (write \
+                 locally and upload the finished files)"
+            ),
+        ));
+    }
+    let dir = PathBuf::from(dir);
+    ensure_writable_dir(&dir)?;
+    Ok(dir)
+}
+
+fn ensure_writable_dir(dir: &Path) -> Result<()> {
+    let io = |message: String| Error::Io {
+        path: dir.to_path_buf(),
+        message,
+    };
+    std::fs::create_dir_all(dir)
+        .map_err(|e| io(format!("cannot create the torch_profiler_dir: {e}")))?;
+    let probe = dir.join(format!(".stepscope-probe-{}", std::process::id()));
+    std::fs::File::create(&probe)
+        .map_err(|e| io(format!("the torch_profiler_dir is not writable: {e}")))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_matches_torch_for_one_repeat() {
+        let s = TorchSchedule {
+            wait: 1,
+            warmup: 2,
+            active: 2,
+        };
+        let got: Vec<Action> = (0..7).map(|k| s.action(k)).collect();
+        use Action::*;
+        assert_eq!(
+            got,
+            [None, Warmup, Warmup, Record, RecordAndSave, None, None]
+        );
+        let one = TorchSchedule {
+            wait: 0,
+            warmup: 1,
+            active: 1,
+        };
+        assert_eq!(one.action(0), Warmup);
+        assert_eq!(one.action(1), RecordAndSave);
+        assert_eq!(one.action(2), None);
+    }
+}

@@ -1,0 +1,583 @@
+//! The torch (Kineto) backend against real libtorch, profiling the toy engine's CPU work.
+//!
+//! Kineto is one profiler per process, so the tests take a lock; scenarios that change the
+//! process (a file size limit) run in a child process.
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::thread;
+use std::time::Duration;
+
+use serde_json::Value;
+use stepscope::{Error, ProfilerConfig, StartOptions, WorkerProfiler};
+use stepscope_torch_engine::ToyEngine;
+
+static KINETO: Mutex<()> = Mutex::new(());
+
+const LAYERS: usize = 3;
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    KINETO.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("stepscope-kineto-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    dir
+}
+
+fn config(dir: &Path, extra: &str) -> ProfilerConfig {
+    let text = format!(
+        r#"{{"profiler": "torch", "torch_profiler_dir": {dir:?}, "torch_profiler_with_stack": false{extra}}}"#,
+        dir = dir.to_str().unwrap()
+    );
+    ProfilerConfig::from_json_str(&text).unwrap()
+}
+
+fn engine() -> ToyEngine {
+    ToyEngine::new(LAYERS, 32)
+}
+
+fn flush(p: &WorkerProfiler) {
+    assert!(
+        p.flush(Duration::from_secs(120)).unwrap(),
+        "traces not written in time"
+    );
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .map(|rd| {
+            rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn with_suffix(dir: &Path, suffix: &str) -> Vec<PathBuf> {
+    files(dir)
+        .into_iter()
+        .filter(|n| n.ends_with(suffix))
+        .map(|n| dir.join(n))
+        .collect()
+}
+
+fn read_json(path: &Path) -> Value {
+    let bytes = fs::read(path).unwrap();
+    let text = if path.extension().is_some_and(|e| e == "gz") {
+        let mut s = String::new();
+        flate2::read::GzDecoder::new(&bytes[..])
+            .read_to_string(&mut s)
+            .unwrap_or_else(|e| panic!("{} is not valid gzip: {e}", path.display()));
+        s
+    } else {
+        String::from_utf8(bytes).unwrap()
+    };
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+/// The one trace in `dir` and its manifest.
+fn only_trace(dir: &Path, suffix: &str) -> (Value, Value) {
+    let traces = with_suffix(dir, suffix);
+    assert_eq!(traces.len(), 1, "expected one trace in {:?}", files(dir));
+    let manifests = with_suffix(dir, ".stepscope.json");
+    assert_eq!(
+        manifests.len(),
+        1,
+        "expected one manifest in {:?}",
+        files(dir)
+    );
+    (read_json(&traces[0]), read_json(&manifests[0]))
+}
+
+struct Span {
+    name: String,
+    ts: f64,
+    end: f64,
+    tid: i64,
+}
+
+fn spans(trace: &Value, cat: &str) -> Vec<Span> {
+    trace["traceEvents"]
+        .as_array()
+        .expect("traceEvents")
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == cat)
+        .map(|e| {
+            let ts = e["ts"].as_f64().unwrap();
+            Span {
+                name: e["name"].as_str().unwrap().to_string(),
+                ts,
+                end: ts + e["dur"].as_f64().unwrap_or(0.0),
+                tid: e["tid"].as_i64().unwrap_or(-1),
+            }
+        })
+        .collect()
+}
+
+/// The iteration annotations in start order.
+fn iterations(trace: &Value) -> Vec<Span> {
+    let mut v: Vec<Span> = spans(trace, "user_annotation")
+        .into_iter()
+        .filter(|s| s.name.starts_with("execute_"))
+        .collect();
+    v.sort_by(|a, b| a.ts.total_cmp(&b.ts));
+    v
+}
+
+fn mm_inside(trace: &Value, it: &Span) -> usize {
+    spans(trace, "cpu_op")
+        .iter()
+        .filter(|s| s.name == "aten::mm" && s.ts >= it.ts && s.end <= it.end)
+        .count()
+}
+
+fn expected_name(step: u64) -> String {
+    ToyEngine::batch(step).name(false)
+}
+
+fn no_temporaries(dir: &Path) {
+    let hidden: Vec<String> = files(dir)
+        .into_iter()
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(hidden.is_empty(), "temporary files left: {hidden:?}");
+}
+
+#[test]
+fn delay_3_max_2_captures_iterations_3_and_4_with_their_ops() {
+    let _k = lock();
+    let dir = fresh_dir("delay3");
+    let e = engine();
+    let p = WorkerProfiler::new(
+        &config(&dir, r#", "delay_iterations": 3, "max_iterations": 2"#),
+        "w0",
+    )
+    .unwrap();
+    p.start().unwrap();
+    for step in 1..=10 {
+        e.iteration(&p, step);
+    }
+    assert!(!p.is_active());
+    flush(&p);
+    let (trace, manifest) = only_trace(&dir, ".pt.trace.json.gz");
+    let its = iterations(&trace);
+    let names: Vec<&str> = its.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, [expected_name(3), expected_name(4)]);
+    for it in &its {
+        assert_eq!(
+            mm_inside(&trace, it),
+            LAYERS,
+            "aten::mm ops inside {}",
+            it.name
+        );
+    }
+    // Work outside the captured iterations is not in the trace.
+    let all_mm = spans(&trace, "cpu_op")
+        .iter()
+        .filter(|s| s.name == "aten::mm")
+        .count();
+    assert_eq!(all_mm, 2 * LAYERS);
+    assert_eq!(manifest["status"], "complete");
+    assert_eq!(manifest["first_step"], 3);
+    assert_eq!(manifest["last_step"], 4);
+    assert_eq!(manifest["iterations"], 2);
+    // The trace carries the same facts as metadata.
+    let meta: Value = match &trace["stepscope"] {
+        Value::String(s) => serde_json::from_str(s).unwrap(),
+        v => v.clone(),
+    };
+    assert_eq!(
+        meta["first_step"], 3,
+        "trace metadata: {}",
+        trace["stepscope"]
+    );
+    assert_eq!(meta["last_step"], 4);
+    assert_eq!(meta["worker_name"], "w0");
+    assert_eq!(meta["version"], stepscope::VERSION);
+    no_temporaries(&dir);
+}
+
+#[test]
+fn delay_0_then_immediate_stop_writes_an_empty_session() {
+    let _k = lock();
+    let dir = fresh_dir("immediate");
+    let p = WorkerProfiler::new(&config(&dir, ""), "w0").unwrap();
+    p.start().unwrap();
+    assert!(p.is_running());
+    p.stop().unwrap();
+    flush(&p);
+    let (trace, manifest) = only_trace(&dir, ".pt.trace.json.gz");
+    assert!(iterations(&trace).is_empty());
+    assert_eq!(manifest["status"], "complete");
+    assert_eq!(manifest["iterations"], 0);
+    assert_eq!(manifest["first_step"], Value::Null);
+    no_temporaries(&dir);
+}
+
+#[test]
+fn stop_during_delay_writes_nothing() {
+    let _k = lock();
+    let dir = fresh_dir("delaystop");
+    let e = engine();
+    let p = WorkerProfiler::new(&config(&dir, r#", "delay_iterations": 5"#), "w0").unwrap();
+    p.start().unwrap();
+    for step in 1..=3 {
+        e.iteration(&p, step);
+    }
+    p.stop().unwrap();
+    for step in 4..=8 {
+        e.iteration(&p, step);
+    }
+    flush(&p);
+    assert_eq!(files(&dir), Vec::<String>::new());
+}
+
+#[test]
+fn repeated_sessions_write_separate_traces() {
+    let _k = lock();
+    let dir = fresh_dir("repeat");
+    let e = engine();
+    let p = WorkerProfiler::new(&config(&dir, r#", "max_iterations": 1"#), "w0").unwrap();
+    let mut step = 0;
+    for _ in 0..3 {
+        p.start().unwrap();
+        for _ in 0..3 {
+            step += 1;
+            e.iteration(&p, step);
+        }
+        assert!(!p.is_active(), "max_iterations ends each session");
+    }
+    flush(&p);
+    let traces = with_suffix(&dir, ".pt.trace.json.gz");
+    let manifests = with_suffix(&dir, ".stepscope.json");
+    assert_eq!(traces.len(), 3, "{:?}", files(&dir));
+    assert_eq!(manifests.len(), 3);
+    let mut firsts: Vec<u64> = manifests
+        .iter()
+        .map(|m| read_json(m)["first_step"].as_u64().unwrap())
+        .collect();
+    firsts.sort();
+    assert_eq!(firsts, [1, 4, 7]);
+    for t in &traces {
+        let trace = read_json(t);
+        let its = iterations(&trace);
+        assert_eq!(its.len(), 1, "{}", t.display());
+        assert_eq!(mm_inside(&trace, &its[0]), LAYERS);
+    }
+    no_temporaries(&dir);
+}
+
+#[test]
+fn gzip_off_writes_plain_json_and_the_manifest_matches_the_file() {
+    let _k = lock();
+    let dir = fresh_dir("plain");
+    let e = engine();
+    let p = WorkerProfiler::with_local_rank(
+        &config(
+            &dir,
+            r#", "torch_profiler_use_gzip": false, "max_iterations": 2"#,
+        ),
+        "worker-7",
+        3,
+    )
+    .unwrap();
+    p.start().unwrap();
+    for step in 1..=4 {
+        e.iteration(&p, step);
+    }
+    flush(&p);
+    assert!(with_suffix(&dir, ".gz").is_empty());
+    let (trace, m) = only_trace(&dir, ".pt.trace.json");
+    assert_eq!(iterations(&trace).len(), 2);
+    let trace_file = m["trace_file"].as_str().unwrap();
+    let path = dir.join(trace_file);
+    assert!(trace_file.starts_with("worker-7.") && trace_file.ends_with(".pt.trace.json"));
+    let stem = trace_file.trim_end_matches(".pt.trace.json");
+    assert!(dir.join(format!("{stem}.stepscope.json")).exists());
+    assert_eq!(m["trace_bytes"], fs::metadata(&path).unwrap().len());
+    assert_eq!(m["json_bytes"], m["trace_bytes"]);
+    assert_eq!(m["status"], "complete");
+    assert_eq!(m["error"], Value::Null);
+    assert_eq!(m["backend"], "torch");
+    assert_eq!(m["worker_name"], "worker-7");
+    assert_eq!(m["local_rank"], 3);
+    assert_eq!(m["stepscope_version"], stepscope::VERSION);
+    assert_eq!(
+        (m["first_step"].clone(), m["last_step"].clone()),
+        (1.into(), 2.into())
+    );
+    assert_eq!(m["config"]["profiler"], "torch");
+    assert_eq!(m["config"]["max_iterations"], 2);
+    assert_eq!(m["config"]["torch_profiler_use_gzip"], false);
+    assert!(m["writer_seconds"].as_f64().unwrap() > 0.0);
+    let (start, stop) = (
+        m["start_time_unix_ns"].as_u64().unwrap(),
+        m["stop_time_unix_ns"].as_u64().unwrap(),
+    );
+    assert!(start > 0 && start <= stop);
+    assert!(
+        trace_file.contains(&stop.to_string()),
+        "named by the stop time"
+    );
+    // CPU only: the table is sorted by self CPU time, as vLLM does without a device.
+    let table = fs::read_to_string(dir.join("worker-7.profiler_out.txt")).unwrap();
+    assert_eq!(m["summary_file"], "worker-7.profiler_out.txt");
+    assert!(
+        table.contains("aten::mm") && table.contains("Self CPU time total"),
+        "{table}"
+    );
+    no_temporaries(&dir);
+}
+
+#[test]
+fn warmup_steps_are_discarded_and_not_counted() {
+    let _k = lock();
+    let dir = fresh_dir("warmup");
+    let e = engine();
+    let p = WorkerProfiler::new(
+        &config(
+            &dir,
+            r#", "warmup_iterations": 2, "active_iterations": 2, "max_iterations": 2"#,
+        ),
+        "w0",
+    )
+    .unwrap();
+    p.start().unwrap();
+    for step in 1..=6 {
+        e.iteration(&p, step);
+    }
+    flush(&p);
+    let (trace, manifest) = only_trace(&dir, ".pt.trace.json.gz");
+    let names: Vec<String> = iterations(&trace).into_iter().map(|s| s.name).collect();
+    // Start consumes warmup step 0; iteration 1 is the other warmup step; 2 and 3 record.
+    assert_eq!(names, [expected_name(2), expected_name(3)]);
+    assert_eq!(manifest["first_step"], 2);
+    assert_eq!(manifest["iterations"], 2);
+}
+
+#[test]
+fn a_start_from_another_thread_acts_on_the_engine_thread() {
+    let _k = lock();
+    let dir = fresh_dir("cross");
+    let p = WorkerProfiler::new(&config(&dir, r#", "max_iterations": 3"#), "w0").unwrap();
+    let engine_tid = thread::scope(|s| {
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+        let p = &p;
+        let engine = s.spawn(move || {
+            let e = engine();
+            let tid = os_tid();
+            for step in 1..=40 {
+                e.iteration(p, step);
+                if step == 5 {
+                    started_rx.recv().unwrap();
+                }
+            }
+            tid
+        });
+        // Wait until the engine thread has stepped (and so is known), then start from here.
+        while p.step_index() < 5 {
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(p.start(), Ok(stepscope::StartOutcome::Deferred));
+        started_tx.send(()).unwrap();
+        engine.join().unwrap()
+    });
+    flush(&p);
+    let (trace, _) = only_trace(&dir, ".pt.trace.json.gz");
+    let its = iterations(&trace);
+    assert_eq!(its.len(), 3);
+    for it in &its {
+        assert_eq!(
+            it.tid, engine_tid,
+            "annotation recorded on the engine thread"
+        );
+        assert_eq!(
+            mm_inside(&trace, it),
+            LAYERS,
+            "the engine's ops were recorded"
+        );
+    }
+    assert_ne!(engine_tid, os_tid());
+}
+
+fn os_tid() -> i64 {
+    // "/proc/thread-self" links to "<pid>/task/<tid>".
+    let link = fs::read_link("/proc/thread-self").unwrap();
+    link.file_name().unwrap().to_str().unwrap().parse().unwrap()
+}
+
+#[test]
+fn bad_directories_are_errors_naming_the_path() {
+    let _k = lock();
+    let base = fresh_dir("baddir");
+    fs::create_dir_all(&base).unwrap();
+    let file = base.join("a-file");
+    fs::write(&file, "x").unwrap();
+    let under_file = file.join("traces");
+    let err = WorkerProfiler::new(&config(&under_file, ""), "w0").unwrap_err();
+    match &err {
+        Error::Io { path, .. } => assert_eq!(path, &under_file),
+        other => panic!("expected an Io error, got {other:?}"),
+    }
+    assert!(
+        err.to_string().contains(under_file.to_str().unwrap()),
+        "{err}"
+    );
+
+    let uri = ProfilerConfig::from_json_str(
+        r#"{"profiler": "torch", "torch_profiler_dir": "s3://bucket/traces"}"#,
+    )
+    .unwrap();
+    let err = WorkerProfiler::new(&uri, "w0").unwrap_err();
+    assert_eq!(err.field(), Some("torch_profiler_dir"), "{err}");
+    assert!(err.to_string().contains("s3://bucket/traces"), "{err}");
+
+    // The directory vanishing (replaced by a file) after construction fails the start, and
+    // the session stays active and not running, as vLLM leaves a failed start.
+    let dir = base.join("gone");
+    let p = WorkerProfiler::new(&config(&dir, ""), "w0").unwrap();
+    fs::remove_dir_all(&dir).unwrap();
+    fs::write(&dir, "not a directory").unwrap();
+    let err = p.start().unwrap_err();
+    assert!(err.to_string().contains(dir.to_str().unwrap()), "{err}");
+    assert!(p.is_active() && !p.is_running());
+    p.stop().unwrap();
+}
+
+#[test]
+fn a_second_profiler_on_the_same_thread_fails_to_start_visibly() {
+    let _k = lock();
+    let dir = fresh_dir("twice");
+    let a = WorkerProfiler::new(&config(&dir, ""), "a").unwrap();
+    let b = WorkerProfiler::new(&config(&dir, ""), "b").unwrap();
+    a.start().unwrap();
+    let err = b.start().unwrap_err();
+    assert!(
+        matches!(&err, Error::Backend { backend, .. } if backend == "torch"),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("already running on this thread"),
+        "{err}"
+    );
+    assert!(b.is_active() && !b.is_running());
+    b.stop().unwrap();
+    a.stop().unwrap();
+    flush(&a);
+    assert_eq!(with_suffix(&dir, ".pt.trace.json.gz").len(), 1);
+}
+
+#[test]
+fn dropping_before_the_write_ends_marks_the_manifest_unfinished() {
+    let _k = lock();
+    let dir = fresh_dir("unfinished");
+    let p = WorkerProfiler::new(
+        &config(&dir, r#", "stepscope": {"flush_timeout_s": 0}"#),
+        "w0",
+    )
+    .unwrap();
+    p.start().unwrap();
+    {
+        // Enough ops that writing takes far longer than returning from drop.
+        let x = tch::Tensor::ones([4, 4], (tch::Kind::Float, tch::Device::Cpu));
+        let _it = p.step(&ToyEngine::batch(1));
+        for _ in 0..20_000 {
+            let _ = &x + &x;
+        }
+    }
+    p.stop().unwrap();
+    drop(p);
+    let manifest = with_suffix(&dir, ".stepscope.json");
+    assert_eq!(manifest.len(), 1);
+    let m = read_json(&manifest[0]);
+    assert_eq!(m["status"], "unfinished", "{m}");
+    assert!(m["error"].as_str().unwrap().contains("flush_timeout_s"));
+    // The writer carries on in the background and completes the record.
+    for _ in 0..1200 {
+        if read_json(&manifest[0])["status"] == "complete" {
+            no_temporaries(&dir);
+            return;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "the background write never completed: {}",
+        read_json(&manifest[0])
+    );
+}
+
+/// A write failure (here the file size limit, as a full disk would) fails the trace in its
+/// manifest; the engine keeps stepping. Runs in a child process: the limit is per process.
+#[test]
+fn a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on() {
+    const CHILD: &str = "STEPSCOPE_KINETO_CHILD_DIR";
+    if let Ok(dir) = std::env::var(CHILD) {
+        // SAFETY: plain libc calls on this (child) process: ignore SIGXFSZ so an oversized write
+        // fails with EFBIG instead of killing us, and cap file sizes at 64 KiB.
+        unsafe {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let lim = libc::rlimit {
+                rlim_cur: 64 * 1024,
+                rlim_max: 64 * 1024,
+            };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
+        }
+        let dir = PathBuf::from(dir);
+        let p = WorkerProfiler::new(&config(&dir, r#", "torch_profiler_use_gzip": false"#), "w0")
+            .unwrap();
+        let x = tch::Tensor::ones([4, 4], (tch::Kind::Float, tch::Device::Cpu));
+        p.start_with(StartOptions::default()).unwrap();
+        {
+            let _it = p.step(&ToyEngine::batch(1));
+            for _ in 0..5_000 {
+                let _ = &x + &x;
+            }
+        }
+        p.stop().unwrap();
+        flush(&p);
+        let e = engine();
+        for step in 2..=5 {
+            e.iteration(&p, step);
+        }
+        assert_eq!(p.step_index(), 5);
+        return;
+    }
+    let _k = lock();
+    let dir = fresh_dir("efbig");
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on",
+            "--nocapture",
+        ])
+        .env(CHILD, &dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "child failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest = with_suffix(&dir, ".stepscope.json");
+    assert_eq!(manifest.len(), 1, "{:?}", files(&dir));
+    let m = read_json(&manifest[0]);
+    assert_eq!(m["status"], "failed", "{m}");
+    assert!(
+        m["error"]
+            .as_str()
+            .unwrap()
+            .contains("the disk is full or the write failed"),
+        "{m}"
+    );
+    assert!(
+        with_suffix(&dir, ".pt.trace.json").is_empty(),
+        "no trace under the final name"
+    );
+    no_temporaries(&dir);
+}
