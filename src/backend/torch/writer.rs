@@ -417,6 +417,9 @@ fn write_job(
             .map_err(|e| io_err("renaming the trace to", &final_path, e))?;
         gz_tmp.keep();
     } else {
+        File::open(json_tmp.path())
+            .and_then(|f| f.sync_all())
+            .map_err(|e| io_err("syncing", json_tmp.path(), e))?;
         fs::rename(json_tmp.path(), &final_path)
             .map_err(|e| io_err("renaming the trace to", &final_path, e))?;
         json_tmp.keep();
