@@ -49,6 +49,7 @@ clippy:
 test-rust:
 	$(CARGO) test --workspace --all-targets --exclude stepscope-torch-engine
 	$(CARGO) test --workspace --doc --exclude stepscope-torch-engine
+	$(CARGO) test -p stepscope --features torch --lib
 	$(CARGO) test -p stepscope-torch-engine --all-targets
 
 bench: setup

@@ -279,11 +279,7 @@ impl TorchBackend {
             // The schedule ended in warmup: nothing was collected, nothing is written.
             (Warmup, None) => self.discard(),
             (Record | RecordAndSave, None) => self.finish(),
-            (RecordAndSave, Warmup | Record | RecordAndSave) => {
-                self.finish()?;
-                self.action = None;
-                self.transit(next)
-            }
+            // With one repeat (vLLM's), nothing else changes Kineto's state.
             _ => Ok(()),
         }
     }
