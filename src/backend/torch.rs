@@ -179,7 +179,6 @@ pub struct TorchBackend {
     range: Option<UniquePtr<ffi::Range>>,
     range_open: bool,
     session: Option<Session>,
-    dir: PathBuf,
     local_rank: u32,
     writer: Writer,
 }
@@ -187,7 +186,7 @@ pub struct TorchBackend {
 impl std::fmt::Debug for TorchBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TorchBackend")
-            .field("dir", &self.dir)
+            .field("dir", &self.writer.dir())
             .field("kineto", &self.kineto)
             .field("action", &self.action)
             .finish_non_exhaustive()
@@ -235,10 +234,9 @@ impl TorchBackend {
         };
         let config_json = serde_json::to_value(config).unwrap_or(serde_json::Value::Null);
         let writer = Writer::new(writer::Settings {
-            dir: dir.clone(),
+            dir,
             gzip: config.torch_profiler_use_gzip,
             table,
-            local_rank,
             config: config_json,
             flush_timeout: config.stepscope.flush_timeout,
         });
@@ -253,7 +251,6 @@ impl TorchBackend {
             range: None,
             range_open: false,
             session: None,
-            dir,
             local_rank,
             writer,
         })
@@ -261,7 +258,7 @@ impl TorchBackend {
 
     /// The directory traces and manifests are written to.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.writer.dir()
     }
 
     /// Moves Kineto from the previous schedule action to the next, as torch.profiler's
@@ -319,9 +316,7 @@ impl TorchBackend {
 
     /// Disables Kineto and hands the session's result to the writer.
     fn finish(&mut self) -> Result<()> {
-        if self.kineto == Kineto::Prepared {
-            self.enable()?;
-        }
+        // Record actions follow an enable; a failed enable left Kineto off.
         if self.kineto != Kineto::Enabled {
             return Ok(());
         }
@@ -386,7 +381,7 @@ impl Backend for TorchBackend {
 
     fn start(&mut self, capture: &CaptureStart<'_>) -> Result<()> {
         // The directory may have gone since the profiler was made.
-        ensure_writable_dir(&self.dir)?;
+        ensure_writable_dir(self.writer.dir())?;
         // Kineto runs one session at a time: a start right after a stop waits for the
         // previous session to be finalized (normally well under a second).
         self.writer.wait_finalized()?;

@@ -33,7 +33,8 @@ pub(super) struct Settings {
     pub dir: PathBuf,
     pub gzip: bool,
     pub table: Option<SortBy>,
-    pub local_rank: u32,
+    /// The profiler's config, written into every manifest (serialized there, never copied
+    /// on the engine thread).
     pub config: serde_json::Value,
     pub flush_timeout: Duration,
 }
@@ -81,7 +82,14 @@ pub(super) struct Manifest {
     pub finalize_seconds: Option<f64>,
     /// Of which serializing, compressing and renaming the trace.
     pub write_seconds: Option<f64>,
-    pub config: serde_json::Value,
+}
+
+/// The manifest file: the manifest's fields, then the config.
+#[derive(Serialize)]
+struct ManifestFile<'a> {
+    #[serde(flatten)]
+    manifest: &'a Manifest,
+    config: &'a serde_json::Value,
 }
 
 /// Jobs the writer has not finished, by manifest path: what the backend marks `unfinished`
@@ -112,6 +120,11 @@ impl Writer {
             finalizing: PendingWrites::default(),
             in_flight: InFlight::default(),
         }
+    }
+
+    /// The directory traces are written to.
+    pub fn dir(&self) -> &Path {
+        &self.settings.dir
     }
 
     pub fn pending(&self) -> PendingWrites {
@@ -148,14 +161,17 @@ impl Writer {
             .spawn(move || save_loop(&settings, &save_rx, &pending, &in_flight))
             .map_err(spawn_err)?;
         self.threads.push(saver);
-        let (pending, finalizing, in_flight) = (
+        let (settings, pending, finalizing, in_flight) = (
+            Arc::clone(&self.settings),
             self.pending.clone(),
             self.finalizing.clone(),
             Arc::clone(&self.in_flight),
         );
         let finalizer = thread::Builder::new()
             .name("stepscope-finalize".into())
-            .spawn(move || finalize_loop(&rx, &save_tx, &pending, &finalizing, &in_flight))
+            .spawn(move || {
+                finalize_loop(&settings, &rx, &save_tx, &pending, &finalizing, &in_flight)
+            })
             .map_err(spawn_err)?;
         self.threads.push(finalizer);
         Ok(tx)
@@ -175,8 +191,6 @@ impl Writer {
         job.manifest.backend = "torch";
         job.manifest.status = "writing";
         job.manifest.trace_file = format!("{stem}.{ext}");
-        job.manifest.local_rank = s.local_rank;
-        job.manifest.config = s.config.clone();
         let manifest_path = s.dir.join(format!("{stem}.stepscope.json"));
         if self.tx.is_none() {
             self.tx = Some(self.spawn()?);
@@ -219,7 +233,7 @@ impl Drop for Writer {
                  stepscope.flush_timeout_s)",
                 self.settings.flush_timeout
             ));
-            write_manifest(path, manifest);
+            write_manifest(path, manifest, &self.settings.config);
         }
         log::error!(
             "stepscope: {} trace(s) still being written after {:?}; marked unfinished",
@@ -232,6 +246,7 @@ impl Drop for Writer {
 
 /// Records a job's end: its final manifest, then its place in the pending count.
 fn conclude(
+    settings: &Settings,
     manifest_path: &Path,
     manifest: &Manifest,
     pending: &PendingWrites,
@@ -242,12 +257,13 @@ fn conclude(
     {
         let mut list = in_flight.lock();
         list.retain(|(p, _)| p != manifest_path);
-        write_manifest(manifest_path, manifest);
+        write_manifest(manifest_path, manifest, &settings.config);
     }
     pending.finish();
 }
 
 fn finalize_loop(
+    settings: &Settings,
     rx: &Receiver<(PathBuf, Job)>,
     save_tx: &Sender<Finalized>,
     pending: &PendingWrites,
@@ -260,7 +276,7 @@ fn finalize_loop(
             // already written it as unfinished, which "writing" must not overwrite.
             let list = in_flight.lock();
             if list.iter().any(|(p, _)| *p == manifest_path) {
-                write_manifest(&manifest_path, &job.manifest);
+                write_manifest(&manifest_path, &job.manifest, &settings.config);
             }
         }
         let began = Instant::now();
@@ -285,14 +301,14 @@ fn finalize_loop(
                     let mut manifest = f.manifest;
                     manifest.status = "failed";
                     manifest.error = Some("the trace writer has stopped".into());
-                    conclude(&f.manifest_path, &manifest, pending, in_flight);
+                    conclude(settings, &f.manifest_path, &manifest, pending, in_flight);
                 }
             }
             Err(message) => {
                 log::error!("stepscope: {} failed: {message}", manifest.trace_file);
                 manifest.status = "failed";
                 manifest.error = Some(message);
-                conclude(&manifest_path, &manifest, pending, in_flight);
+                conclude(settings, &manifest_path, &manifest, pending, in_flight);
             }
         }
     }
@@ -337,7 +353,13 @@ fn save_loop(
         }
         // The result (Kineto's buffers) is freed here, on this thread.
         drop(job.result);
-        conclude(&job.manifest_path, &job.manifest, pending, in_flight);
+        conclude(
+            settings,
+            &job.manifest_path,
+            &job.manifest,
+            pending,
+            in_flight,
+        );
     }
 }
 
@@ -511,13 +533,13 @@ fn write_summary(
 
 /// Writes a manifest atomically (temporary name, then rename); failures are logged, since the
 /// manifest is what would have reported them.
-fn write_manifest(path: &Path, manifest: &Manifest) {
+fn write_manifest(path: &Path, manifest: &Manifest, config: &serde_json::Value) {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.partial"));
-    let result = serde_json::to_vec_pretty(manifest)
+    let result = serde_json::to_vec_pretty(&ManifestFile { manifest, config })
         .map_err(io::Error::other)
         .and_then(|mut bytes| {
             bytes.push(b'\n');
