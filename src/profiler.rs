@@ -361,6 +361,12 @@ impl WorkerProfiler {
         Ok(pending.is_none_or(|p| p.wait(timeout)))
     }
 
+    /// How many stopped sessions' traces are still being written in the background.
+    pub fn pending_writes(&self) -> usize {
+        let pending = self.inner.lock().backend.pending_writes();
+        pending.map_or(0, |p| p.count())
+    }
+
     /// A session is active (started and not stopped), vLLM's `_active`.
     pub fn is_active(&self) -> bool {
         self.inner.lock().schedule.is_active()
@@ -376,6 +382,15 @@ impl WorkerProfiler {
         self.is_running()
     }
 
+    /// Whether the next `step()` can do anything with its [`IterationInfo`]: a session is
+    /// active, backend work is pending, or every iteration gets an NVTX range. One relaxed
+    /// load; engines that compute counts in an interpreted language (the vLLM plugin) skip
+    /// that work while it is false.
+    #[inline]
+    pub fn is_armed(&self) -> bool {
+        self.gate.load(Relaxed) & GATE_ARMED != 0
+    }
+
     /// The session's named state.
     pub fn phase(&self) -> Phase {
         self.inner.lock().schedule.phase()
@@ -389,6 +404,29 @@ impl WorkerProfiler {
     /// The worker's name.
     pub fn worker_name(&self) -> String {
         self.inner.lock().worker_name.clone()
+    }
+
+    /// Names the next session's traces (vLLM's `set_output_name`). Ignored while a session is
+    /// active, as in vLLM: returns whether the name was taken.
+    pub fn set_worker_name(&self, name: &str) -> bool {
+        let mut g = self.inner.lock();
+        if g.schedule.is_active() {
+            return false;
+        }
+        name.clone_into(&mut g.worker_name);
+        true
+    }
+
+    /// Changes what the next session records (for the torch backend: activities,
+    /// record_shapes, with_memory, with_stack, with_flops), as a config with
+    /// those fields changed. Where traces are written stays as the profiler was made. Ignored
+    /// while a session is active or its stop is pending: returns whether it was applied.
+    pub fn reconfigure(&self, config: &ProfilerConfig) -> Result<bool> {
+        let mut g = self.inner.lock();
+        if g.schedule.is_active() || g.pending_stop {
+            return Ok(false);
+        }
+        g.backend.reconfigure(config).map(|()| true)
     }
 
     /// The last error that could not be returned to its caller (a backend failure inside

@@ -266,3 +266,37 @@ fn stop_failure_is_reported_and_the_session_still_ends() {
     assert!(!p.is_active() && !p.is_running());
     assert_eq!(p.start().unwrap(), StartOutcome::Started);
 }
+
+#[test]
+fn set_worker_name_is_ignored_while_a_session_is_active() {
+    let (p, _rec) = profiler("{}");
+    assert!(p.set_worker_name("before"));
+    p.start().unwrap();
+    assert!(!p.set_worker_name("during"), "vLLM's set_output_name");
+    assert_eq!(p.worker_name(), "before");
+    p.stop().unwrap();
+    assert!(p.set_worker_name("after"));
+    assert_eq!(p.worker_name(), "after");
+}
+
+#[test]
+fn armed_exactly_while_a_step_can_use_its_counts() {
+    let (p, _rec) = profiler(r#"{"delay_iterations": 2, "max_iterations": 1}"#);
+    assert!(!p.is_armed());
+    steps(&p, 1);
+    assert!(!p.is_armed(), "idle: step() reads nothing");
+    p.start().unwrap();
+    assert!(p.is_armed(), "delaying: the next step may start capturing");
+    assert_eq!(steps(&p, 4), [false, true, false, false]);
+    assert!(!p.is_armed(), "the session ended by itself");
+}
+
+#[test]
+fn reconfigure_applies_between_sessions_only() {
+    let (p, _rec) = profiler("{}");
+    let cfg = stepscope::ProfilerConfig::from_json_str(r#"{"max_iterations": 1}"#).unwrap();
+    p.start().unwrap();
+    assert!(!p.reconfigure(&cfg).unwrap(), "ignored while active");
+    p.stop().unwrap();
+    assert!(p.reconfigure(&cfg).unwrap());
+}

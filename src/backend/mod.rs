@@ -56,6 +56,13 @@ pub trait Backend: Send {
     /// range is the profiler's, not the backend's.
     fn begin_iteration(&mut self, _step: u64, _info: &IterationInfo, _name: &str) {}
 
+    /// Takes what the next session records from `config` (between sessions only: the
+    /// profiler never calls it while one is active). What is fixed when the backend is made,
+    /// such as where traces are written, stays. Backends with nothing to change accept it.
+    fn reconfigure(&mut self, _config: &ProfilerConfig) -> Result<()> {
+        Ok(())
+    }
+
     /// Whether `begin_iteration` reads its `name`. When no backend does and no NVTX tool
     /// listens, the profiler does not format names at all (an empty `name` is passed).
     fn uses_names(&self) -> bool {

@@ -16,6 +16,7 @@ mod summary;
 mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use cxx::UniquePtr;
@@ -167,8 +168,7 @@ struct Session {
 
 /// The torch (Kineto) backend. See the module docs.
 pub struct TorchBackend {
-    options: ffi::Options,
-    schedule: Option<TorchSchedule>,
+    capture: Capture,
     step_num: u64,
     action: Action,
     kineto: Kineto,
@@ -193,11 +193,19 @@ impl std::fmt::Debug for TorchBackend {
     }
 }
 
-impl TorchBackend {
-    /// A backend writing to the config's `torch_profiler_dir`, which must be a local
-    /// directory that exists or can be created, and is writable.
-    pub fn new(config: &ProfilerConfig, local_rank: u32) -> Result<Self> {
-        let dir = trace_dir(config)?;
+/// What a session records, from the config: changeable between sessions
+/// ([`Backend::reconfigure`]), unlike where traces go.
+struct Capture {
+    options: ffi::Options,
+    schedule: Option<TorchSchedule>,
+    /// The top-ops table written next to each trace.
+    table: Option<summary::SortBy>,
+    /// The config as JSON, for the manifests (shared, never copied on the engine thread).
+    config: Arc<serde_json::Value>,
+}
+
+impl Capture {
+    fn from_config(config: &ProfilerConfig) -> Self {
         let activities = match &config.torch_profiler_activities {
             Some(list) => list.clone(),
             None if cuda_available() => vec![TorchActivity::Cpu, TorchActivity::Cuda],
@@ -232,18 +240,30 @@ impl TorchBackend {
         } else {
             None
         };
-        let config_json = serde_json::to_value(config).unwrap_or(serde_json::Value::Null);
+        let config = Arc::new(serde_json::to_value(config).unwrap_or(serde_json::Value::Null));
+        Capture {
+            options,
+            schedule,
+            table,
+            config,
+        }
+    }
+}
+
+impl TorchBackend {
+    /// A backend writing to the config's `torch_profiler_dir`, which must be a local
+    /// directory that exists or can be created, and is writable.
+    pub fn new(config: &ProfilerConfig, local_rank: u32) -> Result<Self> {
+        let dir = trace_dir(config)?;
         let writer = Writer::new(writer::Settings {
             dir,
             gzip: config.torch_profiler_use_gzip,
-            table,
-            config: config_json,
             flush_timeout: config.stepscope.flush_timeout,
         });
+        let capture = Capture::from_config(config);
         Ok(TorchBackend {
-            annotate: options.cpu,
-            options,
-            schedule,
+            annotate: capture.options.cpu,
+            capture,
             step_num: 0,
             action: Action::None,
             kineto: Kineto::Off,
@@ -282,13 +302,13 @@ impl TorchBackend {
     }
 
     fn prepare(&mut self) -> Result<()> {
-        ffi::prepare(&self.options).map_err(|e| kineto_error("prepareProfiler", &e))?;
+        ffi::prepare(&self.capture.options).map_err(|e| kineto_error("prepareProfiler", &e))?;
         self.kineto = Kineto::Prepared;
         Ok(())
     }
 
     fn enable(&mut self) -> Result<()> {
-        let id = ffi::enable(&self.options).map_err(|e| {
+        let id = ffi::enable(&self.capture.options).map_err(|e| {
             self.kineto = Kineto::Off;
             kineto_error("enableProfiler", &e)
         })?;
@@ -351,6 +371,8 @@ impl TorchBackend {
             iterations,
             start_time_unix_ns: session.map_or(0, |s| s.start_unix_ns),
             stop_time_unix_ns: stop_unix_ns,
+            config: Arc::clone(&self.capture.config),
+            table: self.capture.table,
             ..Manifest::default()
         };
         self.writer.submit(Job {
@@ -394,7 +416,10 @@ impl Backend for TorchBackend {
         });
         self.step_num = 0;
         self.action = Action::None;
-        let first = self.schedule.map_or(Action::Record, |s| s.action(0));
+        let first = self
+            .capture
+            .schedule
+            .map_or(Action::Record, |s| s.action(0));
         let result = self.transit(first);
         if result.is_err() {
             self.action = Action::None;
@@ -413,7 +438,7 @@ impl Backend for TorchBackend {
     }
 
     fn advance(&mut self) {
-        let Some(schedule) = self.schedule else {
+        let Some(schedule) = self.capture.schedule else {
             return;
         };
         self.step_num += 1;
@@ -464,6 +489,12 @@ impl Backend for TorchBackend {
 
     fn pending_writes(&self) -> Option<PendingWrites> {
         Some(self.writer.pending())
+    }
+
+    fn reconfigure(&mut self, config: &ProfilerConfig) -> Result<()> {
+        self.capture = Capture::from_config(config);
+        self.annotate = self.capture.options.cpu;
+        Ok(())
     }
 }
 

@@ -32,10 +32,6 @@ use crate::flush::PendingWrites;
 pub(super) struct Settings {
     pub dir: PathBuf,
     pub gzip: bool,
-    pub table: Option<SortBy>,
-    /// The profiler's config, written into every manifest (serialized there, never copied
-    /// on the engine thread).
-    pub config: serde_json::Value,
     pub flush_timeout: Duration,
 }
 
@@ -82,6 +78,13 @@ pub(super) struct Manifest {
     pub finalize_seconds: Option<f64>,
     /// Of which serializing, compressing and renaming the trace.
     pub write_seconds: Option<f64>,
+    /// The session's config, written after the fields (shared with the backend, serialized
+    /// on the writer threads, never copied on the engine thread).
+    #[serde(skip)]
+    pub config: Arc<serde_json::Value>,
+    /// The top-ops table written next to the trace, if any.
+    #[serde(skip)]
+    pub table: Option<SortBy>,
 }
 
 /// The manifest file: the manifest's fields, then the config.
@@ -161,17 +164,14 @@ impl Writer {
             .spawn(move || save_loop(&settings, &save_rx, &pending, &in_flight))
             .map_err(spawn_err)?;
         self.threads.push(saver);
-        let (settings, pending, finalizing, in_flight) = (
-            Arc::clone(&self.settings),
+        let (pending, finalizing, in_flight) = (
             self.pending.clone(),
             self.finalizing.clone(),
             Arc::clone(&self.in_flight),
         );
         let finalizer = thread::Builder::new()
             .name("stepscope-finalize".into())
-            .spawn(move || {
-                finalize_loop(&settings, &rx, &save_tx, &pending, &finalizing, &in_flight)
-            })
+            .spawn(move || finalize_loop(&rx, &save_tx, &pending, &finalizing, &in_flight))
             .map_err(spawn_err)?;
         self.threads.push(finalizer);
         Ok(tx)
@@ -233,7 +233,7 @@ impl Drop for Writer {
                  stepscope.flush_timeout_s)",
                 self.settings.flush_timeout
             ));
-            write_manifest(path, manifest, &self.settings.config);
+            write_manifest(path, manifest);
         }
         log::error!(
             "stepscope: {} trace(s) still being written after {:?}; marked unfinished",
@@ -246,7 +246,6 @@ impl Drop for Writer {
 
 /// Records a job's end: its final manifest, then its place in the pending count.
 fn conclude(
-    settings: &Settings,
     manifest_path: &Path,
     manifest: &Manifest,
     pending: &PendingWrites,
@@ -257,13 +256,12 @@ fn conclude(
     {
         let mut list = in_flight.lock();
         list.retain(|(p, _)| p != manifest_path);
-        write_manifest(manifest_path, manifest, &settings.config);
+        write_manifest(manifest_path, manifest);
     }
     pending.finish();
 }
 
 fn finalize_loop(
-    settings: &Settings,
     rx: &Receiver<(PathBuf, Job)>,
     save_tx: &Sender<Finalized>,
     pending: &PendingWrites,
@@ -276,7 +274,7 @@ fn finalize_loop(
             // already written it as unfinished, which "writing" must not overwrite.
             let list = in_flight.lock();
             if list.iter().any(|(p, _)| *p == manifest_path) {
-                write_manifest(&manifest_path, &job.manifest, &settings.config);
+                write_manifest(&manifest_path, &job.manifest);
             }
         }
         let began = Instant::now();
@@ -301,14 +299,14 @@ fn finalize_loop(
                     let mut manifest = f.manifest;
                     manifest.status = "failed";
                     manifest.error = Some("the trace writer has stopped".into());
-                    conclude(settings, &f.manifest_path, &manifest, pending, in_flight);
+                    conclude(&f.manifest_path, &manifest, pending, in_flight);
                 }
             }
             Err(message) => {
                 log::error!("stepscope: {} failed: {message}", manifest.trace_file);
                 manifest.status = "failed";
                 manifest.error = Some(message);
-                conclude(settings, &manifest_path, &manifest, pending, in_flight);
+                conclude(&manifest_path, &manifest, pending, in_flight);
             }
         }
     }
@@ -353,13 +351,7 @@ fn save_loop(
         }
         // The result (Kineto's buffers) is freed here, on this thread.
         drop(job.result);
-        conclude(
-            settings,
-            &job.manifest_path,
-            &job.manifest,
-            pending,
-            in_flight,
-        );
+        conclude(&job.manifest_path, &job.manifest, pending, in_flight);
     }
 }
 
@@ -451,7 +443,7 @@ fn write_job(
         .map_err(|e| io_err("reading the size of", &final_path, e))?
         .len();
 
-    let summary_file = match settings.table {
+    let summary_file = match manifest.table {
         Some(sort) => Some(write_summary(
             settings,
             result,
@@ -533,21 +525,24 @@ fn write_summary(
 
 /// Writes a manifest atomically (temporary name, then rename); failures are logged, since the
 /// manifest is what would have reported them.
-fn write_manifest(path: &Path, manifest: &Manifest, config: &serde_json::Value) {
+fn write_manifest(path: &Path, manifest: &Manifest) {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.partial"));
-    let result = serde_json::to_vec_pretty(&ManifestFile { manifest, config })
-        .map_err(io::Error::other)
-        .and_then(|mut bytes| {
-            bytes.push(b'\n');
-            let mut f = File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            drop(f);
-            fs::rename(&tmp, path)
-        });
+    let result = serde_json::to_vec_pretty(&ManifestFile {
+        manifest,
+        config: &manifest.config,
+    })
+    .map_err(io::Error::other)
+    .and_then(|mut bytes| {
+        bytes.push(b'\n');
+        let mut f = File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        drop(f);
+        fs::rename(&tmp, path)
+    });
     if let Err(e) = result {
         let _ = fs::remove_file(&tmp);
         log::error!(
