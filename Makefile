@@ -13,7 +13,9 @@ export VIRTUAL_ENV := $(VENV)
 export PATH := $(VENV)/bin:$(PATH)
 export LIBTORCH_USE_PYTORCH := 1
 
-.PHONY: all setup demo test fmt-check clippy test-rust bench install clean
+PYTHON := $(VENV)/bin/python
+
+.PHONY: all setup demo test fmt-check clippy test-rust python test-python bench install clean
 
 all: test
 
@@ -33,24 +35,35 @@ demo: setup
 	$(CARGO) run --quiet --release -p stepscope-cli -- analyze --top 5 \
 		cli/tests/data/hta/trace_filter__sampled_rank-0.json.gz
 
-test: setup fmt-check clippy test-rust
+test: setup fmt-check clippy test-rust test-python
 	@echo "make test: all checks passed"
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
 # Cargo unifies features across the packages of one invocation: a workspace-wide build turns
-# on stepscope's `torch` feature (torch-engine asks for it). The library and its C ABI are
-# checked as users build them by default (no libtorch), then torch-engine with the feature.
+# on stepscope's `torch` feature (torch-engine and the Python extension ask for it). The library
+# and its C ABI are checked as users build them by default (no libtorch), then the rest with it.
+NO_TORCH := --exclude stepscope-torch-engine --exclude stepscope-python
 clippy:
-	$(CARGO) clippy --workspace --all-targets --exclude stepscope-torch-engine -- -D warnings
+	$(CARGO) clippy --workspace --all-targets $(NO_TORCH) -- -D warnings
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test-rust:
-	$(CARGO) test --workspace --all-targets --exclude stepscope-torch-engine
-	$(CARGO) test --workspace --doc --exclude stepscope-torch-engine
+	$(CARGO) test --workspace --all-targets $(NO_TORCH)
+	$(CARGO) test --workspace --doc $(NO_TORCH)
 	$(CARGO) test -p stepscope --features torch --lib
 	$(CARGO) test -p stepscope-torch-engine --all-targets
+
+# The Python package (stepscope._native built against the venv's torch, with the vLLM plugin's
+# entry point) installed into the venv in development mode: `.venv/bin/python -c "import
+# stepscope"` works afterwards.
+python: setup
+	$(VENV)/bin/maturin develop --quiet
+
+# The Python API on the stub driver and real Kineto, and the vLLM plugin on the real vllm.
+test-python: python
+	$(PYTHON) -m pytest -q tests/python
 
 bench: setup
 	$(CARGO) bench --workspace

@@ -37,7 +37,9 @@ if [ ${#need_debs[@]} -gt 0 ]; then
 fi
 
 # The project's Python environment: torch==2.13.0 gives libtorch to the torch backend (the
-# `torch` feature, torch-sys finds it through this venv's python with LIBTORCH_USE_PYTORCH=1).
+# `torch` feature, torch-sys finds it through this venv's python with LIBTORCH_USE_PYTORCH=1);
+# maturin builds the Python package, pytest runs its tests, vllm==0.32.0 is what the vLLM
+# plugin's tests import (on CPU).
 # Checked by its installed metadata, so a ready venv costs no Python start-up.
 TORCH_VERSION=2.13.0
 VENV=.venv
@@ -46,7 +48,15 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-if ! compgen -G "$site/torch-$TORCH_VERSION.dist-info" >/dev/null; then
-  say "installing torch==$TORCH_VERSION into $VENV (about 5 GB with its CUDA libraries; once)"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
+# Each pinned package is checked by its metadata directory and installed once.
+need_pip=()
+for pin in "torch==$TORCH_VERSION" "maturin==1.16.0" "pytest==9.2.0" "vllm==0.32.0"; do
+  name=${pin%%==*}
+  version=${pin##*==}
+  compgen -G "$site/$name-$version.dist-info" >/dev/null || need_pip+=("$pin")
+done
+if [ ${#need_pip[@]} -gt 0 ]; then
+  # vllm pins torch==2.13.0 and brings its serving dependencies: about 8 GB in all, once.
+  say "installing into $VENV: ${need_pip[*]} (several GB the first time)"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${need_pip[@]}"
 fi

@@ -1,0 +1,455 @@
+//! `stepscope._native`: stepscope's `WorkerProfiler` for Python engines (vLLM, SGLang, RL
+//! rollout workers). `python/stepscope/__init__.py` re-exports it with the vLLM drop-in methods
+//! that live in Python (`annotate_context_manager`, `set_profiler_kwargs`, …).
+//!
+//! Thread rules: every call that can reach a backend (start, stop, step, shutdown, flush, the
+//! constructor) runs with the GIL released. Kineto's Python tracer takes the GIL while the
+//! background finalizer stops it, so holding it here could deadlock; and the engine's other
+//! Python threads keep running while a trace is being finalized and written.
+//!
+//! Errors: config errors raise `ConfigError` (a `ValueError`) naming the field; a negative
+//! override raises `ValueError` naming it. Backend failures in `start`, `stop`, `step` and
+//! `shutdown` never raise into the engine loop (vLLM's behaviour): the library logs them, and
+//! Rust's `log` records reach Python's `logging` under the `stepscope` logger.
+
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use stepscope::schedule::Phase;
+use stepscope::{
+    Error, IterationDetail, IterationInfo, PhaseSums, ProfilerConfig, StartOptions, WorkerProfiler,
+};
+
+pyo3::create_exception!(
+    stepscope,
+    ConfigError,
+    PyValueError,
+    "A profiler config is invalid: malformed JSON, an unknown key, or a bad value. The message \
+     names the field."
+);
+pyo3::create_exception!(
+    stepscope,
+    BackendError,
+    PyRuntimeError,
+    "A profiling backend failed (driver missing, driver call failed, Kineto error)."
+);
+
+/// The Python exception for a library error.
+fn to_py(e: &Error) -> PyErr {
+    let text = e.to_string();
+    match e {
+        Error::Config { .. } | Error::Json { .. } => ConfigError::new_err(text),
+        Error::InvalidArgument { .. } => PyValueError::new_err(text),
+        Error::Io { .. } => PyOSError::new_err(text),
+        Error::Timeout { .. } => PyTimeoutError::new_err(text),
+        _ => BackendError::new_err(text),
+    }
+}
+
+/// Parses `config`: a mapping (JSON-serializable), JSON text, or a path (str or `os.PathLike`)
+/// to a JSON file.
+fn parse_config(config: &Bound<'_, PyAny>) -> PyResult<ProfilerConfig> {
+    let py = config.py();
+    let parsed = if let Ok(text) = config.cast::<PyString>() {
+        let text = text.to_str()?.to_owned();
+        py.detach(|| ProfilerConfig::from_spec(&text, "config"))
+    } else if config.cast::<PyDict>().is_ok() || config.hasattr("keys")? {
+        let text: String = py
+            .import("json")?
+            .call_method1("dumps", (config,))
+            .map_err(|e| {
+                ConfigError::new_err(format!("config: the mapping is not JSON-serializable: {e}"))
+            })?
+            .extract()?;
+        ProfilerConfig::from_json_str(&text)
+    } else if config.hasattr("__fspath__")? {
+        let path: std::path::PathBuf = py
+            .import("os")?
+            .call_method1("fspath", (config,))?
+            .extract()?;
+        py.detach(|| ProfilerConfig::from_path(&path))
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "config must be a dict, JSON text or a path to a JSON file, not {}",
+            config.get_type().name()?
+        )));
+    };
+    parsed.map_err(|e| to_py(&e))
+}
+
+/// A count from Python: a non-negative integer that fits `u32`, or `ValueError` naming it.
+fn count(name: &str, value: i64) -> PyResult<u32> {
+    u32::try_from(value).map_err(|_| {
+        PyValueError::new_err(format!(
+            "{name} must be between 0 and {} (got {value})",
+            u32::MAX
+        ))
+    })
+}
+
+fn sum(name: &str, value: Option<i64>) -> PyResult<u64> {
+    value.map_or(Ok(0), |v| {
+        u64::try_from(v).map_err(|_| {
+            PyValueError::new_err(format!(
+                "{name} must be greater than or equal to 0 (got {v})"
+            ))
+        })
+    })
+}
+
+/// The counts of one engine iteration: context (prefill) and generation (decode) requests and
+/// their scheduled tokens. The six optional sums are vLLM's roofline sums for
+/// `detailed_trace_annotation` names; give all of a phase's or leave them out.
+#[pyclass(module = "stepscope", name = "Iteration", frozen, eq)]
+#[derive(Clone, PartialEq)]
+struct PyIteration {
+    info: IterationInfo,
+}
+
+#[pymethods]
+impl PyIteration {
+    #[new]
+    #[pyo3(signature = (
+        num_ctx_reqs = 0, num_ctx_tokens = 0, num_gen_reqs = 0, num_gen_tokens = 0, *,
+        ctx_seq_len_sum = None, ctx_qq_compute = None, ctx_qk_compute = None,
+        gen_seq_len_sum = None, gen_qq_compute = None, gen_qk_compute = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        num_ctx_reqs: i64,
+        num_ctx_tokens: i64,
+        num_gen_reqs: i64,
+        num_gen_tokens: i64,
+        ctx_seq_len_sum: Option<i64>,
+        ctx_qq_compute: Option<i64>,
+        ctx_qk_compute: Option<i64>,
+        gen_seq_len_sum: Option<i64>,
+        gen_qq_compute: Option<i64>,
+        gen_qk_compute: Option<i64>,
+    ) -> PyResult<Self> {
+        let mut info = IterationInfo::new(
+            count("num_ctx_reqs", num_ctx_reqs)?,
+            count("num_ctx_tokens", num_ctx_tokens)?,
+            count("num_gen_reqs", num_gen_reqs)?,
+            count("num_gen_tokens", num_gen_tokens)?,
+        );
+        let sums = [
+            ctx_seq_len_sum,
+            ctx_qq_compute,
+            ctx_qk_compute,
+            gen_seq_len_sum,
+            gen_qq_compute,
+            gen_qk_compute,
+        ];
+        if sums.iter().any(Option::is_some) {
+            info = info.with_detail(IterationDetail {
+                ctx: PhaseSums {
+                    seq_len_sum: sum("ctx_seq_len_sum", ctx_seq_len_sum)?,
+                    qq_compute: sum("ctx_qq_compute", ctx_qq_compute)?,
+                    qk_compute: sum("ctx_qk_compute", ctx_qk_compute)?,
+                },
+                gen: PhaseSums {
+                    seq_len_sum: sum("gen_seq_len_sum", gen_seq_len_sum)?,
+                    qq_compute: sum("gen_qq_compute", gen_qq_compute)?,
+                    qk_compute: sum("gen_qk_compute", gen_qk_compute)?,
+                },
+            });
+        }
+        Ok(PyIteration { info })
+    }
+
+    #[getter]
+    fn num_ctx_reqs(&self) -> u32 {
+        self.info.num_ctx_reqs
+    }
+    #[getter]
+    fn num_ctx_tokens(&self) -> u32 {
+        self.info.num_ctx_tokens
+    }
+    #[getter]
+    fn num_gen_reqs(&self) -> u32 {
+        self.info.num_gen_reqs
+    }
+    #[getter]
+    fn num_gen_tokens(&self) -> u32 {
+        self.info.num_gen_tokens
+    }
+
+    /// `prefill`, `decode`, `mixed` or `idle`.
+    #[getter]
+    fn stage(&self) -> &'static str {
+        self.info.stage().as_str()
+    }
+
+    /// vLLM's annotation name of this iteration, simple or detailed.
+    #[pyo3(signature = (detailed = false))]
+    fn name(&self, detailed: bool) -> String {
+        self.info.name(detailed)
+    }
+
+    fn __repr__(&self) -> String {
+        let i = &self.info;
+        format!(
+            "Iteration(num_ctx_reqs={}, num_ctx_tokens={}, num_gen_reqs={}, num_gen_tokens={})",
+            i.num_ctx_reqs, i.num_ctx_tokens, i.num_gen_reqs, i.num_gen_tokens
+        )
+    }
+}
+
+fn phase_name(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Idle => "idle",
+        Phase::Delaying => "delaying",
+        Phase::Starting => "starting",
+        Phase::Running => "running",
+        Phase::StartFailed => "start_failed",
+    }
+}
+
+/// The engine-side profiler of one worker, vLLM's `WorkerProfiler` semantics. See the
+/// `stepscope.WorkerProfiler` docs for the full API.
+#[pyclass(
+    module = "stepscope._native",
+    name = "WorkerProfiler",
+    subclass,
+    frozen
+)]
+struct PyWorkerProfiler {
+    /// Dropped in `Drop`, without the GIL.
+    inner: ManuallyDrop<Arc<WorkerProfiler>>,
+    local_rank: u32,
+    flush_timeout: Duration,
+    config_json: String,
+}
+
+impl PyWorkerProfiler {
+    /// Backend failures of start/stop/step/shutdown were logged by the library; anything else
+    /// (a bug in the caller's arguments) raises.
+    fn swallow_backend<T>(result: stepscope::Result<T>) -> PyResult<()> {
+        match result {
+            Ok(_) => Ok(()),
+            Err(
+                e @ (Error::Config { .. } | Error::Json { .. } | Error::InvalidArgument { .. }),
+            ) => Err(to_py(&e)),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+#[pymethods]
+impl PyWorkerProfiler {
+    #[new]
+    #[pyo3(signature = (config, worker_name, local_rank = 0))]
+    fn new(config: &Bound<'_, PyAny>, worker_name: String, local_rank: i64) -> PyResult<Self> {
+        let local_rank = u32::try_from(local_rank).map_err(|_| {
+            PyValueError::new_err(format!(
+                "local_rank must be greater than or equal to 0 (got {local_rank})"
+            ))
+        })?;
+        let cfg = parse_config(config)?;
+        let py = config.py();
+        let inner = py
+            .detach(|| WorkerProfiler::with_local_rank(&cfg, &worker_name, local_rank))
+            .map_err(|e| to_py(&e))?;
+        Ok(PyWorkerProfiler {
+            inner: ManuallyDrop::new(Arc::new(inner)),
+            local_rank,
+            flush_timeout: cfg.stepscope.flush_timeout,
+            config_json: serde_json::to_string(&cfg).unwrap_or_default(),
+        })
+    }
+
+    /// Starts a session; the overrides hold for this session only. Ignored while a session is
+    /// active. A negative override raises `ValueError`; a backend failure is logged.
+    #[pyo3(signature = (*, delay_iterations = None, max_iterations = None))]
+    fn start(
+        &self,
+        py: Python<'_>,
+        delay_iterations: Option<i64>,
+        max_iterations: Option<i64>,
+    ) -> PyResult<()> {
+        let options =
+            StartOptions::from_signed(delay_iterations, max_iterations).map_err(|e| to_py(&e))?;
+        let p = &self.inner;
+        Self::swallow_backend(py.detach(|| p.start_with(options)))
+    }
+
+    /// Ends the session; ignored when none is active. Returns at once: the trace is written
+    /// in the background (see `flush`).
+    fn stop(&self, py: Python<'_>) -> PyResult<()> {
+        let p = &self.inner;
+        Self::swallow_backend(py.detach(|| p.stop()))
+    }
+
+    /// One engine iteration begins. With an `Iteration`, its counts name the iteration's NVTX
+    /// range and Kineto annotation, which stay open until `step_end()` or the next `step()`.
+    #[pyo3(signature = (iteration = None))]
+    fn step(&self, py: Python<'_>, iteration: Option<PyRef<'_, PyIteration>>) {
+        let info = iteration.map(|i| i.info).unwrap_or_default();
+        let p = &self.inner;
+        py.detach(|| {
+            // The annotation outlives this call: step_end() or the next step() closes it.
+            std::mem::forget(p.step(&info));
+            // Already logged by the library; the engine loop goes on.
+            let _ = p.take_last_error();
+        });
+    }
+
+    /// Closes the current iteration's annotation, if one is open.
+    fn step_end(&self, py: Python<'_>) {
+        let p = &self.inner;
+        py.detach(|| p.step_end());
+    }
+
+    /// Stops a running session (the engine loop has ended), as vLLM's `shutdown()`.
+    fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        let p = &self.inner;
+        Self::swallow_backend(py.detach(|| p.shutdown()))
+    }
+
+    /// Waits up to `timeout` seconds (default: the config's `stepscope.flush_timeout_s`) for
+    /// traces still being written. True when nothing is pending. Ctrl-C interrupts the wait.
+    #[pyo3(signature = (timeout = None))]
+    fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let total = match timeout {
+            None => self.flush_timeout,
+            Some(t) => Duration::try_from_secs_f64(t).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "timeout must be a finite number of seconds >= 0 (got {t})"
+                ))
+            })?,
+        };
+        let deadline = Instant::now() + total;
+        let p = &self.inner;
+        loop {
+            let slice = deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(100));
+            let done = py.detach(|| p.flush(slice)).map_err(|e| to_py(&e))?;
+            if done || Instant::now() >= deadline {
+                return Ok(done);
+            }
+            py.check_signals()?;
+        }
+    }
+
+    /// Names the next session's traces (vLLM's `set_output_name`); ignored while a session is
+    /// active.
+    fn set_output_name(&self, name: &str) {
+        self.inner.set_worker_name(name);
+    }
+
+    /// Takes what the next session records from `config` (see `set_profiler_kwargs`).
+    /// Returns False, changing nothing, while a session is active.
+    fn _reconfigure(&self, config: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let cfg = parse_config(config)?;
+        let p = &self.inner;
+        config
+            .py()
+            .detach(|| p.reconfigure(&cfg))
+            .map_err(|e| to_py(&e))
+    }
+
+    /// The profiler's config as JSON text (every field, defaults filled in).
+    #[getter]
+    fn config_json(&self) -> String {
+        self.config_json.clone()
+    }
+
+    /// A session is active (started, not stopped).
+    #[getter]
+    fn is_active(&self) -> bool {
+        self.inner.is_active()
+    }
+
+    /// The backend is capturing.
+    #[getter]
+    fn is_running(&self) -> bool {
+        self.inner.is_running()
+    }
+
+    /// Iterations should be annotated (the backend is capturing).
+    #[getter]
+    fn should_annotate(&self) -> bool {
+        self.inner.should_annotate()
+    }
+
+    /// Whether the next `step()` reads its `Iteration`: a session is active, or every
+    /// iteration gets an NVTX range. Compute counts only when this is true.
+    #[getter]
+    fn is_armed(&self) -> bool {
+        self.inner.is_armed()
+    }
+
+    /// Stopped sessions whose traces are still being written in the background.
+    #[getter]
+    fn pending_writes(&self) -> usize {
+        self.inner.pending_writes()
+    }
+
+    /// `idle`, `delaying`, `starting`, `running` or `start_failed`.
+    #[getter]
+    fn phase(&self) -> &'static str {
+        phase_name(self.inner.phase())
+    }
+
+    /// How many times `step()` has been called.
+    #[getter]
+    fn step_index(&self) -> u64 {
+        self.inner.step_index()
+    }
+
+    /// The name the next (or current) session's traces carry.
+    #[getter]
+    fn worker_name(&self) -> String {
+        self.inner.worker_name()
+    }
+
+    #[getter]
+    fn local_rank(&self) -> u32 {
+        self.local_rank
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.inner)
+    }
+}
+
+impl Drop for PyWorkerProfiler {
+    /// Dropping the profiler stops a running session and waits (up to
+    /// `stepscope.flush_timeout_s`) for traces still being written. Kineto's Python tracer
+    /// takes the GIL to finish a session, so that wait must not hold it: with the GIL held, a
+    /// profiler collected by Python right after a stop would wait out the whole timeout.
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and never used again.
+        let inner = unsafe { ManuallyDrop::take(&mut self.inner) };
+        let mut inner = Some(inner);
+        // Not attached (the interpreter is shutting down): drop where we are.
+        Python::try_attach(|py| {
+            let owned = inner.take();
+            py.detach(move || drop(owned));
+        });
+        drop(inner);
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    // The library's `log` records go to Python's logging, under `stepscope.*`. Nothing is
+    // cached, so levels set later in Python apply; the library logs only off the hot path.
+    if let Err(e) = pyo3_log::Logger::new(py, pyo3_log::Caching::Nothing)?.install() {
+        // Another extension in this process installed its logger first.
+        log::debug!("stepscope: Rust logging not forwarded to Python: {e}");
+    }
+    m.add_class::<PyWorkerProfiler>()?;
+    m.add_class::<PyIteration>()?;
+    m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add("BackendError", py.get_type::<BackendError>())?;
+    m.add("__version__", stepscope::VERSION)?;
+    Ok(())
+}

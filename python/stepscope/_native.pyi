@@ -1,0 +1,81 @@
+"""Type stubs of the native extension (bindings/python/src/lib.rs)."""
+
+import os
+from typing import Any, Mapping, Union
+
+__version__: str
+
+class ConfigError(ValueError):
+    """A profiler config is invalid; the message names the field."""
+
+class BackendError(RuntimeError):
+    """A profiling backend failed."""
+
+class Iteration:
+    """The counts of one engine iteration (context = prefill, generation = decode)."""
+
+    def __init__(
+        self,
+        num_ctx_reqs: int = 0,
+        num_ctx_tokens: int = 0,
+        num_gen_reqs: int = 0,
+        num_gen_tokens: int = 0,
+        *,
+        ctx_seq_len_sum: int | None = None,
+        ctx_qq_compute: int | None = None,
+        ctx_qk_compute: int | None = None,
+        gen_seq_len_sum: int | None = None,
+        gen_qq_compute: int | None = None,
+        gen_qk_compute: int | None = None,
+    ) -> None: ...
+    @property
+    def num_ctx_reqs(self) -> int: ...
+    @property
+    def num_ctx_tokens(self) -> int: ...
+    @property
+    def num_gen_reqs(self) -> int: ...
+    @property
+    def num_gen_tokens(self) -> int: ...
+    @property
+    def stage(self) -> str:
+        """``prefill``, ``decode``, ``mixed`` or ``idle``."""
+    def name(self, detailed: bool = False) -> str:
+        """vLLM's annotation name of this iteration."""
+
+class WorkerProfiler:
+    def __init__(
+        self,
+        config: Union[Mapping[str, Any], str, os.PathLike[str]],
+        worker_name: str,
+        local_rank: int = 0,
+    ) -> None: ...
+    def start(
+        self, *, delay_iterations: int | None = None, max_iterations: int | None = None
+    ) -> None: ...
+    def stop(self) -> None: ...
+    def step(self, iteration: Iteration | None = None) -> None: ...
+    def step_end(self) -> None: ...
+    def shutdown(self) -> None: ...
+    def flush(self, timeout: float | None = None) -> bool: ...
+    def set_output_name(self, name: str) -> None: ...
+    def _reconfigure(self, config: Union[Mapping[str, Any], str, os.PathLike[str]]) -> bool: ...
+    @property
+    def config_json(self) -> str: ...
+    @property
+    def is_active(self) -> bool: ...
+    @property
+    def is_running(self) -> bool: ...
+    @property
+    def should_annotate(self) -> bool: ...
+    @property
+    def is_armed(self) -> bool: ...
+    @property
+    def pending_writes(self) -> int: ...
+    @property
+    def phase(self) -> str: ...
+    @property
+    def step_index(self) -> int: ...
+    @property
+    def worker_name(self) -> str: ...
+    @property
+    def local_rank(self) -> int: ...

@@ -1,0 +1,114 @@
+"""The Python surface itself: config forms, errors that name what is wrong, Iteration."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+import stepscope
+
+
+def test_config_as_dict_json_text_or_path_gives_the_same_profiler(tmp_path):
+    cfg = {"delay_iterations": 2, "max_iterations": 3, "stepscope": {"nvtx": "off"}}
+    path = tmp_path / "profiler.json"
+    path.write_text(json.dumps(cfg))
+    forms = [cfg, json.dumps(cfg), str(path), pathlib.Path(path)]
+    configs = {stepscope.WorkerProfiler(f, "w").config_json for f in forms}
+    assert len(configs) == 1
+    parsed = json.loads(configs.pop())
+    assert (parsed["delay_iterations"], parsed["max_iterations"]) == (2, 3)
+    assert parsed["stepscope"]["nvtx"] == "off"
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"max_iterations": -1}, "max_iterations"),
+        ({"delay_iterations": "3"}, "delay_iterations"),
+        ({"profiler": "nsys"}, "profiler"),
+        ({"torch_profiler_activities": ["TPU"]}, "torch_profiler_activities"),
+        ({"delay_iteration": 3}, "delay_iteration"),
+        ({"stepscope": {"nvtx": "sometimes"}}, "stepscope.nvtx"),
+        ({"profiler": "torch"}, "torch_profiler_dir"),
+    ],
+)
+def test_a_bad_config_raises_config_error_naming_the_field(config, field):
+    with pytest.raises(stepscope.ConfigError) as info:
+        stepscope.WorkerProfiler(config, "w")
+    assert isinstance(info.value, ValueError)
+    assert field in str(info.value)
+
+
+def test_malformed_json_and_missing_files_name_their_source(tmp_path):
+    with pytest.raises(stepscope.ConfigError, match="line 1"):
+        stepscope.WorkerProfiler('{"max_iterations": ', "w")
+    missing = tmp_path / "nope.json"
+    with pytest.raises(OSError, match="nope.json"):
+        stepscope.WorkerProfiler(str(missing), "w")
+    with pytest.raises(TypeError, match="int"):
+        stepscope.WorkerProfiler(42, "w")  # type: ignore[arg-type]
+    with pytest.raises(stepscope.ConfigError, match="JSON-serializable"):
+        stepscope.WorkerProfiler({"delay_iterations": object()}, "w")
+
+
+def test_negative_overrides_raise_value_error_naming_them():
+    p = stepscope.WorkerProfiler({}, "w")
+    with pytest.raises(ValueError, match="delay_iterations"):
+        p.start(delay_iterations=-1)
+    with pytest.raises(ValueError, match="max_iterations"):
+        p.start(max_iterations=-2)
+    assert not p.is_active, "a rejected start starts nothing"
+    with pytest.raises(TypeError):
+        p.start(3)  # type: ignore[misc]  # keyword-only, as vLLM's
+    with pytest.raises(ValueError, match="local_rank"):
+        stepscope.WorkerProfiler({}, "w", local_rank=-1)
+    with pytest.raises(ValueError, match="timeout"):
+        p.flush(-1.0)
+
+
+def test_without_a_backend_the_schedule_still_runs():
+    p = stepscope.WorkerProfiler({"delay_iterations": 2, "max_iterations": 2}, "w")
+    assert (p.is_armed, p.phase) == (False, "idle")
+    p.start()
+    assert p.is_armed
+    seen = []
+    for _ in range(5):
+        p.step()
+        seen.append(p.phase)
+    assert seen == ["delaying", "running", "running", "idle", "idle"]
+    assert p.step_index == 5
+    assert p.flush(0.0) is True
+    assert (p.has_cuda_graph_session, p.pending_writes) == (False, 0)
+    with p.capture_cuda_graphs():
+        pass
+
+
+def test_iteration_names_are_vllms():
+    it = stepscope.Iteration(1, 512, 31, 31)
+    assert it.name() == "execute_context_1(512)_generation_31(31)"
+    assert it.stage == "mixed"
+    assert (it.num_ctx_reqs, it.num_ctx_tokens, it.num_gen_reqs, it.num_gen_tokens) == (1, 512, 31, 31)
+    detailed = stepscope.Iteration(
+        1, 4, 2, 2,
+        ctx_seq_len_sum=4, ctx_qq_compute=16, ctx_qk_compute=16,
+        gen_seq_len_sum=20, gen_qq_compute=2, gen_qk_compute=20,
+    )
+    assert detailed.name(detailed=True) == (
+        "execute_6_context_1(sq4sk4sqsq16sqsk16)_generation_2(sq2sk20sqsq2sqsk20)"
+    )
+    assert detailed.name() == "execute_context_1(4)_generation_2(2)"
+    assert stepscope.Iteration() == stepscope.Iteration(0, 0, 0, 0)
+    assert stepscope.Iteration().stage == "idle"
+    with pytest.raises(ValueError, match="num_gen_tokens"):
+        stepscope.Iteration(0, 0, 0, -1)
+    with pytest.raises(ValueError, match="ctx_qq_compute"):
+        stepscope.Iteration(ctx_qq_compute=-5)
+
+
+def test_the_package_ships_its_typing_and_version():
+    root = pathlib.Path(stepscope.__file__).parent
+    assert (root / "py.typed").exists()
+    assert (root / "_native.pyi").exists()
+    assert stepscope.__version__.count(".") == 2

@@ -1,0 +1,203 @@
+"""A Python engine loop doing torch work on CPU, profiled by stepscope's torch backend through
+the Python API: real libtorch, real Kineto, real trace files read back."""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import stepscope
+
+MM_PER_ITERATION = 3
+
+
+def engine(profiler: stepscope.WorkerProfiler, iterations: int) -> list[bool]:
+    """Iteration i names itself with i context requests of i tokens (so the trace tells which
+    iteration an annotation is) and runs MM_PER_ITERATION matmuls."""
+    captured = []
+    for i in range(1, iterations + 1):
+        profiler.step(stepscope.Iteration(i, i, 0, 0))
+        captured.append(profiler.is_running)
+        a = torch.ones(16, 16)
+        for _ in range(MM_PER_ITERATION):
+            a = torch.mm(a, a) / 16
+        profiler.step_end()
+    return captured
+
+
+def name_of(i: int) -> str:
+    return f"execute_context_{i}({i})_generation_0(0)"
+
+
+def read_trace(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def spans(events: list[dict], cat: str) -> list[dict]:
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") == cat]
+
+
+def only(paths: list[Path]) -> Path:
+    assert len(paths) == 1, paths
+    return paths[0]
+
+
+def config(tmp_path: Path, **extra) -> dict:
+    return {"profiler": "torch", "torch_profiler_dir": str(tmp_path), **extra}
+
+
+def test_delay_and_max_select_exactly_the_iterations_in_the_trace(tmp_path):
+    p = stepscope.WorkerProfiler(
+        config(tmp_path, delay_iterations=3, max_iterations=2), "py-engine", local_rank=1
+    )
+    p.start()
+    captured = engine(p, 8)
+    assert captured == [False, False, True, True, False, False, False, False]
+    assert p.flush(120)
+
+    trace = only(sorted(tmp_path.glob("py-engine.*.pt.trace.json.gz")))
+    events = read_trace(trace)
+    annotations = spans(events, "user_annotation")
+    assert sorted(a["name"] for a in annotations) == [name_of(3), name_of(4)]
+    mms = [e for e in spans(events, "cpu_op") if e["name"] == "aten::mm"]
+    assert len(mms) == 2 * MM_PER_ITERATION, "no matmul of an uncaptured iteration"
+    for a in annotations:
+        inside = [m for m in mms if a["ts"] <= m["ts"] <= a["ts"] + a["dur"]]
+        assert len(inside) == MM_PER_ITERATION, a["name"]
+
+    manifest = json.loads(only(sorted(tmp_path.glob("py-engine.*.stepscope.json"))).read_text())
+    assert manifest["status"] == "complete"
+    assert (manifest["first_step"], manifest["last_step"], manifest["iterations"]) == (3, 4, 2)
+    assert manifest["trace_file"] == trace.name
+    assert manifest["local_rank"] == 1
+    assert (tmp_path / "py-engine.profiler_out.txt").exists()
+
+
+def test_stop_returns_before_the_trace_is_written_and_flush_finds_it_complete(tmp_path):
+    # with_stack (vLLM's default) runs Kineto's Python tracer, whose finalization needs the GIL:
+    # with the switch interval raised this thread keeps the GIL until it blocks, so the trace
+    # cannot be finished between stop() returning and the check below. flush() then has to
+    # release the GIL for the writer to finish at all.
+    p = stepscope.WorkerProfiler(config(tmp_path, torch_profiler_use_gzip=False), "stopper")
+    p.start()
+    engine(p, 3)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        p.stop()
+        pending_after_stop = p.pending_writes
+        traces_after_stop = list(tmp_path.glob("stopper.*.pt.trace.json"))
+    finally:
+        sys.setswitchinterval(interval)
+    assert not p.is_active
+    assert pending_after_stop == 1
+    assert traces_after_stop == []
+
+    assert p.flush(120)
+    assert p.pending_writes == 0
+    events = read_trace(only(sorted(tmp_path.glob("stopper.*.pt.trace.json"))))
+    assert sorted(a["name"] for a in spans(events, "user_annotation")) == [
+        name_of(i) for i in (1, 2, 3)
+    ]
+    assert spans(events, "python_function"), "the Python tracer's events (with_stack)"
+    manifest = json.loads(only(sorted(tmp_path.glob("stopper.*.stepscope.json"))).read_text())
+    assert manifest["status"] == "complete"
+
+
+def test_every_session_writes_its_own_trace_and_manifest(tmp_path):
+    p = stepscope.WorkerProfiler(config(tmp_path, max_iterations=1), "multi")
+    for _ in range(3):
+        p.start()
+        engine(p, 2)
+    assert p.flush(120)
+    manifests = [json.loads(m.read_text()) for m in sorted(tmp_path.glob("multi.*.stepscope.json"))]
+    assert sorted(m["first_step"] for m in manifests) == [1, 3, 5]
+    assert all(m["status"] == "complete" for m in manifests)
+    assert len(list(tmp_path.glob("multi.*.pt.trace.json.gz"))) == 3
+
+
+def test_set_output_name_names_the_next_trace(tmp_path):
+    p = stepscope.WorkerProfiler(config(tmp_path), "first")
+    p.set_output_name("profile_rank0")
+    p.start()
+    engine(p, 1)
+    p.stop()
+    assert p.flush(120)
+    only(list(tmp_path.glob("profile_rank0.*.pt.trace.json.gz")))
+
+
+def test_set_profiler_kwargs_apply_to_the_next_session(tmp_path):
+    p = stepscope.WorkerProfiler(config(tmp_path, torch_profiler_use_gzip=False), "kw")
+    p.start()
+    engine(p, 1)
+    p.set_profiler_kwargs({"record_shapes": True})  # ignored: a session is active
+    p.stop()
+    p.set_profiler_kwargs({"record_shapes": True, "activities": [torch.profiler.ProfilerActivity.CPU]})
+    p.start()
+    engine(p, 1)
+    p.stop()
+    assert p.flush(120)
+    manifests = sorted(
+        (json.loads(m.read_text()) for m in tmp_path.glob("kw.*.stepscope.json")),
+        key=lambda m: m["first_step"],
+    )
+    assert [m["config"]["torch_profiler_record_shapes"] for m in manifests] == [False, True]
+    assert manifests[1]["config"]["torch_profiler_activities"] == ["CPU"]
+    shapes = []
+    for m in manifests:
+        mms = [e for e in spans(read_trace(tmp_path / m["trace_file"]), "cpu_op") if e["name"] == "aten::mm"]
+        shapes.append(all("Input Dims" in e.get("args", {}) for e in mms))
+    assert shapes == [False, True]
+    with pytest.raises(ValueError, match="record_shape"):
+        p.set_profiler_kwargs({"record_shape": True})
+
+
+def test_annotate_context_manager_records_while_capturing(tmp_path):
+    p = stepscope.WorkerProfiler(config(tmp_path, torch_profiler_use_gzip=False), "ann")
+    with p.annotate_context_manager("before"):
+        pass
+    p.start()
+    p.step()
+    with p.annotate_context_manager("sample_tokens"):
+        torch.mm(torch.ones(4, 4), torch.ones(4, 4))
+    p.step_end()
+    p.stop()
+    with p.annotate_context_manager("after"):
+        pass
+    assert p.flush(120)
+    events = read_trace(only(list(tmp_path.glob("ann.*.pt.trace.json"))))
+    names = {a["name"] for a in spans(events, "user_annotation")}
+    assert "sample_tokens" in names
+    assert not names & {"before", "after"}
+
+
+def test_an_unwritable_directory_is_an_error_naming_it(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(OSError, match=str(blocker)):
+        stepscope.WorkerProfiler(config(tmp_path, torch_profiler_dir=str(blocker / "traces")), "w")
+
+
+def test_a_profiler_dropped_right_after_stop_waits_for_its_trace_without_the_gil(tmp_path, caplog):
+    # Kineto's Python tracer (with_stack) needs the GIL to finish the session: dropping the
+    # profiler waits for the write, and must do so without holding the GIL, or the wait runs
+    # out (flush_timeout_s) and the library logs the trace as marked "unfinished".
+    caplog.set_level(logging.WARNING, logger="stepscope")
+    p = stepscope.WorkerProfiler(config(tmp_path, stepscope={"flush_timeout_s": 10}), "dropped")
+    p.start()
+    engine(p, 2)
+    p.stop()
+    del p
+    gc.collect()
+    manifest = json.loads(only(sorted(tmp_path.glob("dropped.*.stepscope.json"))).read_text())
+    assert manifest["status"] == "complete", manifest.get("error")
+    assert not [r.getMessage() for r in caplog.records if "unfinished" in r.getMessage()]

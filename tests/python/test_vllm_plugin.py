@@ -1,0 +1,283 @@
+"""The vLLM plugin against the real vllm package (imported on CPU): vLLM's own plugin loader,
+ProfilerConfig, Worker.profile, Worker.annotate_profile and SchedulerOutput."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm", reason="the vLLM plugin tests need vllm==0.32.0 in the venv")
+
+import stepscope  # noqa: E402
+import stepscope.vllm as plugin  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def vllm_loaded():
+    """vLLM's plugin loader, as every vLLM process runs it; then the worker module."""
+    import vllm.plugins
+
+    vllm.plugins.load_general_plugins()
+    import vllm.v1.worker.gpu_worker as gpu_worker
+
+    return gpu_worker
+
+
+def scheduler_output():
+    """One mixed iteration: a new request (5 prompt tokens), a request still in chunked
+    prefill (4 tokens, 8 computed, no output yet) and a decoding one (1 token, 9 computed)."""
+    from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+    new = NewRequestData(
+        req_id="a",
+        prompt_token_ids=[1] * 5,
+        mm_features=[],
+        sampling_params=None,
+        pooling_params=None,
+        block_ids=([0],),
+        num_computed_tokens=0,
+        lora_request=None,
+    )
+    cached = CachedRequestData(
+        req_ids=["c", "b"],
+        resumed_req_ids=set(),
+        new_token_ids=[],
+        all_token_ids={},
+        new_block_ids=[None, None],
+        num_computed_tokens=[8, 9],
+        num_output_tokens=[0, 2],
+    )
+    scheduled = {"a": 5, "c": 4, "b": 1}
+    return SchedulerOutput(
+        scheduled_new_reqs=[new],
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_spec_decode_tokens={},
+        scheduled_encoder_inputs={},
+        finished_req_ids=set(),
+        free_encoder_mm_hashes=[],
+    )
+
+
+SIMPLE = "execute_context_2(9)_generation_1(1)"
+DETAILED = "execute_10_context_2(sq9sk17sqsq41sqsk73)_generation_1(sq1sk10sqsq1sqsk10)"
+
+
+def bare_worker(gpu_worker, profiler_config, rank=3):
+    """A Worker carrying just the attributes profile() and annotate_profile() read."""
+    worker = gpu_worker.Worker.__new__(gpu_worker.Worker)
+    worker.profiler_config = profiler_config
+    worker.vllm_config = SimpleNamespace(profiler_config=profiler_config)
+    worker.rank = rank
+    worker.local_rank = 0
+    worker.profiler = None
+    return worker
+
+
+def annotations(trace: Path) -> list[str]:
+    with gzip.open(trace, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    return [e["name"] for e in events if e.get("cat") == "user_annotation" and e.get("ph") == "X"]
+
+
+@pytest.mark.parametrize("kind", ["torch", "cuda"])
+def test_create_worker_profiler_returns_stepscopes(vllm_loaded, tmp_path, kind):
+    from vllm.config import ProfilerConfig
+    from vllm.profiler import wrapper
+
+    dirs = {"torch_profiler_dir": str(tmp_path)} if kind == "torch" else {}
+    cfg = ProfilerConfig(profiler=kind, delay_iterations=2, **dirs)
+    for factory in (wrapper.create_worker_profiler, vllm_loaded.create_worker_profiler):
+        p = factory(cfg, worker_name="dp0_rank0", local_rank=0)
+        assert isinstance(p, stepscope.WorkerProfiler)
+        assert p.worker_name == "dp0_rank0"
+        assert json.loads(p.config_json)["delay_iterations"] == 2
+
+
+def test_worker_profile_names_traces_with_vllms_rank_suffix(vllm_loaded, tmp_path):
+    from vllm.config import ProfilerConfig
+
+    cfg = ProfilerConfig(profiler="torch", torch_profiler_dir=str(tmp_path))
+    worker = bare_worker(vllm_loaded, cfg, rank=3)
+    worker.profile(True, "bench")
+    assert isinstance(worker.profiler, stepscope.WorkerProfiler)
+    for _ in range(2):
+        with worker.annotate_profile(scheduler_output()):
+            torch.mm(torch.ones(8, 8), torch.ones(8, 8))
+    worker.profile(False)
+    assert not worker.profiler.is_active
+    assert worker.profiler.flush(120)
+    # No parallel state on this machine: vLLM's suffix is then rank{global rank}.
+    (trace,) = tmp_path.glob("bench_rank3.*.pt.trace.json.gz")
+    assert annotations(trace) == [SIMPLE, SIMPLE]
+    (manifest,) = tmp_path.glob("bench_rank3.*.stepscope.json")
+    assert json.loads(manifest.read_text())["iterations"] == 2
+
+    # The second start reuses the profiler under the new prefix.
+    worker.profile(True, "again")
+    with worker.annotate_profile(scheduler_output()):
+        pass
+    worker.profile(False)
+    assert worker.profiler.flush(120)
+    assert len(list(tmp_path.glob("again_rank3.*.pt.trace.json.gz"))) == 1
+    with pytest.raises(ValueError, match="delay_iterations"):
+        worker.profile(True, delay_iterations=-1)
+
+
+@pytest.mark.parametrize("detailed", [False, True])
+def test_annotate_profile_gives_vllms_name_and_counts(vllm_loaded, tmp_path, detailed):
+    from vllm.config import ProfilerConfig
+
+    cfg = ProfilerConfig(
+        profiler="torch",
+        torch_profiler_dir=str(tmp_path),
+        detailed_trace_annotation=detailed,
+        max_iterations=1,
+    )
+    worker = bare_worker(vllm_loaded, cfg)
+    worker.profile(True)
+    with worker.annotate_profile(scheduler_output()):
+        pass
+    with worker.annotate_profile(scheduler_output()):  # > max: stops by itself
+        pass
+    assert worker.profiler.flush(120)
+    (trace,) = tmp_path.glob("rank3.*.pt.trace.json.gz")
+    expected = DETAILED if detailed else SIMPLE
+    assert annotations(trace) == [expected]
+
+    # vLLM's own annotate_profile names the same iteration the same way.
+    original = getattr(vllm_loaded.Worker.annotate_profile, "__stepscope_original__")
+    seen = []
+
+    class Oracle:
+        should_annotate = True
+
+        def step(self):
+            pass
+
+        def annotate_context_manager(self, name):
+            seen.append(name)
+            return torch.profiler.record_function(name)
+
+    oracle_worker = bare_worker(vllm_loaded, cfg)
+    oracle_worker.profiler = Oracle()
+    with original(oracle_worker, scheduler_output()):
+        pass
+    assert seen == [expected]
+
+
+def test_idle_iterations_compute_no_counts(vllm_loaded, tmp_path):
+    from vllm.config import ProfilerConfig
+
+    cfg = ProfilerConfig(profiler="torch", torch_profiler_dir=str(tmp_path))
+    worker = bare_worker(vllm_loaded, cfg)
+    worker.profile(True)
+    worker.profile(False)
+
+    class Exploding:
+        def __getattr__(self, name):
+            raise AssertionError(f"read {name} of an iteration nobody captures")
+
+    with worker.annotate_profile(Exploding()):
+        pass
+    assert worker.profiler.step_index == 1
+
+
+def test_the_plugin_is_idempotent(vllm_loaded):
+    from vllm.profiler import wrapper
+
+    before = (wrapper.create_worker_profiler, vllm_loaded.Worker.annotate_profile)
+    plugin.register()
+    plugin._patch_wrapper(wrapper)
+    plugin._patch_gpu_worker(vllm_loaded)
+    assert (wrapper.create_worker_profiler, vllm_loaded.Worker.annotate_profile) == before
+    original = getattr(wrapper.create_worker_profiler, "__stepscope_original__")
+    assert not hasattr(original, "__stepscope_original__")
+
+
+def test_stepscope_config_keys_reach_the_profiler(vllm_loaded, tmp_path, monkeypatch):
+    from vllm.config import ProfilerConfig
+
+    monkeypatch.setenv("STEPSCOPE_CONFIG", '{"stepscope": {"nvtx": "always", "flush_timeout_s": 5}}')
+    monkeypatch.setattr(plugin, "_stepscope_keys", None)
+    cfg = ProfilerConfig(profiler="cuda")
+    p = vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
+    keys = json.loads(p.config_json)["stepscope"]
+    assert (keys["nvtx"], keys["flush_timeout_s"]) == ("always", 5.0)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('{"stepscope": {"nvtx": "loud"}}', "stepscope.nvtx"),
+        ('{"max_iterations": 3}', "max_iterations"),
+        ("{not json", "invalid JSON"),
+        ("/nonexistent/stepscope.json", "/nonexistent/stepscope.json"),
+    ],
+)
+def test_a_bad_stepscope_config_is_an_error_naming_the_field(monkeypatch, value, message):
+    monkeypatch.setenv("STEPSCOPE_CONFIG", value)
+    with pytest.raises(stepscope.ConfigError, match=message.replace(".", r"\.")):
+        plugin.stepscope_keys_from_env()
+
+
+CHILD = """
+import logging, os, sys, tempfile
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+{before}
+import vllm.plugins
+vllm.plugins.load_general_plugins()
+from vllm.config import ProfilerConfig
+from vllm.profiler import wrapper
+print("PATCHED", hasattr(wrapper.create_worker_profiler, "__stepscope_original__"))
+{after}
+"""
+
+
+def child(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
+    child_env.update(env)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.mark.parametrize(
+    ("env", "log"),
+    [
+        ({"STEPSCOPE_VLLM": "0"}, "STEPSCOPE_VLLM=0"),
+        ({"STEPSCOPE_CONFIG": '{"stepscope": {"nvtx": "loud"}}'}, "stepscope.nvtx"),
+    ],
+)
+def test_switched_off_or_misconfigured_the_plugin_leaves_vllms_profiler(env, log):
+    proc = child(CHILD.format(before="", after=""), env)
+    assert "PATCHED False" in proc.stdout
+    assert log in proc.stderr
+
+
+def test_a_worker_module_imported_before_the_plugin_is_patched_too():
+    after = """
+import stepscope, stepscope.vllm as plugin
+from vllm.v1.worker import gpu_worker
+print("WORKER", gpu_worker.create_worker_profiler is wrapper.create_worker_profiler,
+      hasattr(gpu_worker.Worker.annotate_profile, "__stepscope_original__"))
+"""
+    proc = child(CHILD.format(before="import vllm.v1.worker.gpu_worker", after=after), {})
+    assert "PATCHED True" in proc.stdout
+    assert "WORKER True True" in proc.stdout
