@@ -23,13 +23,17 @@ setup:
 	@scripts/setup.sh $(DEBS)
 
 # The toy engine's capture (NVTX and the CUDA profiler API), the torch backend on a libtorch
-# toy engine (a Kineto trace written off the engine thread), then reading a real GPU trace back
-# (bundled, from HTA's test set: no GPU here to make one).
-demo: setup
+# toy engine (a Kineto trace written off the engine thread), the same through the Python
+# package, then reading a real GPU trace back (bundled, from HTA's test set: no GPU here to
+# make one).
+demo: setup python
 	$(CARGO) run --quiet --release --example engine
 	@echo
 	@echo "== the torch (Kineto) backend: a toy engine on libtorch, iterations 4-6 captured"
 	$(CARGO) run --quiet --release -p stepscope-torch-engine -- out/torch
+	@echo
+	@echo "== the same from Python (the API the vLLM plugin uses): stop() returns, the trace follows"
+	$(PYTHON) examples/python_engine.py out/python
 	@echo
 	@echo "== stepscope analyze on a real GPU trace (cli/tests/data/hta, rank 0 of a 128-GPU job)"
 	$(CARGO) run --quiet --release -p stepscope-cli -- analyze --top 5 \
