@@ -59,6 +59,7 @@ fn bench_step(c: &mut Criterion) {
         .start_with(StartOptions {
             delay_iterations: Some(u64::MAX),
             max_iterations: None,
+            ..StartOptions::default()
         })
         .expect("start");
     g.bench_function("armed_in_delay", |b| {
@@ -70,6 +71,7 @@ fn bench_step(c: &mut Criterion) {
         .start_with(StartOptions {
             delay_iterations: Some(0),
             max_iterations: Some(0),
+            ..StartOptions::default()
         })
         .expect("start");
     assert!(running.is_running());

@@ -93,6 +93,14 @@ Detached::~Detached() {
   }
 }
 
+void toggle(bool enable, const Options& options) {
+  // Kineto toggles CPU ops and CUDA activity; other activities are not supported by it.
+  std::set<tpi::ActivityType> acts;
+  if (options.cpu) acts.insert(tpi::ActivityType::CPU);
+  if (options.cuda) acts.insert(tpi::ActivityType::CUDA);
+  if (!acts.empty()) tap::toggleCollectionDynamic(enable, acts);
+}
+
 std::unique_ptr<Detached> detach(std::size_t session) {
   auto* current = tpi::ProfilerStateBase::get(/*global=*/false);
   if (current == nullptr) {

@@ -73,6 +73,9 @@ std::size_t enable(const Options& options);
 // the state to that thread and calls disableProfiler() there, which does the expensive part
 // (Kineto's stopTrace, materializing events).
 std::unique_ptr<Detached> detach(std::size_t session);
+// Pauses (enable = false) or resumes collection of the session's CPU and CUDA activity,
+// keeping the session (torch's toggle_collection_dynamic).
+void toggle(bool enable, const Options& options);
 std::unique_ptr<TraceResult> finalize(Detached& session);
 void add_metadata(rust::Str key, rust::Str json_value);
 

@@ -15,6 +15,7 @@
 #ifndef STEPSCOPE_H
 #define STEPSCOPE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -49,6 +50,16 @@ void stepscope_profiler_free(stepscope_profiler *p);
  * STEPSCOPE_ERR_BACKEND: the backend failed to start; the session stays active, not running,
  * until stepscope_stop (vLLM's behaviour). */
 int  stepscope_start(stepscope_profiler *p, int64_t delay_iterations, int64_t max_iterations);
+/* Starts a session whose window begins in the step with index start_at_step (the worker's
+ * stepscope_step count, from 1) instead of after a delay; the same step on every rank captures
+ * the same iterations everywhere. A step already passed is STEPSCOPE_ERR_INVALID_ARGUMENT. */
+int  stepscope_start_at(stepscope_profiler *p, int64_t start_at_step, int64_t max_iterations);
+/* The worker's global rank, which the config's "stepscope": {"ranks": [...]} selects by
+ * (default: the RANK environment variable). */
+int  stepscope_set_rank(stepscope_profiler *p, uint32_t rank);
+/* The profiler's state as NUL-terminated JSON in buf (len bytes); *needed (if not NULL) gets
+ * the size required, NUL included. Too small a buf: STEPSCOPE_ERR_INVALID_ARGUMENT. */
+int  stepscope_status_json(const stepscope_profiler *p, char *buf, size_t len, size_t *needed);
 /* Ends the session; ignored when none is active. A stop during the delay touches no driver. */
 int  stepscope_stop(stepscope_profiler *p);
 /* One engine iteration begins. NULL: counts unknown. While capturing, its range stays open until

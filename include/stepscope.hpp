@@ -108,6 +108,26 @@ class Profiler {
       throw Error(STEPSCOPE_ERR_INVALID_ARGUMENT, "`max_iterations` must be greater than or equal to 0");
     detail::check(stepscope_start(p_, delay_iterations.value_or(-1), max_iterations.value_or(-1)));
   }
+  // The window begins in the step with this index (the same on every rank: aligned capture).
+  void start_at(std::int64_t start_at_step,
+                std::optional<std::int64_t> max_iterations = std::nullopt) {
+    detail::check(stepscope_start_at(p_, start_at_step, max_iterations.value_or(-1)));
+  }
+  // The worker's global rank, for the config's "stepscope": {"ranks": [...]}.
+  void set_rank(std::uint32_t rank) { detail::check(stepscope_set_rank(p_, rank)); }
+  // The profiler's state as JSON (phase, step index, window, pending writes, ...).
+  std::string status_json() const {
+    std::size_t needed = 0;
+    std::string out(512, '\0');
+    int code = stepscope_status_json(p_, out.data(), out.size(), &needed);
+    if (code != STEPSCOPE_OK && needed > out.size()) {
+      out.resize(needed);
+      code = stepscope_status_json(p_, out.data(), out.size(), &needed);
+    }
+    detail::check(code);
+    out.resize(needed - 1);
+    return out;
+  }
   void stop() { detail::check(stepscope_stop(p_)); }
   void shutdown() { detail::check(stepscope_shutdown(p_)); }
 

@@ -24,6 +24,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
+use crate::iteration::Stage;
 
 /// The environment variable read by [`ProfilerConfig::from_env`]: JSON text, or a path to a
 /// JSON file.
@@ -104,6 +105,46 @@ pub struct StepscopeConfig {
     /// (`flush_timeout_s`, default 600 s). Unfinished traces are marked in their manifests.
     #[serde(rename = "flush_timeout_s", serialize_with = "seconds")]
     pub flush_timeout: Duration,
+    /// Capture control beyond vLLM's delay and max; all absent by default, which keeps
+    /// vLLM's semantics exact.
+    #[serde(flatten)]
+    pub capture: CaptureControl,
+}
+
+/// stepscope's capture-control keys (`"stepscope": {"ranks": …, "stages": …, …}`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[non_exhaustive]
+pub struct CaptureControl {
+    /// Global ranks that profile; on other ranks start and stop are no-ops. `None`: all.
+    pub ranks: Option<Vec<u32>>,
+    /// The absolute step index (the worker's `step()` count) at which a window begins, in
+    /// place of `delay_iterations`: with one value on every rank, all ranks capture the same
+    /// iterations whenever the start request reaches them.
+    pub start_at_step: Option<u64>,
+    /// Only iterations of these stages count toward delay and max; the backend is paused
+    /// over the others. `None`: every stage.
+    pub stages: Option<Vec<Stage>>,
+    /// The delay starts counting at the first iteration with at least this many requests
+    /// (context + generation). 0: off.
+    pub min_batch_requests: u64,
+    /// … and at least this many scheduled tokens. 0: off.
+    pub min_batch_tokens: u64,
+    /// Windows per start: each captures `max_iterations`, then the next begins
+    /// `repeat_every` steps after the previous one began. 1: vLLM's single window.
+    pub repeat: u64,
+    /// Steps from one window's first step to the next's (with `repeat` > 1).
+    pub repeat_every: u64,
+}
+
+impl CaptureControl {
+    /// Whether any key changes vLLM's schedule.
+    pub fn is_vllm_exact(&self) -> bool {
+        self.start_at_step.is_none()
+            && self.stages.is_none()
+            && self.min_batch_requests == 0
+            && self.min_batch_tokens == 0
+            && self.repeat <= 1
+    }
 }
 
 fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -117,6 +158,10 @@ impl Default for StepscopeConfig {
             nvtx: NvtxMode::Running,
             cuda_device: None,
             flush_timeout: Duration::from_secs(600),
+            capture: CaptureControl {
+                repeat: 1,
+                ..CaptureControl::default()
+            },
         }
     }
 }
@@ -404,6 +449,31 @@ impl ProfilerConfig {
         if !self.torch_profiler_dir.is_empty() && !is_uri_path(&self.torch_profiler_dir) {
             self.torch_profiler_dir = absolute_dir(&self.torch_profiler_dir)?;
         }
+        let capture = &self.stepscope.capture;
+        if capture.start_at_step.is_some() && self.delay_iterations > 0 {
+            return Err(Error::config(
+                "stepscope.start_at_step",
+                "takes the place of delay_iterations: set one of them",
+            ));
+        }
+        if capture.repeat > 1 {
+            if self.max_iterations == 0 {
+                return Err(Error::config(
+                    "stepscope.repeat",
+                    "needs max_iterations > 0: each window captures max_iterations iterations",
+                ));
+            }
+            if capture.repeat_every <= self.max_iterations {
+                return Err(Error::config(
+                    "stepscope.repeat_every",
+                    format!(
+                        "must be greater than max_iterations ({}): windows {} steps apart \
+                         would overlap",
+                        self.max_iterations, capture.repeat_every
+                    ),
+                ));
+            }
+        }
         if self.capture_torch_profiler && !torch {
             return Err(Error::config(
                 "capture_torch_profiler",
@@ -492,13 +562,128 @@ impl StepscopeConfig {
                 }
             },
         };
+        let capture = CaptureControl::from_fields(&mut f)?;
         f.finish()?;
         Ok(StepscopeConfig {
             nvtx_domain,
             nvtx,
             cuda_device,
             flush_timeout,
+            capture,
         })
+    }
+}
+
+impl CaptureControl {
+    fn from_fields(f: &mut Fields) -> Result<Self> {
+        let ranks = match f.take("ranks") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(items)) if !items.is_empty() => {
+                let mut ranks = Vec::with_capacity(items.len());
+                for v in items {
+                    match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                        Some(r) if !ranks.contains(&r) => ranks.push(r),
+                        Some(r) => {
+                            return Err(Error::config(
+                                "stepscope.ranks",
+                                format!("lists rank {r} twice"),
+                            ))
+                        }
+                        None => {
+                            return Err(Error::config(
+                                "stepscope.ranks",
+                                format!("must list global ranks (integers >= 0), not {v}"),
+                            ))
+                        }
+                    }
+                }
+                Some(ranks)
+            }
+            Some(v) => {
+                return Err(Error::config(
+                    "stepscope.ranks",
+                    format!(
+                        "must be a non-empty list of global ranks (leave it out to profile every \
+                         rank), not {v}"
+                    ),
+                ))
+            }
+        };
+        let start_at_step = match f.take("start_at_step") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64() {
+                Some(n) if n >= 1 => Some(n),
+                _ => {
+                    return Err(Error::config(
+                        "stepscope.start_at_step",
+                        format!("must be a step index >= 1 (the first step() is 1), not {v}"),
+                    ))
+                }
+            },
+        };
+        let stages = match f.take("stages") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(items)) if !items.is_empty() => {
+                let mut stages = Vec::with_capacity(items.len());
+                for v in items {
+                    match v.as_str().and_then(Stage::from_name) {
+                        Some(s) if !stages.contains(&s) => stages.push(s),
+                        Some(s) => {
+                            return Err(Error::config(
+                                "stepscope.stages",
+                                format!("lists {:?} twice", s.as_str()),
+                            ))
+                        }
+                        None => {
+                            return Err(Error::config(
+                                "stepscope.stages",
+                                format!(
+                                "entries must be \"prefill\", \"decode\", \"mixed\" or \"idle\", \
+                                     not {v}"
+                            ),
+                            ))
+                        }
+                    }
+                }
+                Some(stages)
+            }
+            Some(v) => {
+                return Err(Error::config(
+                    "stepscope.stages",
+                    format!("must be a non-empty list of stages, not {v}"),
+                ))
+            }
+        };
+        let min_batch_requests = f.count("min_batch_requests", 0, 0)?;
+        let min_batch_tokens = f.count("min_batch_tokens", 0, 0)?;
+        let repeat = f.count("repeat", 1, 1)?;
+        let repeat_every = f.count("repeat_every", 0, 0)?;
+        let c = CaptureControl {
+            ranks,
+            start_at_step,
+            stages,
+            min_batch_requests,
+            min_batch_tokens,
+            repeat,
+            repeat_every,
+        };
+        if c.start_at_step.is_some() && (c.min_batch_requests > 0 || c.min_batch_tokens > 0) {
+            return Err(Error::config(
+                "stepscope.start_at_step",
+                "cannot be combined with min_batch_requests/min_batch_tokens: a fixed step and \
+                 a batch-size trigger would pick different iterations on different ranks",
+            ));
+        }
+        if c.repeat > 1 && c.repeat_every == 0 {
+            return Err(Error::config(
+                "stepscope.repeat_every",
+                format!(
+                    "must be set (steps between window starts) when repeat is {}",
+                    c.repeat
+                ),
+            ));
+        }
+        Ok(c)
     }
 }
 

@@ -223,9 +223,90 @@ pub unsafe extern "C" fn stepscope_start(
     let opts = StartOptions {
         delay_iterations: u64::try_from(delay_iterations).ok(),
         max_iterations: u64::try_from(max_iterations).ok(),
+        start_at_step: None,
     };
     // SAFETY: per the contract.
     unsafe { with_profiler("stepscope_start", p, |p| p.start_with(opts).map(drop)) }
+}
+
+/// Starts a session whose window begins in the step with index `start_at_step` (the
+/// worker's `stepscope_step` count, from 1) instead of after a delay; a negative max keeps
+/// the config's value. A step that has already passed is `STEPSCOPE_ERR_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `p` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_start_at(
+    p: *mut stepscope_profiler,
+    start_at_step: i64,
+    max_iterations: i64,
+) -> c_int {
+    // SAFETY: per the contract.
+    unsafe {
+        with_profiler("stepscope_start_at", p, |p| {
+            let opts = StartOptions {
+                max_iterations: u64::try_from(max_iterations).ok(),
+                ..StartOptions::default()
+            }
+            .at_step(Some(start_at_step))?;
+            p.start_with(opts).map(drop)
+        })
+    }
+}
+
+/// Sets the worker's global rank, which the config's `stepscope.ranks` selects by.
+///
+/// # Safety
+/// `p` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_set_rank(p: *mut stepscope_profiler, rank: u32) -> c_int {
+    // SAFETY: per the contract.
+    unsafe {
+        with_profiler("stepscope_set_rank", p, |p| {
+            p.set_rank(rank);
+            Ok(())
+        })
+    }
+}
+
+/// Writes the profiler's state as NUL-terminated JSON into `buf` (`len` bytes) and the size
+/// it needs, NUL included, into `*needed` (when not NULL). A `buf` too small (or NULL) is
+/// `STEPSCOPE_ERR_INVALID_ARGUMENT`: call again with `*needed` bytes.
+///
+/// # Safety
+/// `p` is a live handle; `buf` is NULL or valid for `len` bytes; `needed` is NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_status_json(
+    p: *const stepscope_profiler,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> c_int {
+    // SAFETY: per the contract.
+    unsafe {
+        with_profiler("stepscope_status_json", p, |p| {
+            let json = serde_json::to_string(&p.status()).map_err(|e| Error::InvalidArgument {
+                name: "status".into(),
+                message: e.to_string(),
+            })?;
+            let size = json.len() + 1;
+            if !needed.is_null() {
+                // SAFETY: non-null and valid per the contract.
+                *needed = size;
+            }
+            if buf.is_null() || len < size {
+                return Err(Error::InvalidArgument {
+                    name: "len".into(),
+                    message: format!("the buffer holds {len} bytes; the status needs {size}"),
+                });
+            }
+            // SAFETY: `buf` is valid for `len >= size` bytes per the contract.
+            std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), json.len());
+            // SAFETY: as above; the NUL goes at index `json.len() < len`.
+            *buf.add(json.len()) = 0;
+            Ok(())
+        })
+    }
 }
 
 /// Ends the session (ignored when none is active).

@@ -150,7 +150,8 @@ fn push_u64(out: &mut String, mut n: u64) {
 }
 
 /// The kind of work an iteration did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Stage {
     /// Only context (prefill) requests.
     Prefill,
@@ -159,12 +160,18 @@ pub enum Stage {
     /// Both.
     Mixed,
     /// None (or counts unknown).
+    #[default]
     Idle,
 }
 
 impl Stage {
     /// Every stage, in a fixed order.
     pub const ALL: [Stage; 4] = [Stage::Prefill, Stage::Decode, Stage::Mixed, Stage::Idle];
+
+    /// The stage named `name` (`prefill`, `decode`, `mixed`, `idle`).
+    pub fn from_name(name: &str) -> Option<Stage> {
+        Stage::ALL.into_iter().find(|s| s.as_str() == name)
+    }
 
     /// The stage's lowercase name: `prefill`, `decode`, `mixed`, `idle`.
     pub const fn as_str(self) -> &'static str {

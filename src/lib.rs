@@ -13,7 +13,7 @@
 //! let profiler = WorkerProfiler::new(&config, "rank0")?;
 //!
 //! // A control thread (an HTTP handler, an RPC) asks for a capture; here, with overrides.
-//! profiler.start_with(StartOptions { delay_iterations: Some(1), max_iterations: Some(2) })?;
+//! profiler.start_with(StartOptions { delay_iterations: Some(1), max_iterations: Some(2), ..Default::default() })?;
 //!
 //! for _ in 0..10 {
 //!     // The engine loop: one hook per iteration, with what the scheduler chose.

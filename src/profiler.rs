@@ -31,7 +31,9 @@ use crate::backend::{self, Backend, CaptureStart};
 use crate::config::{NvtxMode, ProfilerConfig};
 use crate::error::{Error, Result};
 use crate::iteration::IterationInfo;
-use crate::schedule::{Limits, Phase, Schedule, StartDecision, StepBegin, StopDecision};
+use crate::schedule::{
+    Limits, Phase, Policy, Schedule, StartDecision, StartRequest, StepBegin, StepInfo, StopDecision,
+};
 
 /// Gate bit: a session is active, backend work is pending, a range is open, or every iteration
 /// gets an NVTX range (`nvtx: "always"` with a tool attached). `step()` must take the slow path.
@@ -46,6 +48,9 @@ pub struct StartOptions {
     pub delay_iterations: Option<u64>,
     /// Iterations to capture before stopping by itself (0: until stop).
     pub max_iterations: Option<u64>,
+    /// Start in the step with this absolute index (the worker's `step()` count) instead of
+    /// after a delay: the same value on every rank captures the same iterations everywhere.
+    pub start_at_step: Option<u64>,
 }
 
 impl StartOptions {
@@ -66,7 +71,23 @@ impl StartOptions {
         Ok(StartOptions {
             delay_iterations: check("delay_iterations", delay_iterations)?,
             max_iterations: check("max_iterations", max_iterations)?,
+            start_at_step: None,
         })
+    }
+
+    /// The same options starting at an absolute step (signed, as the C ABI and Python pass
+    /// it): a value below 1 is an [`Error::InvalidArgument`] naming `start_at_step`.
+    pub fn at_step(mut self, start_at_step: Option<i64>) -> Result<Self> {
+        self.start_at_step = match start_at_step {
+            None => None,
+            Some(v) => Some(u64::try_from(v).ok().filter(|s| *s >= 1).ok_or_else(|| {
+                Error::InvalidArgument {
+                    name: "start_at_step".into(),
+                    message: format!("must be a step index >= 1 (got {v})"),
+                }
+            })?),
+        };
+        Ok(self)
     }
 }
 
@@ -82,8 +103,15 @@ pub enum StartOutcome {
     },
     /// The engine thread starts the backend at its next `step()`.
     Deferred,
+    /// The backend starts in the step with this index (`start_at_step`).
+    ArmedAt {
+        /// The session's start step.
+        step: u64,
+    },
     /// A session was already active; the request was ignored (as vLLM does).
     AlreadyActive,
+    /// This worker's rank is not in `stepscope.ranks`: nothing starts here.
+    NotSelected,
 }
 
 /// What [`WorkerProfiler::stop`] did.
@@ -97,6 +125,8 @@ pub enum StopOutcome {
     Deferred,
     /// No session was active; the request was ignored (as vLLM does).
     NotActive,
+    /// This worker's rank is not in `stepscope.ranks`: nothing to stop here.
+    NotSelected,
 }
 
 /// The engine-side profiler of one worker: vLLM's `WorkerProfiler`, driven by one `step()`
@@ -141,6 +171,10 @@ struct Inner {
     /// The current iteration's name, reused so naming allocates only until it has grown.
     name: String,
     last_error: Option<Error>,
+    /// The worker's global rank, for `stepscope.ranks`.
+    rank: Option<u32>,
+    /// `stepscope.ranks`: only these ranks profile.
+    ranks: Option<Vec<u32>>,
 }
 
 impl WorkerProfiler {
@@ -181,7 +215,11 @@ impl WorkerProfiler {
             steps: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 worker_name: worker_name.to_string(),
-                schedule: Schedule::new(limits, config.uncounted_steps_after_start()),
+                schedule: Schedule::with_policy(
+                    limits,
+                    config.uncounted_steps_after_start(),
+                    Policy::from_config(&config.stepscope.capture),
+                ),
                 backend,
                 engine_thread: None,
                 pending_stop: false,
@@ -192,6 +230,8 @@ impl WorkerProfiler {
                 detailed_names: config.detailed_trace_annotation,
                 name: String::with_capacity(128),
                 last_error: None,
+                rank: rank_from_env(),
+                ranks: config.stepscope.capture.ranks.clone(),
             }),
         };
         profiler.sync_gate(&profiler.inner.lock());
@@ -211,14 +251,31 @@ impl WorkerProfiler {
     /// stays active and not running until `stop()`.
     pub fn start_with(&self, options: StartOptions) -> Result<StartOutcome> {
         let mut g = self.inner.lock();
+        if !g.selected()? {
+            log::info!(
+                "stepscope: start ignored: rank {} is not in stepscope.ranks",
+                g.rank.unwrap_or_default()
+            );
+            return Ok(StartOutcome::NotSelected);
+        }
         let here = g.is_engine_thread();
         if here {
             g.run_pending(self.next_step());
         }
-        let result = match g
-            .schedule
-            .start(options.delay_iterations, options.max_iterations)
-        {
+        let request = StartRequest {
+            delay: options.delay_iterations,
+            max: options.max_iterations,
+            start_at_step: options.start_at_step,
+        };
+        let result = match g.schedule.start_at(request, self.step_index()) {
+            StartDecision::Passed { step, now } => Err(Error::InvalidArgument {
+                name: "start_at_step".into(),
+                message: format!(
+                    "step {step} has already passed on this worker (it is at step {now}); \
+                     pick a later step"
+                ),
+            }),
+            StartDecision::ArmedAt { step } => Ok(StartOutcome::ArmedAt { step }),
             StartDecision::AlreadyActive => {
                 log::debug!("start received while a session is active; ignoring it");
                 Ok(StartOutcome::AlreadyActive)
@@ -240,6 +297,9 @@ impl WorkerProfiler {
     /// the backend. An `Err` is the backend's stop failure; the session is ended regardless.
     pub fn stop(&self) -> Result<StopOutcome> {
         let mut g = self.inner.lock();
+        if !g.selected().unwrap_or(true) {
+            return Ok(StopOutcome::NotSelected);
+        }
         let here = g.is_engine_thread();
         if here {
             g.run_pending(self.next_step());
@@ -312,11 +372,15 @@ impl WorkerProfiler {
         }
         g.close_range();
         g.run_pending(index);
-        if g.schedule.begin_step() == StepBegin::StartBackend {
+        let outcome = match g.schedule.begin_step(StepInfo::of(index, info)) {
             // On failure the session stays active, not running; the error is kept.
-            if let Err(e) = g.start_backend(index) {
-                g.last_error = Some(e);
-            }
+            StepBegin::StartBackend => g.start_backend(index),
+            StepBegin::PauseBackend => g.pause_backend(index),
+            StepBegin::ResumeBackend => g.resume_backend(index),
+            StepBegin::Inactive | StepBegin::Counted => Ok(()),
+        };
+        if let Err(e) = outcome {
+            g.last_error = Some(e);
         }
         let end = g.schedule.end_step();
         if end.advance_backend {
@@ -406,6 +470,40 @@ impl WorkerProfiler {
         self.inner.lock().worker_name.clone()
     }
 
+    /// Sets the worker's global rank, which `stepscope.ranks` selects by. Without it the
+    /// `RANK` environment variable (torchrun's, read when the profiler is made) is used.
+    pub fn set_rank(&self, rank: u32) {
+        self.inner.lock().rank = Some(rank);
+    }
+
+    /// The profiler's state, for `stepscope ctl status` and logs.
+    pub fn status(&self) -> Status {
+        let g = self.inner.lock();
+        let s = &g.schedule;
+        let limits = s.limits();
+        Status {
+            worker_name: g.worker_name.clone(),
+            backend: g.backend.name().to_string(),
+            rank: g.rank,
+            selected: g.selected().unwrap_or(false),
+            phase: s.phase().as_str(),
+            active: s.is_active(),
+            running: s.is_running(),
+            step_index: self.step_index(),
+            steps_since_start: s.steps_since_start(),
+            delay_iterations: limits.delay,
+            max_iterations: limits.max,
+            start_at_step: s.target_step(),
+            window_first_step: s.window_start(),
+            iterations_captured: s.profiled_steps(),
+            windows: s.windows(),
+            windows_done: s.windows_done(),
+            next_window_at: s.next_window_at(),
+            pending_writes: g.backend.pending_writes().map_or(0, |p| p.count()),
+            last_error: g.last_error.as_ref().map(Error::to_string),
+        }
+    }
+
     /// Names the next session's traces (vLLM's `set_output_name`). Ignored while a session is
     /// active, as in vLLM: returns whether the name was taken.
     pub fn set_worker_name(&self, name: &str) -> bool {
@@ -479,6 +577,44 @@ impl std::fmt::Debug for WorkerProfiler {
 }
 
 impl Inner {
+    /// Whether this worker profiles under `stepscope.ranks`; an error when the list is set
+    /// and the worker's rank is unknown.
+    fn selected(&self) -> Result<bool> {
+        match (&self.ranks, self.rank) {
+            (None, _) => Ok(true),
+            (Some(ranks), Some(rank)) => Ok(ranks.contains(&rank)),
+            (Some(_), None) => Err(Error::config(
+                "stepscope.ranks",
+                "needs this worker's global rank: pass it (Rust: set_rank; Python: rank=) or \
+                 set the RANK environment variable",
+            )),
+        }
+    }
+
+    fn pause_backend(&mut self, step: u64) -> Result<()> {
+        if let Some(nvtx) = &self.nvtx {
+            nvtx.mark(c"capture pause", step);
+        }
+        let result = self.backend.pause();
+        if let Err(e) = &result {
+            log::warn!("stepscope: failed to pause the profiler: {e}");
+        }
+        result
+    }
+
+    fn resume_backend(&mut self, step: u64) -> Result<()> {
+        let result = self.backend.resume();
+        match &result {
+            Ok(()) => {
+                if let Some(nvtx) = &self.nvtx {
+                    nvtx.mark(c"capture resume", step);
+                }
+            }
+            Err(e) => log::warn!("stepscope: failed to resume the profiler: {e}"),
+        }
+        result
+    }
+
     fn is_engine_thread(&self) -> bool {
         self.engine_thread
             .is_none_or(|id| id == thread::current().id())
@@ -570,6 +706,56 @@ impl Inner {
             n.pop_iteration();
         }
     }
+}
+
+/// The rank in torchrun's `RANK` variable, if set and a number.
+fn rank_from_env() -> Option<u32> {
+    std::env::var("RANK").ok()?.trim().parse().ok()
+}
+
+/// A profiler's state ([`WorkerProfiler::status`]); serializes to the JSON that
+/// `stepscope_status_json` and Python's `status()` return.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct Status {
+    /// The name the next (or current) session's traces carry.
+    pub worker_name: String,
+    /// `cuda`, `torch`, `none`, or a user backend's name.
+    pub backend: String,
+    /// The worker's global rank, when known.
+    pub rank: Option<u32>,
+    /// Whether this worker profiles under `stepscope.ranks`.
+    pub selected: bool,
+    /// The session's state (see [`Phase::as_str`]).
+    pub phase: &'static str,
+    /// A session is active.
+    pub active: bool,
+    /// The backend captures.
+    pub running: bool,
+    /// The worker's step count.
+    pub step_index: u64,
+    /// Steps since the session's start.
+    pub steps_since_start: u64,
+    /// The session's delay.
+    pub delay_iterations: u64,
+    /// The session's max per window (0: until stop).
+    pub max_iterations: u64,
+    /// The session's absolute start step, if it has one.
+    pub start_at_step: Option<u64>,
+    /// The step the current window's capture started in.
+    pub window_first_step: Option<u64>,
+    /// Iterations counted toward max in the current window.
+    pub iterations_captured: u64,
+    /// Windows per session (`stepscope.repeat`).
+    pub windows: u64,
+    /// Windows completed in this session.
+    pub windows_done: u64,
+    /// The step the next window is due in, between windows.
+    pub next_window_at: Option<u64>,
+    /// Stopped sessions whose traces are still being written.
+    pub pending_writes: usize,
+    /// The last backend error not returned to a caller, if any.
+    pub last_error: Option<String>,
 }
 
 /// One engine iteration, from `step()` to the guard's drop. While capturing, the iteration's

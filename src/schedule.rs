@@ -17,6 +17,20 @@
 //!
 //! One state exists that vLLM does not have: [`Phase::Starting`], a start whose outcome is not
 //! known yet because it waits for the engine thread (see `WorkerProfiler`).
+//!
+//! stepscope's capture control ([`Policy`], from the config's `"stepscope"` keys) adds two
+//! more, and changes nothing when absent:
+//! - `start_at_step` replaces the delay: the backend starts in the step with that index.
+//! - `min_batch_*`: the delay counts from the first iteration that reaches that size; `stages`:
+//!   only iterations of those stages count toward delay and max. With either, a delay of 0
+//!   means "in the first iteration that qualifies". While running, an iteration of another
+//!   stage pauses the backend ([`Phase::Paused`]) until one of a chosen stage resumes it.
+//! - `repeat`: after a window ends by its max, the session waits ([`Phase::Between`]) and the
+//!   next window starts `repeat_every` steps after the previous one started (or at the first
+//!   qualifying step after that).
+
+use crate::config::CaptureControl;
+use crate::iteration::{IterationInfo, Stage};
 
 /// Delay and max for one session, in engine iterations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -42,6 +56,102 @@ pub enum Phase {
     /// The backend failed to start. As in vLLM the session stays active, and no further start
     /// is tried until `stop()` ends it.
     StartFailed,
+    /// The backend started and is paused over an iteration of a stage not chosen (`stages`).
+    Paused,
+    /// Between two windows of a repeated session (`repeat`): the backend is stopped.
+    Between,
+}
+
+impl Phase {
+    /// The state's name: `idle`, `delaying`, `starting`, `running`, `start_failed`, `paused`
+    /// or `between`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Delaying => "delaying",
+            Phase::Starting => "starting",
+            Phase::Running => "running",
+            Phase::StartFailed => "start_failed",
+            Phase::Paused => "paused",
+            Phase::Between => "between",
+        }
+    }
+}
+
+/// stepscope's capture control, beyond vLLM's delay and max. `Policy::default()` is vLLM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Policy {
+    /// Stages that count (bit `1 << stage index` in [`Stage::ALL`] order); 0: every stage.
+    pub stages: u8,
+    /// The delay counts from the first iteration with at least this many requests.
+    pub min_batch_requests: u64,
+    /// … and at least this many tokens.
+    pub min_batch_tokens: u64,
+    /// The config's absolute start step (replaces the delay), if any.
+    pub start_at_step: Option<u64>,
+    /// Windows per session (0 and 1: one).
+    pub repeat: u64,
+    /// Steps between the starts of two windows.
+    pub repeat_every: u64,
+}
+
+impl Policy {
+    /// The policy of a config's `"stepscope"` capture keys.
+    pub fn from_config(c: &CaptureControl) -> Self {
+        Policy {
+            stages: c.stages.as_ref().map_or(0, |list| {
+                list.iter().fold(0, |bits, s| bits | stage_bit(*s))
+            }),
+            min_batch_requests: c.min_batch_requests,
+            min_batch_tokens: c.min_batch_tokens,
+            start_at_step: c.start_at_step,
+            repeat: c.repeat,
+            repeat_every: c.repeat_every,
+        }
+    }
+
+    fn stage_counts(&self, stage: Stage) -> bool {
+        self.stages == 0 || self.stages & stage_bit(stage) != 0
+    }
+
+    fn batch_qualifies(&self, step: &StepInfo) -> bool {
+        step.requests >= self.min_batch_requests && step.tokens >= self.min_batch_tokens
+    }
+
+    /// Whether starting waits for a qualifying iteration even with a delay of 0.
+    fn gated(&self) -> bool {
+        self.stages != 0 || self.min_batch_requests > 0 || self.min_batch_tokens > 0
+    }
+}
+
+fn stage_bit(stage: Stage) -> u8 {
+    let i = Stage::ALL.iter().position(|s| *s == stage).unwrap_or(0);
+    1 << i
+}
+
+/// What the schedule learns about one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StepInfo {
+    /// The step's index (the worker's `step()` count, from 1).
+    pub index: u64,
+    /// The iteration's stage.
+    pub stage: Stage,
+    /// Requests scheduled (context + generation).
+    pub requests: u64,
+    /// Tokens scheduled.
+    pub tokens: u64,
+}
+
+impl StepInfo {
+    /// The step `index` of an iteration with these counts.
+    pub fn of(index: u64, info: &IterationInfo) -> Self {
+        StepInfo {
+            index,
+            stage: info.stage(),
+            requests: u64::from(info.num_ctx_reqs) + u64::from(info.num_gen_reqs),
+            tokens: u64::from(info.num_ctx_tokens) + u64::from(info.num_gen_tokens),
+        }
+    }
 }
 
 /// What `start()` decided.
@@ -56,6 +166,18 @@ pub enum StartDecision {
     },
     /// Start the backend now and report with [`Schedule::start_result`].
     StartBackend,
+    /// The backend starts in the step with this index (`start_at_step`).
+    ArmedAt {
+        /// The session's start step.
+        step: u64,
+    },
+    /// The requested start step has already passed: nothing started.
+    Passed {
+        /// The requested start step.
+        step: u64,
+        /// The index of the last step taken.
+        now: u64,
+    },
 }
 
 /// What `stop()` (or `shutdown()`) decided.
@@ -78,9 +200,13 @@ pub enum StepBegin {
     Inactive,
     /// The step counted; call [`Schedule::end_step`].
     Counted,
-    /// The delay has just passed: start the backend, report with `start_result`, then call
-    /// [`Schedule::end_step`].
+    /// The delay has just passed (or a repeated session's next window is due): start the
+    /// backend, report with `start_result`, then call [`Schedule::end_step`].
     StartBackend,
+    /// An iteration of a stage not chosen: pause the backend over it.
+    PauseBackend,
+    /// An iteration of a chosen stage after a pause: resume the backend.
+    ResumeBackend,
 }
 
 /// What the second half of a step decided.
@@ -94,16 +220,41 @@ pub struct StepEnd {
     pub stop_backend: bool,
 }
 
-/// vLLM's `WorkerProfiler` counters and flags, as a pure state machine.
+/// vLLM's `WorkerProfiler` counters and flags, as a pure state machine, with stepscope's
+/// capture control.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Schedule {
     defaults: Limits,
     limits: Limits,
     uncounted_after_start: u64,
+    policy: Policy,
     phase: Phase,
     since_start: u64,
     profiled: u64,
     uncounted_left: u64,
+    /// Qualifying steps counted toward the delay (equals `since_start` under vLLM's policy).
+    delay_counted: u64,
+    /// The session's absolute start step, replacing the delay.
+    target_step: Option<u64>,
+    /// An iteration of the minimum batch size has been seen this session.
+    qualified: bool,
+    /// The step the session's first window started in.
+    first_window_step: u64,
+    /// The step the current (or last) window started in.
+    window_start: u64,
+    windows_done: u64,
+    next_window_at: u64,
+}
+
+/// One session's start request: vLLM's overrides plus stepscope's absolute start step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StartRequest {
+    /// Overrides the config's delay (`None`: keep it).
+    pub delay: Option<u64>,
+    /// Overrides the config's max.
+    pub max: Option<u64>,
+    /// Start in the step with this index instead of after a delay.
+    pub start_at_step: Option<u64>,
 }
 
 impl Schedule {
@@ -111,14 +262,27 @@ impl Schedule {
     /// after each backend start that do not count toward max (torch's wait + warmup − 1; see
     /// [`crate::ProfilerConfig::uncounted_steps_after_start`]).
     pub fn new(defaults: Limits, uncounted_after_start: u64) -> Self {
+        Self::with_policy(defaults, uncounted_after_start, Policy::default())
+    }
+
+    /// The same with stepscope's capture control.
+    pub fn with_policy(defaults: Limits, uncounted_after_start: u64, policy: Policy) -> Self {
         Schedule {
             defaults,
             limits: defaults,
             uncounted_after_start,
+            policy,
             phase: Phase::Idle,
             since_start: 0,
             profiled: 0,
             uncounted_left: 0,
+            delay_counted: 0,
+            target_step: None,
+            qualified: false,
+            first_window_step: 0,
+            window_start: 0,
+            windows_done: 0,
+            next_window_at: 0,
         }
     }
 
@@ -132,7 +296,7 @@ impl Schedule {
         self.phase != Phase::Idle
     }
 
-    /// The backend captures (vLLM's `_running`).
+    /// The backend captures (vLLM's `_running`); false while paused over another stage.
     pub fn is_running(&self) -> bool {
         self.phase == Phase::Running
     }
@@ -147,22 +311,85 @@ impl Schedule {
         self.since_start
     }
 
-    /// Steps counted toward max (vLLM's `_profiling_for_iters`).
+    /// Steps counted toward max in the current window (vLLM's `_profiling_for_iters`).
     pub fn profiled_steps(&self) -> u64 {
         self.profiled
     }
 
+    /// The session's absolute start step, if it has one.
+    pub fn target_step(&self) -> Option<u64> {
+        self.target_step
+    }
+
+    /// Windows this session has completed (by their max).
+    pub fn windows_done(&self) -> u64 {
+        self.windows_done
+    }
+
+    /// The step the current window's backend started in (or was asked to), once one has.
+    pub fn window_start(&self) -> Option<u64> {
+        matches!(
+            self.phase,
+            Phase::Starting | Phase::Running | Phase::Paused | Phase::StartFailed
+        )
+        .then_some(self.window_start)
+    }
+
+    /// Windows per session under the policy.
+    pub fn windows(&self) -> u64 {
+        self.policy.repeat.max(1)
+    }
+
+    /// The step the next window of a repeated session is due in (while [`Phase::Between`]).
+    pub fn next_window_at(&self) -> Option<u64> {
+        (self.phase == Phase::Between).then_some(self.next_window_at)
+    }
+
     /// Begins a session. `None` keeps the config's value for this session.
     pub fn start(&mut self, delay: Option<u64>, max: Option<u64>) -> StartDecision {
+        self.start_at(
+            StartRequest {
+                delay,
+                max,
+                start_at_step: None,
+            },
+            0,
+        )
+    }
+
+    /// Begins a session; `now` is the index of the last step taken (0 before the first).
+    /// An explicit delay overrides the config's `start_at_step`; an explicit start step
+    /// overrides the config's delay.
+    pub fn start_at(&mut self, request: StartRequest, now: u64) -> StartDecision {
         if self.is_active() {
             return StartDecision::AlreadyActive;
         }
-        self.limits = Limits {
-            delay: delay.unwrap_or(self.defaults.delay),
-            max: max.unwrap_or(self.defaults.max),
+        let target = match (request.start_at_step, request.delay) {
+            (Some(step), _) => Some(step),
+            (None, Some(_)) => None,
+            (None, None) => self.policy.start_at_step,
         };
-        if self.limits.delay == 0 {
+        if let Some(step) = target.filter(|s| *s <= now) {
+            return StartDecision::Passed { step, now };
+        }
+        self.limits = Limits {
+            delay: request.delay.unwrap_or(self.defaults.delay),
+            max: request.max.unwrap_or(self.defaults.max),
+        };
+        self.since_start = 0;
+        self.profiled = 0;
+        self.delay_counted = 0;
+        self.windows_done = 0;
+        self.qualified = self.policy.min_batch_requests == 0 && self.policy.min_batch_tokens == 0;
+        self.target_step = target;
+        if let Some(step) = target {
+            self.phase = Phase::Delaying;
+            return StartDecision::ArmedAt { step };
+        }
+        if self.limits.delay == 0 && !self.policy.gated() {
             self.phase = Phase::Starting;
+            self.first_window_step = now + 1;
+            self.window_start = now + 1;
             StartDecision::StartBackend
         } else {
             self.phase = Phase::Delaying;
@@ -189,49 +416,83 @@ impl Schedule {
     pub fn stop(&mut self) -> StopDecision {
         let decision = match self.phase {
             Phase::Idle => return StopDecision::NotActive,
-            Phase::Delaying | Phase::StartFailed => StopDecision::Disarmed,
+            Phase::Delaying | Phase::StartFailed | Phase::Between => StopDecision::Disarmed,
             Phase::Starting => StopDecision::CancelStart,
-            Phase::Running => StopDecision::StopBackend,
+            Phase::Running | Phase::Paused => StopDecision::StopBackend,
         };
         self.phase = Phase::Idle;
         self.since_start = 0;
         self.profiled = 0;
+        self.target_step = None;
         decision
     }
 
-    /// vLLM's `shutdown()`: stops only a running session (and one whose start is pending,
-    /// which could otherwise never be carried out).
+    /// vLLM's `shutdown()`: stops only a session whose backend runs (paused or not), or one
+    /// whose start is pending, which could otherwise never be carried out.
     pub fn shutdown(&mut self) -> StopDecision {
         match self.phase {
-            Phase::Running | Phase::Starting => self.stop(),
+            Phase::Running | Phase::Paused | Phase::Starting => self.stop(),
             _ => StopDecision::NotActive,
         }
     }
 
-    /// First half of a step: counts it and decides whether the delay has just passed.
-    pub fn begin_step(&mut self) -> StepBegin {
+    /// First half of a step: counts it and decides whether the backend starts, pauses or
+    /// resumes in it.
+    pub fn begin_step(&mut self, step: StepInfo) -> StepBegin {
+        if self.phase == Phase::Idle {
+            return StepBegin::Inactive;
+        }
+        self.since_start += 1;
+        let counts = self.policy.stage_counts(step.stage);
         match self.phase {
             Phase::Idle => StepBegin::Inactive,
             Phase::Delaying => {
-                self.since_start += 1;
-                if self.since_start == self.limits.delay {
+                let due = match self.target_step {
+                    Some(target) => step.index >= target && counts,
+                    None => {
+                        if !self.qualified && self.policy.batch_qualifies(&step) {
+                            self.qualified = true;
+                        }
+                        if self.qualified && counts {
+                            self.delay_counted += 1;
+                        }
+                        self.qualified && counts && self.delay_counted >= self.limits.delay.max(1)
+                    }
+                };
+                if due {
                     self.phase = Phase::Starting;
+                    self.first_window_step = step.index;
+                    self.window_start = step.index;
                     StepBegin::StartBackend
                 } else {
                     StepBegin::Counted
                 }
             }
+            Phase::Between if step.index >= self.next_window_at && counts => {
+                self.phase = Phase::Starting;
+                self.window_start = step.index;
+                StepBegin::StartBackend
+            }
+            Phase::Running if !counts => {
+                self.phase = Phase::Paused;
+                StepBegin::PauseBackend
+            }
+            Phase::Paused if counts => {
+                self.phase = Phase::Running;
+                StepBegin::ResumeBackend
+            }
             // A pending start is carried out before a step begins; were it not, the step
             // still counts and the backend is simply not running yet.
-            Phase::Starting | Phase::Running | Phase::StartFailed => {
-                self.since_start += 1;
-                StepBegin::Counted
-            }
+            Phase::Starting
+            | Phase::Running
+            | Phase::StartFailed
+            | Phase::Paused
+            | Phase::Between => StepBegin::Counted,
         }
     }
 
     /// Second half of a step: counts it toward max while running, and applies the `> max`
-    /// cutoff through the full stop.
+    /// cutoff: through the full stop, or into the gap before a repeated session's next window.
     pub fn end_step(&mut self) -> StepEnd {
         if self.phase != Phase::Running {
             return StepEnd::default();
@@ -247,7 +508,16 @@ impl Schedule {
             end.counted = true;
         }
         if self.limits.max > 0 && self.profiled > self.limits.max {
-            end.stop_backend = self.stop() == StopDecision::StopBackend;
+            self.windows_done += 1;
+            if self.windows_done < self.policy.repeat {
+                self.phase = Phase::Between;
+                self.profiled = 0;
+                self.next_window_at =
+                    self.first_window_step + self.windows_done * self.policy.repeat_every;
+                end.stop_backend = true;
+            } else {
+                end.stop_backend = self.stop() == StopDecision::StopBackend;
+            }
         }
         end
     }
@@ -275,7 +545,7 @@ mod tests {
             let mut s = sched(2, 0);
             s.start(None, None);
             for _ in 0..phase_steps {
-                if s.begin_step() == StepBegin::StartBackend {
+                if s.begin_step(StepInfo::default()) == StepBegin::StartBackend {
                     s.start_result(true);
                 }
                 s.end_step();

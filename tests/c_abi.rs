@@ -187,6 +187,8 @@ fn every_worker_profiler_case_through_the_c_abi() {
         s("overrides"),
         ["start", "push 2", "stop", "start", "push 4", "push 5", "stop"]
     );
+    assert_eq!(s("start_at_status"), ["start", "push 3", "push 4", "stop"]);
+    assert!(s("rank_not_selected").is_empty());
     assert_eq!(
         s("unknown_counts_and_free_stops"),
         ["start", "push 1", "stop"]
@@ -248,7 +250,7 @@ fn the_header_declares_exactly_the_exported_functions() {
         .collect();
     exported.sort();
     assert_eq!(declared, exported);
-    assert_eq!(declared.len(), 12, "the ABI has twelve functions");
+    assert_eq!(declared.len(), 15, "the ABI has fifteen functions");
 }
 
 #[test]
@@ -304,7 +306,11 @@ fn the_cpp_wrapper_closes_each_range_with_its_iteration() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(", 0 failed"));
     assert_eq!(
         summary(&events),
-        ["start", "push 2", "push 3", "push 4", "stop", "start", "push 7", "stop"]
+        [
+            "start", "push 2", "push 3", "push 4", "stop", "start", "push 7", "stop",
+            // start_at(2): the second step of a new profiler.
+            "start", "push 2", "stop"
+        ]
     );
     // Each range is popped before the next is pushed: one iteration at a time.
     let mut open = 0;

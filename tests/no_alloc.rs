@@ -75,6 +75,7 @@ fn steps_do_not_allocate_in_any_state() {
     p.start_with(StartOptions {
         delay_iterations: Some(1_000_000),
         max_iterations: None,
+        ..StartOptions::default()
     })
     .unwrap();
     assert_eq!(steps_allocate(&p, 1000), 0, "armed, in the delay");

@@ -185,7 +185,7 @@ proptest! {
         for (i, op) in ops.iter().enumerate() {
             match op {
                 Op::Start(d, m) => {
-                    let _ = imp.start_with(StartOptions { delay_iterations: *d, max_iterations: *m });
+                    let _ = imp.start_with(StartOptions { delay_iterations: *d, max_iterations: *m, start_at_step: None });
                     reference.start(*d, *m);
                 }
                 Op::Stop => {

@@ -11,6 +11,7 @@ fn opts(delay: Option<u64>, max: Option<u64>) -> StartOptions {
     StartOptions {
         delay_iterations: delay,
         max_iterations: max,
+        ..StartOptions::default()
     }
 }
 

@@ -129,6 +129,19 @@ impl Backend for CudaBackend {
         // SAFETY: no arguments; a context is current on this thread.
         call("cuProfilerStop", || unsafe { cu::cuProfilerStop() })
     }
+
+    // The profiler API has no pause: a stop and a start, which nsys records as separate
+    // capture ranges (`--capture-range-end=repeat:N`).
+    fn pause(&mut self) -> Result<()> {
+        self.stop()
+    }
+
+    fn resume(&mut self) -> Result<()> {
+        self.start(&CaptureStart {
+            worker_name: "",
+            first_step: 0,
+        })
+    }
 }
 
 /// Runs one driver call: a panic (cudarc's for a missing symbol) or a non-success result

@@ -56,6 +56,18 @@ pub trait Backend: Send {
     /// range is the profiler's, not the backend's.
     fn begin_iteration(&mut self, _step: u64, _info: &IterationInfo, _name: &str) {}
 
+    /// Stops recording over an iteration of a stage the session does not capture
+    /// (`stepscope.stages`), keeping the session. Backends that cannot pause record through
+    /// (the default): their traces then hold those iterations, unannotated and uncounted.
+    fn pause(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Records again after [`Backend::pause`].
+    fn resume(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// Takes what the next session records from `config` (between sessions only: the
     /// profiler never calls it while one is active). What is fixed when the backend is made,
     /// such as where traces are written, stays. Backends with nothing to change accept it.

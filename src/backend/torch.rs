@@ -72,6 +72,7 @@ mod ffi {
         fn prepare(options: &Options) -> Result<()>;
         fn enable(options: &Options) -> Result<usize>;
         fn detach(session: usize) -> Result<UniquePtr<Detached>>;
+        fn toggle(enable: bool, options: &Options) -> Result<()>;
         fn finalize(session: Pin<&mut Detached>) -> Result<UniquePtr<TraceResult>>;
         fn add_metadata(key: &str, json_value: &str) -> Result<()>;
 
@@ -383,6 +384,14 @@ impl TorchBackend {
         })
     }
 
+    fn toggle(&mut self, enable: bool) -> Result<()> {
+        if self.kineto != Kineto::Enabled {
+            return Ok(());
+        }
+        ffi::toggle(enable, &self.capture.options)
+            .map_err(|e| kineto_error("toggleCollectionDynamic", &e))
+    }
+
     fn end_range(&mut self) {
         if !self.range_open {
             return;
@@ -489,6 +498,16 @@ impl Backend for TorchBackend {
 
     fn pending_writes(&self) -> Option<PendingWrites> {
         Some(self.writer.pending())
+    }
+
+    // Kineto's toggle_collection_dynamic: CPU ops and CUDA activity stop being recorded over
+    // the iterations of stages not chosen; the session (and its trace) goes on.
+    fn pause(&mut self) -> Result<()> {
+        self.toggle(false)
+    }
+
+    fn resume(&mut self) -> Result<()> {
+        self.toggle(true)
     }
 
     fn reconfigure(&mut self, config: &ProfilerConfig) -> Result<()> {

@@ -25,6 +25,10 @@ static int (*const sig_is_running)(const stepscope_profiler *) = stepscope_is_ru
 static int (*const sig_flush)(stepscope_profiler *, uint32_t) = stepscope_flush;
 static const char *(*const sig_last_error)(void) = stepscope_last_error;
 static const char *(*const sig_version)(void) = stepscope_version;
+static int (*const sig_start_at)(stepscope_profiler *, int64_t, int64_t) = stepscope_start_at;
+static int (*const sig_set_rank)(stepscope_profiler *, uint32_t) = stepscope_set_rank;
+static int (*const sig_status_json)(const stepscope_profiler *, char *, size_t, size_t *) =
+    stepscope_status_json;
 _Static_assert(sizeof(stepscope_iteration) == 16, "stepscope_iteration is four uint32_t");
 _Static_assert(STEPSCOPE_OK == 0 && STEPSCOPE_ERR_INVALID_ARGUMENT == 1 && STEPSCOPE_ERR_CONFIG == 2 &&
                STEPSCOPE_ERR_BACKEND == 3 && STEPSCOPE_ERR_IO == 4 && STEPSCOPE_ERR_TIMEOUT == 5 &&
@@ -183,6 +187,34 @@ static void cases(void) {
   CHECK_CODE(stepscope_stop(p), STEPSCOPE_OK);
   stepscope_profiler_free(p);
 
+  mark_case("start_at_status");
+  p = make("{\"profiler\": \"cuda\", \"max_iterations\": 2, \"stepscope\": {\"ranks\": [3]}}");
+  CHECK_CODE(stepscope_set_rank(p, 3), STEPSCOPE_OK);
+  iterate(p, 1);
+  CHECK_CODE(stepscope_start_at(p, 1, -1), STEPSCOPE_ERR_INVALID_ARGUMENT); /* already passed */
+  CHECK_ERROR_HAS("start_at_step");
+  CHECK_CODE(stepscope_start_at(p, 3, -1), STEPSCOPE_OK);
+  size_t needed = 0;
+  CHECK_CODE(stepscope_status_json(p, NULL, 0, &needed), STEPSCOPE_ERR_INVALID_ARGUMENT);
+  char status[2048];
+  CHECK(needed > 2 && needed <= sizeof status);
+  CHECK_CODE(stepscope_status_json(p, status, needed - 1, NULL), STEPSCOPE_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(stepscope_status_json(p, status, sizeof status, &needed), STEPSCOPE_OK);
+  CHECK(strlen(status) + 1 == needed);
+  CHECK(strstr(status, "\"phase\":\"delaying\"") != NULL);
+  CHECK(strstr(status, "\"start_at_step\":3") != NULL);
+  CHECK(strstr(status, "\"rank\":3") != NULL);
+  CHECK(!iterate(p, 2) && iterate(p, 3) && iterate(p, 4) && !iterate(p, 5));
+  stepscope_profiler_free(p);
+
+  mark_case("rank_not_selected");
+  p = make("{\"profiler\": \"cuda\", \"stepscope\": {\"ranks\": [0]}}");
+  CHECK_CODE(stepscope_set_rank(p, 1), STEPSCOPE_OK);
+  CHECK_CODE(stepscope_start(p, -1, -1), STEPSCOPE_OK); /* a no-op on this rank */
+  CHECK(stepscope_is_active(p) == 0 && !iterate(p, 1));
+  CHECK_CODE(stepscope_stop(p), STEPSCOPE_OK);
+  stepscope_profiler_free(p);
+
   mark_case("unknown_counts_and_free_stops");
   p = make("{\"profiler\": \"cuda\"}");
   CHECK_CODE(stepscope_start(p, -1, -1), STEPSCOPE_OK);
@@ -231,6 +263,7 @@ static void bad_arguments(void) {
   CHECK(sig_version == stepscope_version && sig_last_error == stepscope_last_error);
   (void)sig_new; (void)sig_free; (void)sig_start; (void)sig_stop; (void)sig_step; (void)sig_step_end;
   (void)sig_shutdown; (void)sig_is_active; (void)sig_is_running; (void)sig_flush;
+  (void)sig_start_at; (void)sig_set_rank; (void)sig_status_json;
 }
 
 int main(void) {

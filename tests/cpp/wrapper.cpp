@@ -61,6 +61,26 @@ int main() {
     CHECK(std::strstr(e.what(), "delay_iterations") != nullptr);
   }
 
+  {
+    // A worker name longer than the first buffer: status_json() asks again with the size.
+    std::string name(700, 'w');
+    stepscope::Profiler p(R"({"profiler": "cuda", "max_iterations": 1})", name);
+    p.set_rank(0);
+    p.start_at(2);
+    std::string status = p.status_json();
+    CHECK(status.find("\"phase\":\"delaying\"") != std::string::npos);
+    CHECK(status.find(name) != std::string::npos && status.back() == '}');
+    { auto it = p.step(); CHECK(!p.is_running()); }
+    { auto it = p.step(); CHECK(p.is_running()); }
+    try {
+      p.stop();
+      p.start_at(1);
+      CHECK(false);
+    } catch (const stepscope::Error &e) {
+      CHECK(std::strstr(e.what(), "start_at_step") != nullptr);
+    }
+  }
+
   CHECK(!stepscope::version().empty());
   std::printf("wrapper: %d checks, %d failed\n", checks, failures);
   return failures ? 1 : 0;

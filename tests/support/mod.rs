@@ -17,6 +17,8 @@ pub enum Call {
     Advance,
     Begin { step: u64, info: IterationInfo },
     End,
+    Pause,
+    Resume,
 }
 
 /// A backend that records every call with the thread it came on, and fails starts on request.
@@ -39,7 +41,12 @@ impl Recording {
     pub fn lifecycle(&self) -> Vec<Call> {
         self.calls()
             .into_iter()
-            .filter(|c| matches!(c, Call::Start { .. } | Call::Stop))
+            .filter(|c| {
+                matches!(
+                    c,
+                    Call::Start { .. } | Call::Stop | Call::Pause | Call::Resume
+                )
+            })
             .collect()
     }
 
@@ -94,6 +101,14 @@ impl Backend for Recording {
     }
     fn advance(&mut self) {
         self.push(Call::Advance);
+    }
+    fn pause(&mut self) -> Result<()> {
+        self.push(Call::Pause);
+        Ok(())
+    }
+    fn resume(&mut self) -> Result<()> {
+        self.push(Call::Resume);
+        Ok(())
     }
     fn begin_iteration(&mut self, step: u64, info: &IterationInfo, name: &str) {
         self.names.lock().push(name.to_string());

@@ -41,6 +41,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     profiler.start_with(StartOptions {
         delay_iterations: Some(4),
         max_iterations: Some(3),
+        ..StartOptions::default()
     })?;
     println!("toy engine: {ITERATIONS} iterations, capturing 4-6 (delay 4, max 3)");
     let mut stop_call = None;

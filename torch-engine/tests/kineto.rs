@@ -581,3 +581,67 @@ fn a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on() {
     );
     no_temporaries(&dir);
 }
+
+#[test]
+fn a_stage_filter_pauses_kineto_over_the_other_stages() {
+    let _k = lock();
+    let dir = fresh_dir("stages");
+    let e = engine();
+    // The toy engine's step 1 and 5 are mixed, the rest decode.
+    let p = WorkerProfiler::new(
+        &config(
+            &dir,
+            r#", "max_iterations": 3, "stepscope": {"stages": ["decode"]}"#,
+        ),
+        "w0",
+    )
+    .unwrap();
+    p.start().unwrap();
+    for step in 1..=8 {
+        e.iteration(&p, step);
+    }
+    flush(&p);
+    let (trace, manifest) = only_trace(&dir, ".pt.trace.json.gz");
+    let its = iterations(&trace);
+    let names: Vec<&str> = its.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, [2, 3, 4].map(expected_name));
+    let all_mm = spans(&trace, "cpu_op")
+        .iter()
+        .filter(|s| s.name == "aten::mm")
+        .count();
+    assert_eq!(all_mm, 3 * LAYERS, "no op of the paused mixed step 5");
+    assert_eq!(manifest["first_step"], 2);
+    assert_eq!(manifest["last_step"], 4);
+    no_temporaries(&dir);
+}
+
+#[test]
+fn repeated_windows_each_write_their_own_trace_and_manifest() {
+    let _k = lock();
+    let dir = fresh_dir("repeat");
+    let e = engine();
+    let p = WorkerProfiler::new(
+        &config(
+            &dir,
+            r#", "delay_iterations": 2, "max_iterations": 1, "torch_profiler_use_gzip": false,
+               "stepscope": {"repeat": 3, "repeat_every": 4}"#,
+        ),
+        "w0",
+    )
+    .unwrap();
+    p.start().unwrap();
+    for step in 1..=12 {
+        e.iteration(&p, step);
+    }
+    flush(&p);
+    let mut firsts: Vec<u64> = with_suffix(&dir, ".stepscope.json")
+        .iter()
+        .map(|m| read_json(m)["first_step"].as_u64().unwrap())
+        .collect();
+    firsts.sort_unstable();
+    assert_eq!(firsts, [2, 6, 10]);
+    for t in with_suffix(&dir, ".pt.trace.json") {
+        assert_eq!(iterations(&read_json(&t)).len(), 1);
+    }
+    no_temporaries(&dir);
+}

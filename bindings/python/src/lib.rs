@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
-use stepscope::schedule::Phase;
 use stepscope::{
     Error, IterationDetail, IterationInfo, PhaseSums, ProfilerConfig, StartOptions, WorkerProfiler,
 };
@@ -197,16 +196,6 @@ impl PyIteration {
             "Iteration(num_ctx_reqs={}, num_ctx_tokens={}, num_gen_reqs={}, num_gen_tokens={})",
             i.num_ctx_reqs, i.num_ctx_tokens, i.num_gen_reqs, i.num_gen_tokens
         )
-    }
-}
-
-fn phase_name(phase: Phase) -> &'static str {
-    match phase {
-        Phase::Idle => "idle",
-        Phase::Delaying => "delaying",
-        Phase::Starting => "starting",
-        Phase::Running => "running",
-        Phase::StartFailed => "start_failed",
     }
 }
 
@@ -394,7 +383,7 @@ impl PyWorkerProfiler {
     /// `idle`, `delaying`, `starting`, `running` or `start_failed`.
     #[getter]
     fn phase(&self) -> &'static str {
-        phase_name(self.inner.phase())
+        self.inner.phase().as_str()
     }
 
     /// How many times `step()` has been called.

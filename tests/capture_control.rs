@@ -1,0 +1,359 @@
+//! stepscope's capture control beyond vLLM (`"stepscope": {ranks, start_at_step, stages,
+//! min_batch_*, repeat, repeat_every}`), through the public API with a recording backend,
+//! plus invariants checked on random engine runs.
+
+mod support;
+
+use proptest::prelude::*;
+use stepscope::{
+    Error, IterationInfo, ProfilerConfig, StartOptions, StartOutcome, StopOutcome, WorkerProfiler,
+};
+use support::{profiler, Call, Recording};
+
+const PREFILL: IterationInfo = IterationInfo::new(2, 300, 0, 0);
+const DECODE: IterationInfo = IterationInfo::new(0, 0, 8, 8);
+const MIXED: IterationInfo = IterationInfo::new(1, 100, 8, 8);
+
+/// Steps through `iterations`; returns the indices of the captured steps.
+fn run(p: &WorkerProfiler, iterations: &[IterationInfo]) -> Vec<u64> {
+    iterations
+        .iter()
+        .filter_map(|info| {
+            let it = p.step(info);
+            it.is_captured().then(|| p.step_index())
+        })
+        .collect()
+}
+
+fn config_error(json: &str) -> String {
+    match ProfilerConfig::from_json_str(json) {
+        Err(e @ Error::Config { .. }) => format!("{}: {e}", e.field().unwrap_or_default()),
+        other => panic!("expected a config error for {json}, got {other:?}"),
+    }
+}
+
+#[test]
+fn each_key_is_validated_with_an_error_naming_it() {
+    let cases = [
+        (r#"{"stepscope": {"ranks": []}}"#, "stepscope.ranks"),
+        (r#"{"stepscope": {"ranks": [0, 0]}}"#, "stepscope.ranks"),
+        (r#"{"stepscope": {"ranks": [-1]}}"#, "stepscope.ranks"),
+        (
+            r#"{"stepscope": {"start_at_step": 0}}"#,
+            "stepscope.start_at_step",
+        ),
+        (
+            r#"{"stepscope": {"stages": ["decoding"]}}"#,
+            "stepscope.stages",
+        ),
+        (r#"{"stepscope": {"stages": []}}"#, "stepscope.stages"),
+        (
+            r#"{"stepscope": {"stages": ["decode", "decode"]}}"#,
+            "stepscope.stages",
+        ),
+        (
+            r#"{"stepscope": {"min_batch_requests": -2}}"#,
+            "stepscope.min_batch_requests",
+        ),
+        (
+            r#"{"stepscope": {"min_batch_tokens": "8"}}"#,
+            "stepscope.min_batch_tokens",
+        ),
+        (r#"{"stepscope": {"repeat": 0}}"#, "stepscope.repeat"),
+        (
+            r#"{"max_iterations": 2, "stepscope": {"repeat": 3}}"#,
+            "stepscope.repeat_every",
+        ),
+        (
+            r#"{"stepscope": {"repeat": 3, "repeat_every": 10}}"#,
+            "stepscope.repeat",
+        ),
+        (
+            r#"{"max_iterations": 5, "stepscope": {"repeat": 3, "repeat_every": 5}}"#,
+            "stepscope.repeat_every",
+        ),
+        (
+            r#"{"delay_iterations": 3, "stepscope": {"start_at_step": 100}}"#,
+            "stepscope.start_at_step",
+        ),
+        (
+            r#"{"stepscope": {"start_at_step": 100, "min_batch_requests": 8}}"#,
+            "stepscope.start_at_step",
+        ),
+    ];
+    for (json, field) in cases {
+        let e = config_error(json);
+        assert!(e.starts_with(&format!("{field}: ")), "{json}: {e}");
+    }
+    // Absent keys change nothing: the config is vLLM's.
+    let cfg = ProfilerConfig::from_json_str("{}").unwrap();
+    assert!(cfg.stepscope.capture.is_vllm_exact());
+}
+
+#[test]
+fn start_at_step_aligns_ranks_whatever_the_arrival_of_the_start() {
+    let json = r#"{"max_iterations": 3, "stepscope": {"start_at_step": 10}}"#;
+    let (early, _) = profiler(json);
+    let (late, _) = profiler(json);
+    run(&early, &[DECODE; 2]);
+    run(&late, &[DECODE; 7]);
+    assert_eq!(early.start().unwrap(), StartOutcome::ArmedAt { step: 10 });
+    assert_eq!(late.start().unwrap(), StartOutcome::ArmedAt { step: 10 });
+    let a = run(&early, &[DECODE; 18]);
+    let b = run(&late, &[DECODE; 13]);
+    assert_eq!(a, [10, 11, 12]);
+    assert_eq!(a, b, "both ranks captured the same step indices");
+}
+
+#[test]
+fn a_start_step_already_passed_is_an_error_naming_it() {
+    let (p, rec) = profiler(r#"{"max_iterations": 2}"#);
+    run(&p, &[DECODE; 5]);
+    let opts = StartOptions::default().at_step(Some(5)).unwrap();
+    match p.start_with(opts) {
+        Err(Error::InvalidArgument { name, message }) => {
+            assert_eq!(name, "start_at_step");
+            assert!(message.contains("at step 5"), "{message}");
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    assert!(!p.is_active());
+    assert!(StartOptions::default().at_step(Some(0)).is_err());
+    // A start step given at start() overrides the config's delay.
+    let opts = StartOptions::default().at_step(Some(8)).unwrap();
+    assert_eq!(
+        p.start_with(opts).unwrap(),
+        StartOutcome::ArmedAt { step: 8 }
+    );
+    assert_eq!(run(&p, &[DECODE; 6]), [8, 9]);
+    assert_eq!(rec.lifecycle(), [Call::Start { first_step: 8 }, Call::Stop]);
+}
+
+#[test]
+fn stages_count_only_chosen_iterations_and_pause_over_the_others() {
+    let (p, rec) = profiler(
+        r#"{"delay_iterations": 2, "max_iterations": 2, "stepscope": {"stages": ["decode"]}}"#,
+    );
+    p.start().unwrap();
+    let steps = [
+        PREFILL, DECODE, PREFILL, DECODE, MIXED, DECODE, PREFILL, DECODE, DECODE,
+    ];
+    //            1        2       3        4       5      6       7        8       9
+    // Delay: decode steps 2 and 4 count, the backend starts in 4. Captured: 4, 6 (5 paused);
+    // the stop comes with the third counted decode step (8), vLLM's `> max`.
+    assert_eq!(run(&p, &steps), [4, 6]);
+    assert!(!p.is_active());
+    assert_eq!(
+        rec.lifecycle(),
+        [
+            Call::Start { first_step: 4 },
+            Call::Pause,
+            Call::Resume,
+            Call::Pause,
+            Call::Resume,
+            Call::Stop
+        ]
+    );
+}
+
+#[test]
+fn with_a_stage_filter_a_delay_of_zero_waits_for_the_first_chosen_iteration() {
+    let (p, rec) =
+        profiler(r#"{"max_iterations": 1, "stepscope": {"stages": ["prefill", "mixed"]}}"#);
+    assert_eq!(p.start().unwrap(), StartOutcome::Armed { delay: 0 });
+    assert_eq!(run(&p, &[DECODE, DECODE, MIXED, DECODE, PREFILL]), [3]);
+    assert_eq!(rec.lifecycle()[0], Call::Start { first_step: 3 });
+}
+
+#[test]
+fn the_delay_counts_from_the_first_iteration_of_the_minimum_batch() {
+    let small = IterationInfo::new(0, 0, 4, 4);
+    let big = IterationInfo::new(0, 0, 32, 32);
+    let (p, _) = profiler(
+        r#"{"delay_iterations": 2, "max_iterations": 2, "stepscope": {"min_batch_requests": 16, "min_batch_tokens": 32}}"#,
+    );
+    p.start().unwrap();
+    // Step 3 is the first big batch (count 1); the backend starts at count 2 (step 4), and
+    // later small batches count as usual.
+    assert_eq!(
+        run(&p, &[small, small, big, small, small, small, big]),
+        [4, 5]
+    );
+}
+
+#[test]
+fn repeat_takes_windows_repeat_every_steps_apart_each_its_own_capture() {
+    let (p, rec) = profiler(
+        r#"{"delay_iterations": 2, "max_iterations": 2, "stepscope": {"repeat": 3, "repeat_every": 5}}"#,
+    );
+    p.start().unwrap();
+    let captured = run(&p, &[DECODE; 16]);
+    assert_eq!(captured, [2, 3, 7, 8, 12, 13]);
+    assert!(!p.is_active(), "the session ends after its last window");
+    assert_eq!(
+        rec.lifecycle(),
+        [
+            Call::Start { first_step: 2 },
+            Call::Stop,
+            Call::Start { first_step: 7 },
+            Call::Stop,
+            Call::Start { first_step: 12 },
+            Call::Stop
+        ]
+    );
+}
+
+#[test]
+fn a_stop_between_windows_ends_the_series_without_touching_the_backend() {
+    let (p, rec) =
+        profiler(r#"{"max_iterations": 1, "stepscope": {"repeat": 4, "repeat_every": 10}}"#);
+    p.start().unwrap();
+    run(&p, &[DECODE; 4]);
+    let status = p.status();
+    assert_eq!(
+        (status.phase, status.windows_done, status.next_window_at),
+        ("between", 1, Some(11))
+    );
+    assert!(p.is_active());
+    assert_eq!(p.stop().unwrap(), StopOutcome::Disarmed);
+    assert_eq!(run(&p, &[DECODE; 20]), Vec::<u64>::new());
+    assert_eq!(rec.lifecycle(), [Call::Start { first_step: 1 }, Call::Stop]);
+}
+
+#[test]
+fn ranks_not_listed_treat_start_and_stop_as_no_ops() {
+    let json = r#"{"stepscope": {"ranks": [0, 2]}}"#;
+    let (selected, rec0) = profiler(json);
+    selected.set_rank(2);
+    let (other, rec1) = profiler(json);
+    other.set_rank(1);
+    assert_eq!(selected.start().unwrap(), StartOutcome::Started);
+    assert_eq!(other.start().unwrap(), StartOutcome::NotSelected);
+    assert_eq!(run(&other, &[DECODE; 3]), Vec::<u64>::new());
+    assert_eq!(other.stop().unwrap(), StopOutcome::NotSelected);
+    assert!(rec1.calls().is_empty());
+    assert_eq!(rec0.lifecycle(), [Call::Start { first_step: 1 }]);
+    assert!(!other.status().selected && selected.status().selected);
+}
+
+#[test]
+fn ranks_without_a_known_rank_is_an_error_at_start() {
+    // RANK is not set in the test environment (the check is skipped where it is).
+    if std::env::var_os("RANK").is_some() {
+        return;
+    }
+    let (p, _) = profiler(r#"{"stepscope": {"ranks": [0]}}"#);
+    let e = p.start().unwrap_err();
+    assert_eq!(e.field(), Some("stepscope.ranks"), "{e}");
+    assert!(!p.is_active());
+}
+
+#[test]
+fn status_reports_the_window_and_its_progress() {
+    let (p, _) = profiler(r#"{"delay_iterations": 3, "max_iterations": 4}"#);
+    run(&p, &[DECODE; 2]);
+    p.start().unwrap();
+    let s = p.status();
+    assert_eq!(
+        (
+            s.phase,
+            s.active,
+            s.step_index,
+            s.delay_iterations,
+            s.max_iterations,
+            s.window_first_step
+        ),
+        ("delaying", true, 2, 3, 4, None)
+    );
+    run(&p, &[DECODE; 4]);
+    let s = p.status();
+    assert_eq!(
+        (s.phase, s.window_first_step, s.iterations_captured),
+        ("running", Some(5), 2)
+    );
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(json["phase"], "running");
+    assert_eq!(json["backend"], "recording");
+    assert_eq!(json["windows"], 1);
+}
+
+fn stage_of(i: u8) -> IterationInfo {
+    [PREFILL, DECODE, MIXED, IterationInfo::default()][usize::from(i % 4)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever the iterations, stage filter, batch minimum and repeats: only chosen stages are
+    /// captured, no window captures more than max, there are at most `repeat` windows per
+    /// start, none before the start step, and window k begins no earlier than
+    /// repeat_every·k steps after the first.
+    #[test]
+    fn capture_control_invariants(
+        delay in 0u64..4,
+        max in 1u64..4,
+        stages in 1u8..16,
+        min_reqs in 0u64..10,
+        repeat in 1u64..4,
+        gap in 0u64..4,
+        start_at in proptest::option::of(1u64..12),
+        kinds in proptest::collection::vec(0u8..4, 0..60),
+    ) {
+        let names = ["prefill", "decode", "mixed", "idle"];
+        let chosen: Vec<&str> = (0..4).filter(|b| stages & (1 << b) != 0).map(|b| names[b]).collect();
+        let every = max + 1 + gap;
+        let start = match start_at {
+            Some(s) => format!(r#""start_at_step": {s},"#),
+            None => format!(r#""min_batch_requests": {min_reqs},"#),
+        };
+        let delay = if start_at.is_some() { 0 } else { delay };
+        let json = format!(
+            r#"{{"delay_iterations": {delay}, "max_iterations": {max}, "stepscope": {{{start}
+                "stages": {chosen:?}, "repeat": {repeat}, "repeat_every": {every}}}}}"#
+        );
+        let cfg = ProfilerConfig::from_json_str(&json).unwrap();
+        let rec = Recording::default();
+        let p = WorkerProfiler::with_backend(&cfg, "prop", Box::new(rec.clone()));
+        p.start().unwrap();
+        let mut captured = Vec::new();
+        for k in &kinds {
+            let info = stage_of(*k);
+            let it = p.step(&info);
+            if it.is_captured() {
+                captured.push((p.step_index(), info));
+            }
+        }
+        for (step, info) in &captured {
+            prop_assert!(chosen.contains(&info.stage().as_str()), "step {} of stage {:?}", step, info.stage());
+            if let Some(s) = start_at {
+                prop_assert!(*step >= s);
+            }
+        }
+        let starts: Vec<u64> = rec.lifecycle().iter().filter_map(|c| match c {
+            Call::Start { first_step } => Some(*first_step),
+            _ => None,
+        }).collect();
+        prop_assert!(starts.len() as u64 <= repeat);
+        for (k, first) in starts.iter().enumerate() {
+            prop_assert!(*first >= starts[0] + k as u64 * every, "window {} of {:?} before its due step", k, starts);
+        }
+        // Captured iterations per window.
+        for (i, first) in starts.iter().enumerate() {
+            let end = starts.get(i + 1).copied().unwrap_or(u64::MAX);
+            let n = captured.iter().filter(|(s, _)| s >= first && *s < end).count() as u64;
+            prop_assert!(n <= max, "window at {} captured {} > max {}", first, n, max);
+        }
+        // Starts and stops alternate, pauses only inside a window.
+        let mut open = false;
+        let mut paused = false;
+        for c in rec.lifecycle() {
+            match c {
+                Call::Start { .. } => { prop_assert!(!open); open = true; paused = false; }
+                Call::Stop => { prop_assert!(open); open = false; }
+                Call::Pause => { prop_assert!(open && !paused); paused = true; }
+                Call::Resume => { prop_assert!(open && paused); paused = false; }
+                _ => {}
+            }
+        }
+    }
+}
