@@ -27,6 +27,8 @@ pub enum Action {
     Stop,
     /// List the workers and their health.
     Workers,
+    /// Each server's engine workers' stepscope state (GET /stepscope/status).
+    Status,
 }
 
 impl Action {
@@ -35,6 +37,7 @@ impl Action {
             Action::Start => "/start_profile",
             Action::Stop => "/stop_profile",
             Action::Workers => "/health",
+            Action::Status => "/stepscope/status",
         }
     }
 }
@@ -57,6 +60,9 @@ pub struct Outcome {
     pub ok: bool,
     /// The HTTP status, when an answer came.
     pub status: Option<u16>,
+    /// `ctl status`: the engine workers' states the server reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_workers: Option<Vec<Value>>,
     /// Time spent on this worker, retries included.
     pub elapsed_ms: u64,
     /// What went wrong and what to check; `None` on success.
@@ -259,6 +265,11 @@ fn explain_status(engine: Engine, action: Action, status: u16, body: &str) -> St
              with --profiler-config '{{\"profiler\": \"torch\", \"torch_profiler_dir\": \
              \"/path/to/traces\"}}' (or \"profiler\": \"cuda\")"
         ),
+        (404, Engine::Vllm, Action::Status) => format!(
+            "{path} not found: stepscope's status endpoint is an opt-in vLLM endpoint plugin; \
+             install stepscope in the server's environment and start vllm serve with \
+             VLLM_PLUGINS naming stepscope (see docs/vllm.md)"
+        ),
         (404, Engine::Sglang, _) => format!(
             "{path} not found: is this an SGLang server (sglang.launch_server)? For vLLM use \
              --engine vllm"
@@ -294,7 +305,7 @@ pub fn call_worker(
     let mut attempt = 0;
     let result = loop {
         let result = match action {
-            Action::Workers => get(agent, &url),
+            Action::Workers | Action::Status => get(agent, &url),
             Action::Start | Action::Stop => post(agent, &url, body),
         };
         if attempt >= retries || !retryable(&result) {
@@ -304,7 +315,27 @@ pub fn call_worker(
         std::thread::sleep(Duration::from_millis(100 << attempt.min(5)));
     };
     let elapsed_ms = start.elapsed().as_millis() as u64;
+    let mut engine_workers = None;
     let (ok, status, error) = match result {
+        Ok((s, body)) if (200..300).contains(&s) && action == Action::Status => {
+            match serde_json::from_str::<Value>(&body)
+                .ok()
+                .and_then(|v| v.get("workers")?.as_array().cloned())
+            {
+                Some(list) => {
+                    engine_workers = Some(list);
+                    (true, Some(s), None)
+                }
+                None => (
+                    false,
+                    Some(s),
+                    Some(format!(
+                        "the answer is not {{\"workers\": [...]}}: {}",
+                        excerpt(&body)
+                    )),
+                ),
+            }
+        }
         Ok((s, _)) if (200..300).contains(&s) => (true, Some(s), None),
         Ok((s, body)) => (
             false,
@@ -321,6 +352,7 @@ pub fn call_worker(
         url: worker.to_string(),
         ok,
         status,
+        engine_workers,
         elapsed_ms,
         error,
     }
@@ -346,6 +378,7 @@ pub fn fan_out(
             url: url.clone(),
             ok: false,
             status: None,
+            engine_workers: None,
             elapsed_ms: 0,
             error: Some("internal error: no result recorded".into()),
         })
@@ -455,6 +488,7 @@ pub fn render_table(action: Action, outcomes: &[Outcome], total: Duration) -> St
     for o in outcomes {
         let result = match (o.ok, action) {
             (true, Action::Workers) => "healthy",
+            (true, Action::Status) => "ok",
             (true, _) => "ok",
             (false, _) if o.error.as_deref().is_some_and(|e| e.starts_with("skipped")) => "skipped",
             (false, _) => "FAILED",
@@ -471,12 +505,16 @@ pub fn render_table(action: Action, outcomes: &[Outcome], total: Duration) -> St
             o.elapsed_ms,
             o.error.as_deref().unwrap_or("")
         ));
+        for w in o.engine_workers.iter().flatten() {
+            out.push_str(&format!("    {}\n", engine_worker_line(w)));
+        }
     }
     let ok = outcomes.iter().filter(|o| o.ok).count();
     let verb = match action {
         Action::Start => "started",
         Action::Stop => "stopped",
         Action::Workers => "healthy",
+        Action::Status => "answered",
     };
     out.push_str(&format!(
         "{ok} of {} workers {verb}, {} failed, in {:.2} s\n",
@@ -485,6 +523,54 @@ pub fn render_table(action: Action, outcomes: &[Outcome], total: Duration) -> St
         total.as_secs_f64()
     ));
     out
+}
+
+/// One engine worker's state, as `ctl status` prints it under its server.
+fn engine_worker_line(w: &Value) -> String {
+    let text = |k: &str| w.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+    let num = |k: &str| w.get(k).and_then(Value::as_u64);
+    let rank = num("rank").map_or_else(|| "rank ?".into(), |r| format!("rank {r}"));
+    let mut line = format!("{rank:<8} {:<12} {:<6}", text("phase"), text("backend"));
+    if let Some(step) = num("step_index") {
+        line.push_str(&format!("  step {step}"));
+    }
+    if let Some(first) = num("window_first_step") {
+        line.push_str(&format!("  window from step {first}"));
+    }
+    if let Some(at) = num("start_at_step") {
+        line.push_str(&format!("  starts at step {at}"));
+    }
+    if let (Some(n), Some(max)) = (num("iterations_captured"), num("max_iterations")) {
+        if w.get("active").and_then(Value::as_bool) == Some(true) {
+            let of = if max > 0 {
+                format!("/{max}")
+            } else {
+                String::new()
+            };
+            line.push_str(&format!("  captured {n}{of}"));
+        }
+    }
+    if let (Some(done), Some(all)) = (num("windows_done"), num("windows")) {
+        if all > 1 {
+            line.push_str(&format!("  windows {done}/{all}"));
+        }
+    }
+    if let Some(at) = num("next_window_at") {
+        line.push_str(&format!("  next at step {at}"));
+    }
+    if let Some(n) = num("pending_writes").filter(|n| *n > 0) {
+        line.push_str(&format!("  {n} trace(s) being written"));
+    }
+    if w.get("selected").and_then(Value::as_bool) == Some(false) {
+        line.push_str("  (not in stepscope.ranks)");
+    }
+    if let Some(e) = w.get("last_error").and_then(Value::as_str) {
+        line.push_str(&format!("  last error: {e}"));
+    }
+    if let Some(note) = w.get("note").and_then(Value::as_str) {
+        line.push_str(&format!("  ({note})"));
+    }
+    line
 }
 
 /// The `--json` document.

@@ -90,6 +90,14 @@ enum CtlCommand {
     Stop(Common),
     /// List the workers discovery finds, and probe their /health
     Workers(Common),
+    /// Show every engine worker's stepscope state (GET /stepscope/status; vLLM with
+    /// VLLM_PLUGINS naming stepscope, see docs/vllm.md)
+    #[command(after_help = "Example:\n  \
+        stepscope ctl status --router-url http://router:8000\n\n\
+        Each server lists its engine workers: rank, phase (idle, delaying, running, paused, \
+        between, start_failed, not_created), step, the current window and what it captured, \
+        and traces still being written.")]
+    Status(Common),
 }
 
 #[derive(Args)]
@@ -128,6 +136,7 @@ struct Common {
     #[arg(long)]
     include_unhealthy: bool,
     /// Print {"workers":[{"url","ok","status","elapsed_ms","error"}]} instead of a table
+    /// (`ctl status` adds each server's "engine_workers")
     #[arg(long)]
     json: bool,
 }
@@ -199,6 +208,7 @@ fn main() -> ExitCode {
         }
         Command::Ctl(CtlCommand::Stop(c)) => run(Action::Stop, &c, None),
         Command::Ctl(CtlCommand::Workers(c)) => run(Action::Workers, &c, None),
+        Command::Ctl(CtlCommand::Status(c)) => run(Action::Status, &c, None),
         Command::Analyze(a) => analyze_cmd(&a),
         Command::Merge(m) => merge_cmd(&m),
         Command::Report(r) => report_cmd(&r),
@@ -378,6 +388,7 @@ fn run(action: Action, c: &Common, body: Option<serde_json::Value>) -> ExitCode 
             url: w.url.clone(),
             ok: false,
             status: None,
+            engine_workers: None,
             elapsed_ms: 0,
             error: Some(
                 "skipped: the router reports this worker unhealthy (--include-unhealthy tries it \

@@ -520,3 +520,61 @@ fn workers_lists_what_discovery_found_with_health() {
         "{table}"
     );
 }
+
+#[test]
+fn status_shows_every_engine_workers_state_under_its_server() {
+    // What stepscope's vLLM endpoint plugin answers (tests/python/test_vllm_plugin.py checks
+    // the endpoint produces this shape from real WorkerProfiler.status() dicts).
+    let server = Server::new(|req, _| {
+        assert_eq!(req.path, "/stepscope/status");
+        Reply::Json(
+            200,
+            json!({"workers": [
+                {"rank": 0, "backend": "torch", "phase": "running", "active": true,
+                 "step_index": 1207, "window_first_step": 1200, "iterations_captured": 7,
+                 "max_iterations": 10, "windows": 3, "windows_done": 1, "pending_writes": 1,
+                 "selected": true, "last_error": null},
+                {"rank": 1, "backend": "torch", "phase": "idle", "active": false,
+                 "step_index": 1207, "selected": false, "windows": 1},
+                {"rank": 2, "backend": "cuda", "phase": "not_created",
+                 "note": "no /start_profile has reached this worker yet"}
+            ]}),
+        )
+    });
+    let no_plugin = Server::new(|_, _| Reply::Json(404, json!({"detail": "Not Found"})));
+    let (out, _) = ctl(&[
+        "status",
+        "--worker",
+        &server.url,
+        "--worker",
+        &no_plugin.url,
+    ]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{table}");
+    let lines: Vec<&str> = table.lines().collect();
+    let row = |needle: &str| {
+        lines
+            .iter()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?} in\n{table}"))
+            .to_string()
+    };
+    let r0 = row("rank 0");
+    for part in [
+        "running",
+        "step 1207",
+        "window from step 1200",
+        "captured 7/10",
+        "windows 1/3",
+        "1 trace(s) being written",
+    ] {
+        assert!(r0.contains(part), "{part:?} missing in {r0:?}");
+    }
+    assert!(row("rank 1").contains("(not in stepscope.ranks)"));
+    assert!(row("rank 2").contains("not_created"));
+    assert!(row(&no_plugin.url).contains("VLLM_PLUGINS"), "{table}");
+
+    let (out, _) = ctl(&["status", "--worker", &server.url, "--json"]);
+    let doc = json_of(&out);
+    assert_eq!(doc["workers"][0]["engine_workers"][0]["phase"], "running");
+}

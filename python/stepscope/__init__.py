@@ -76,10 +76,24 @@ class WorkerProfiler(_NativeWorkerProfiler):
     ``stepscope`` logger and never raise into the engine loop, as in vLLM.
     """
 
-    def __init__(self, config: ConfigLike, worker_name: str, local_rank: int = 0) -> None:
-        # The native __new__ parsed the config and made the backend.
+    def __init__(
+        self,
+        config: ConfigLike,
+        worker_name: str,
+        local_rank: int = 0,
+        rank: int | None = None,
+    ) -> None:
+        # The native __new__ parsed the config, made the backend and took the rank (the global
+        # one, for "stepscope": {"ranks": [...]}; default: the RANK environment variable).
         self._config: dict[str, Any] = json.loads(self.config_json)
         _live.add(self)
+
+    def status(self) -> dict[str, Any]:
+        """The profiler's state: ``phase``, ``step_index``, the session's limits and start step,
+        ``window_first_step``, ``iterations_captured``, ``windows``/``windows_done``/
+        ``next_window_at`` (``repeat``), ``pending_writes``, ``rank``/``selected`` and
+        ``last_error``."""
+        return json.loads(self.status_json())
 
     def annotate_context_manager(self, name: str) -> AbstractContextManager[Any]:
         """A context manager annotating a region with ``name`` while capturing (vLLM's).

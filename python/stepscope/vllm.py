@@ -18,6 +18,10 @@ Environment:
   (JSON text or a path), e.g. ``'{"stepscope": {"nvtx": "always"}}'``. vLLM's keys come from
   ``--profiler-config`` only; setting them here too is an error.
 
+With the endpoint plugin also allowed (``VLLM_PLUGINS`` naming ``stepscope``; vLLM loads
+endpoint plugins only when named), the API server answers ``GET /stepscope/status`` with every
+engine worker's :meth:`stepscope.WorkerProfiler.status`, which ``stepscope ctl status`` shows.
+
 If vLLM's names differ from what the plugin knows (another vLLM version), it logs one warning
 and leaves vLLM untouched. :func:`register` is idempotent.
 """
@@ -29,6 +33,7 @@ import importlib.abc
 import importlib.machinery
 import logging
 import os
+import re
 import sys
 import threading
 from contextlib import nullcontext
@@ -137,7 +142,10 @@ def _make_factory(original: Callable[..., Any]) -> Callable[..., Any]:
 
         try:
             return stepscope.WorkerProfiler(
-                config_dict(profiler_config), worker_name=worker_name, local_rank=local_rank
+                config_dict(profiler_config),
+                worker_name=worker_name,
+                local_rank=local_rank,
+                rank=rank_of(worker_name),
             )
         except stepscope.ConfigError as e:
             # A vLLM field this stepscope does not know: vLLM's own profiler honours it.
@@ -147,6 +155,13 @@ def _make_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     create_worker_profiler.__doc__ = "stepscope's profiler for torch and cuda (stepscope.vllm)."
     setattr(create_worker_profiler, _PATCHED_MARK, original)
     return create_worker_profiler
+
+
+def rank_of(worker_name: str) -> int | None:
+    """The global rank in vLLM's worker name (``…_rank{N}``, from ``get_worker_rank_suffix``);
+    ``None`` when absent (then the ``RANK`` environment variable is used)."""
+    match = re.search(r"rank(\d+)$", worker_name)
+    return int(match.group(1)) if match else None
 
 
 def _patch_wrapper(module: ModuleType) -> None:
@@ -191,6 +206,8 @@ def _patch_gpu_worker(module: ModuleType) -> None:
         )
     if not hasattr(original_annotate, _PATCHED_MARK):
         worker.annotate_profile = _make_annotate(original_annotate, compute_iteration_details)
+    if not hasattr(worker, "stepscope_status"):
+        worker.stepscope_status = worker_status
 
 
 def _make_annotate(original: Callable[..., Any], compute_iteration_details: Any) -> Callable[..., Any]:
@@ -213,6 +230,58 @@ def _make_annotate(original: Callable[..., Any], compute_iteration_details: Any)
     annotate_profile.__qualname__ = getattr(original, "__qualname__", "annotate_profile")
     setattr(annotate_profile, _PATCHED_MARK, original)
     return annotate_profile
+
+
+def worker_status(self: Any) -> dict[str, Any]:
+    """``Worker.stepscope_status``, for ``collective_rpc("stepscope_status")``: the worker's
+    profiler status, or what is known before its first ``/start_profile``."""
+    import stepscope
+
+    profiler = getattr(self, "profiler", None)
+    if isinstance(profiler, stepscope.WorkerProfiler):
+        return profiler.status()
+    config = getattr(self, "profiler_config", None)
+    return {
+        "rank": getattr(self, "rank", None),
+        "backend": getattr(config, "profiler", None),
+        "phase": "not_created",
+        "note": "no /start_profile has reached this worker yet"
+        if profiler is None
+        else f"vLLM's own {type(profiler).__name__} profiles this worker",
+    }
+
+
+class StatusEndpoint:
+    """The ``vllm.endpoint_plugins`` entry point: ``GET /stepscope/status`` on the API server,
+    answering ``{"workers": [status, ...]}`` from every engine worker (through vLLM's
+    ``collective_rpc``, to the method the general plugin installs)."""
+
+    name = "stepscope"
+    required_tasks = None
+
+    def attach_router(self, app: Any) -> None:
+        from fastapi import Request
+        from fastapi.responses import JSONResponse
+
+        async def stepscope_status(request):  # type: ignore[no-untyped-def]
+            engine = getattr(request.app.state, "stepscope_engine_client", None)
+            if engine is None:
+                return JSONResponse({"error": "this server has no engine"}, status_code=503)
+            try:
+                workers = await engine.collective_rpc("stepscope_status")
+            except Exception as e:  # noqa: BLE001 - reported to the caller, not raised
+                return JSONResponse(
+                    {"error": f"collective_rpc('stepscope_status') failed: {e}"}, status_code=500
+                )
+            return JSONResponse({"workers": list(workers)})
+
+        # Real classes, not the strings this module's annotations become: FastAPI reads them
+        # to pass the request in.
+        stepscope_status.__annotations__ = {"request": Request, "return": JSONResponse}
+        app.add_api_route("/stepscope/status", stepscope_status, methods=["GET"])
+
+    async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
+        state.stepscope_engine_client = engine_client
 
 
 class _IterationScope:

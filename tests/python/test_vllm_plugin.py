@@ -281,3 +281,53 @@ print("WORKER", gpu_worker.create_worker_profiler is wrapper.create_worker_profi
     proc = child(CHILD.format(before="import vllm.v1.worker.gpu_worker", after=after), {})
     assert "PATCHED True" in proc.stdout
     assert "WORKER True True" in proc.stdout
+
+
+def test_the_global_rank_comes_from_vllms_worker_name(vllm_loaded, tmp_path):
+    from vllm.config import ProfilerConfig
+
+    assert plugin.rank_of("bench_dp0_pp0_tp1_dcp0_ep0_rank5") == 5
+    assert plugin.rank_of("worker") is None
+    cfg = ProfilerConfig(profiler="torch", torch_profiler_dir=str(tmp_path))
+    worker = bare_worker(vllm_loaded, cfg, rank=5)
+    assert worker.stepscope_status()["phase"] == "not_created"
+    worker.profile(True)
+    status = worker.stepscope_status()
+    assert (status["rank"], status["phase"], status["worker_name"]) == (5, "running", "rank5")
+    worker.profile(False)
+
+
+def test_the_status_endpoint_answers_for_every_engine_worker(vllm_loaded, tmp_path, monkeypatch):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from vllm.config import ProfilerConfig
+
+    workers = []
+    for rank in range(2):
+        cfg = ProfilerConfig(profiler="torch", torch_profiler_dir=str(tmp_path), delay_iterations=3)
+        workers.append(bare_worker(vllm_loaded, cfg, rank=rank))
+    workers[1].profile(True)
+
+    class Engine:
+        """vLLM's engine client as the endpoint sees it: collective_rpc by method name,
+        answered here by the worker objects themselves."""
+
+        async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            return [getattr(w, method)(*args, **(kwargs or {})) for w in workers]
+
+    # vLLM's own loader finds the endpoint only when VLLM_PLUGINS names it.
+    from vllm.plugins import load_endpoint_plugins
+
+    monkeypatch.setenv("VLLM_PLUGINS", "stepscope")
+    (endpoint,) = [p for p in load_endpoint_plugins() if p.name == "stepscope"]
+    app = FastAPI()
+    endpoint.attach_router(app)
+    client = TestClient(app)
+    assert client.get("/stepscope/status").status_code == 503  # no engine yet
+    import asyncio
+
+    asyncio.run(endpoint.init_state(Engine(), app.state, None))
+    body = client.get("/stepscope/status").json()
+    phases = [(w["rank"], w["phase"]) for w in body["workers"]]
+    assert phases == [(0, "not_created"), (1, "delaying")]
+    assert body["workers"][1]["delay_iterations"] == 3

@@ -80,6 +80,15 @@ fn parse_config(config: &Bound<'_, PyAny>) -> PyResult<ProfilerConfig> {
     parsed.map_err(|e| to_py(&e))
 }
 
+/// A rank from Python: a non-negative integer, or `ValueError` naming it.
+fn rank_arg(name: &str, value: i64) -> PyResult<u32> {
+    u32::try_from(value).map_err(|_| {
+        PyValueError::new_err(format!(
+            "{name} must be greater than or equal to 0 (got {value})"
+        ))
+    })
+}
+
 /// A count from Python: a non-negative integer that fits `u32`, or `ValueError` naming it.
 fn count(name: &str, value: i64) -> PyResult<u32> {
     u32::try_from(value).map_err(|_| {
@@ -232,18 +241,23 @@ impl PyWorkerProfiler {
 #[pymethods]
 impl PyWorkerProfiler {
     #[new]
-    #[pyo3(signature = (config, worker_name, local_rank = 0))]
-    fn new(config: &Bound<'_, PyAny>, worker_name: String, local_rank: i64) -> PyResult<Self> {
-        let local_rank = u32::try_from(local_rank).map_err(|_| {
-            PyValueError::new_err(format!(
-                "local_rank must be greater than or equal to 0 (got {local_rank})"
-            ))
-        })?;
+    #[pyo3(signature = (config, worker_name, local_rank = 0, rank = None))]
+    fn new(
+        config: &Bound<'_, PyAny>,
+        worker_name: String,
+        local_rank: i64,
+        rank: Option<i64>,
+    ) -> PyResult<Self> {
+        let local_rank = rank_arg("local_rank", local_rank)?;
+        let rank = rank.map(|r| rank_arg("rank", r)).transpose()?;
         let cfg = parse_config(config)?;
         let py = config.py();
         let inner = py
             .detach(|| WorkerProfiler::with_local_rank(&cfg, &worker_name, local_rank))
             .map_err(|e| to_py(&e))?;
+        if let Some(rank) = rank {
+            inner.set_rank(rank);
+        }
         Ok(PyWorkerProfiler {
             inner: ManuallyDrop::new(Arc::new(inner)),
             local_rank,
@@ -253,16 +267,20 @@ impl PyWorkerProfiler {
     }
 
     /// Starts a session; the overrides hold for this session only. Ignored while a session is
-    /// active. A negative override raises `ValueError`; a backend failure is logged.
-    #[pyo3(signature = (*, delay_iterations = None, max_iterations = None))]
+    /// active. `start_at_step` starts the window in that absolute step instead of after a
+    /// delay. A negative override, or a start step already passed, raises `ValueError`; a
+    /// backend failure is logged.
+    #[pyo3(signature = (*, delay_iterations = None, max_iterations = None, start_at_step = None))]
     fn start(
         &self,
         py: Python<'_>,
         delay_iterations: Option<i64>,
         max_iterations: Option<i64>,
+        start_at_step: Option<i64>,
     ) -> PyResult<()> {
-        let options =
-            StartOptions::from_signed(delay_iterations, max_iterations).map_err(|e| to_py(&e))?;
+        let options = StartOptions::from_signed(delay_iterations, max_iterations)
+            .and_then(|o| o.at_step(start_at_step))
+            .map_err(|e| to_py(&e))?;
         let p = &self.inner;
         Self::swallow_backend(py.detach(|| p.start_with(options)))
     }
@@ -324,6 +342,18 @@ impl PyWorkerProfiler {
             }
             py.check_signals()?;
         }
+    }
+
+    /// Sets the worker's global rank, which `stepscope.ranks` selects by.
+    fn set_rank(&self, rank: i64) -> PyResult<()> {
+        self.inner.set_rank(rank_arg("rank", rank)?);
+        Ok(())
+    }
+
+    /// The profiler's state as JSON text (see `stepscope.WorkerProfiler.status`).
+    fn status_json(&self) -> PyResult<String> {
+        serde_json::to_string(&self.inner.status())
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
     /// Names the next session's traces (vLLM's `set_output_name`); ignored while a session is
