@@ -99,8 +99,9 @@ impl Policy {
     /// The policy of a config's `"stepscope"` capture keys.
     pub fn from_config(c: &CaptureControl) -> Self {
         Policy {
+            // Every stage listed is the same as no filter (0).
             stages: c.stages.as_ref().map_or(0, |list| {
-                list.iter().fold(0, |bits, s| bits | stage_bit(*s))
+                list.iter().fold(0, |bits, s| bits | stage_bit(*s)) % 0b1111
             }),
             min_batch_requests: c.min_batch_requests,
             min_batch_tokens: c.min_batch_tokens,

@@ -357,3 +357,259 @@ proptest! {
         }
     }
 }
+
+/// The capture-control semantics as the config reference states them, written independently
+/// of `schedule.rs`, for the CUDA-like backend (no torch schedule): what the backend is asked
+/// to do, and which steps are captured.
+#[derive(Debug, Default)]
+struct Model {
+    // config
+    delay: u64,
+    max: u64,
+    stages: Vec<&'static str>,
+    min_reqs: u64,
+    start_at: Option<u64>,
+    repeat: u64,
+    every: u64,
+    // session
+    active: bool,
+    collecting: bool,
+    paused: bool,
+    failed: bool,
+    between: bool,
+    started: bool,
+    s_delay: u64,
+    s_max: u64,
+    target: Option<u64>,
+    qualified: bool,
+    counted_for_delay: u64,
+    profiled: u64,
+    first_window: u64,
+    windows_done: u64,
+    fail_next_start: bool,
+    // world
+    steps: u64,
+    lifecycle: Vec<Call>,
+    captured: Vec<u64>,
+}
+
+impl Model {
+    fn gated(&self) -> bool {
+        self.stages.len() < 4 || self.min_reqs > 0
+    }
+
+    fn backend_start(&mut self, first_step: u64) {
+        self.lifecycle.push(Call::Start { first_step });
+        self.started = true;
+        if std::mem::take(&mut self.fail_next_start) {
+            self.failed = true;
+        } else {
+            self.collecting = true;
+        }
+    }
+
+    fn reset(&mut self) {
+        self.active = false;
+        self.collecting = false;
+        self.paused = false;
+        self.failed = false;
+        self.between = false;
+        self.started = false;
+    }
+
+    fn start(&mut self, delay: Option<u64>, max: Option<u64>, at: Option<u64>) {
+        if self.active {
+            return;
+        }
+        let target = at.or(if delay.is_none() { self.start_at } else { None });
+        if target.is_some_and(|t| t <= self.steps) {
+            return; // refused: the step has passed
+        }
+        self.active = true;
+        self.s_delay = delay.unwrap_or(self.delay);
+        self.s_max = max.unwrap_or(self.max);
+        self.target = target;
+        self.qualified = self.min_reqs == 0;
+        self.counted_for_delay = 0;
+        self.profiled = 0;
+        self.windows_done = 0;
+        if target.is_none() && self.s_delay == 0 && !self.gated() {
+            self.first_window = self.steps + 1;
+            self.backend_start(self.steps + 1);
+        }
+    }
+
+    fn stop(&mut self) {
+        if !self.active {
+            return;
+        }
+        if self.collecting || self.paused {
+            self.lifecycle.push(Call::Stop);
+        }
+        self.reset();
+    }
+
+    fn shutdown(&mut self) {
+        if self.collecting || self.paused {
+            self.stop();
+        }
+    }
+
+    fn step(&mut self, info: &IterationInfo) {
+        self.steps += 1;
+        if !self.active {
+            return;
+        }
+        let chosen = self.stages.contains(&info.stage().as_str());
+        let requests = u64::from(info.num_ctx_reqs + info.num_gen_reqs);
+        if self.between {
+            let due = self.first_window + self.windows_done * self.every;
+            if self.steps >= due && chosen {
+                self.between = false;
+                self.backend_start(self.steps);
+            }
+        } else if !self.started {
+            let go = match self.target {
+                Some(t) => self.steps >= t && chosen,
+                None => {
+                    self.qualified |= requests >= self.min_reqs;
+                    if self.qualified && chosen {
+                        self.counted_for_delay += 1;
+                    }
+                    self.qualified && chosen && self.counted_for_delay >= self.s_delay.max(1)
+                }
+            };
+            if go {
+                self.first_window = self.steps;
+                self.backend_start(self.steps);
+            }
+        } else if self.collecting && !chosen {
+            self.lifecycle.push(Call::Pause);
+            self.collecting = false;
+            self.paused = true;
+        } else if self.paused && chosen {
+            self.lifecycle.push(Call::Resume);
+            self.collecting = true;
+            self.paused = false;
+        }
+        if self.collecting {
+            self.profiled += 1;
+            if self.s_max > 0 && self.profiled > self.s_max {
+                self.windows_done += 1;
+                self.lifecycle.push(Call::Stop);
+                self.collecting = false;
+                if self.windows_done < self.repeat.max(1) {
+                    self.between = true;
+                    self.profiled = 0;
+                } else {
+                    self.reset();
+                }
+                return;
+            }
+            self.captured.push(self.steps);
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Start(Option<u64>, Option<u64>, Option<u64>),
+    Stop,
+    Step(u8, bool),
+    Shutdown,
+    FailNextStart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => (
+            proptest::option::of(0u64..4),
+            proptest::option::of(0u64..4),
+            proptest::option::weighted(0.2, 1u64..40)
+        )
+            .prop_map(|(d, m, a)| Op::Start(d, m, a)),
+        1 => Just(Op::Stop),
+        10 => (0u8..4, any::<bool>()).prop_map(|(k, big)| Op::Step(k, big)),
+        1 => Just(Op::Shutdown),
+        1 => Just(Op::FailNextStart),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// The implementation against the model above, op by op: the backend calls and the
+    /// captured steps agree, and so do is_active and is_running.
+    #[test]
+    fn capture_control_matches_its_reference_model(
+        delay in 0u64..4,
+        max in 1u64..4,
+        stages in 1u8..16,
+        min_reqs in proptest::option::weighted(0.3, 1u64..20),
+        start_at in proptest::option::weighted(0.2, 1u64..30),
+        repeat in 1u64..4,
+        gap in 0u64..4,
+        ops in proptest::collection::vec(op(), 0..80),
+    ) {
+        let names = ["prefill", "decode", "mixed", "idle"];
+        let chosen: Vec<&'static str> =
+            (0..4).filter(|b| stages & (1 << b) != 0).map(|b| names[b]).collect();
+        let every = max + 1 + gap;
+        let min_reqs = if start_at.is_some() { 0 } else { min_reqs.unwrap_or(0) };
+        let delay = if start_at.is_some() { 0 } else { delay };
+        let start_key = start_at.map_or(String::new(), |s| format!(r#""start_at_step": {s},"#));
+        let json = format!(
+            r#"{{"profiler": "cuda", "delay_iterations": {delay}, "max_iterations": {max},
+                "stepscope": {{{start_key} "stages": {chosen:?}, "min_batch_requests": {min_reqs},
+                "repeat": {repeat}, "repeat_every": {every}}}}}"#
+        );
+        let cfg = ProfilerConfig::from_json_str(&json).unwrap();
+        let rec = Recording::default();
+        let imp = WorkerProfiler::with_backend(&cfg, "prop", Box::new(rec.clone()));
+        let mut model = Model {
+            delay, max, stages: chosen, min_reqs, start_at, repeat, every,
+            ..Model::default()
+        };
+        let mut captured = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            match op {
+                Op::Start(d, m, a) => {
+                    let opts = StartOptions { delay_iterations: *d, max_iterations: *m, start_at_step: *a };
+                    let _ = imp.start_with(opts);
+                    model.start(*d, *m, *a);
+                }
+                Op::Stop => {
+                    let _ = imp.stop();
+                    model.stop();
+                }
+                Op::Step(kind, big) => {
+                    let mut info = stage_of(*kind);
+                    if *big {
+                        info.num_gen_reqs += 20;
+                    }
+                    if imp.step(&info).is_captured() {
+                        captured.push(imp.step_index());
+                    }
+                    model.step(&info);
+                }
+                Op::Shutdown => {
+                    let _ = imp.shutdown();
+                    model.shutdown();
+                }
+                Op::FailNextStart => {
+                    let mut plan = rec.start_plan.lock();
+                    plan.clear();
+                    plan.push_back(false);
+                    model.fail_next_start = true;
+                }
+            }
+            if !model.fail_next_start {
+                rec.start_plan.lock().clear();
+            }
+            prop_assert_eq!(rec.lifecycle(), model.lifecycle.clone(), "backend calls after op {} {:?}", i, op);
+            prop_assert_eq!(&captured, &model.captured, "captured steps after op {} {:?}", i, op);
+            prop_assert_eq!(imp.is_active(), model.active, "is_active after op {} {:?}", i, op);
+            prop_assert_eq!(imp.is_running(), model.collecting, "is_running after op {} {:?}", i, op);
+        }
+    }
+}

@@ -27,6 +27,8 @@ pub struct CudaBackend {
     device: i32,
     initialized: bool,
     primary: Option<Context>,
+    /// Paused over a stage not chosen: the driver is already stopped.
+    paused: bool,
 }
 
 /// A retained primary context (an opaque driver handle).
@@ -45,6 +47,7 @@ impl CudaBackend {
             device: i32::try_from(device).unwrap_or(i32::MAX),
             initialized: false,
             primary: None,
+            paused: false,
         }
     }
 
@@ -117,30 +120,46 @@ impl Backend for CudaBackend {
     }
 
     fn start(&mut self, _capture: &CaptureStart<'_>) -> Result<()> {
+        self.paused = false;
+        self.profiler_start()
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        if std::mem::take(&mut self.paused) {
+            // Stopped when the pause began.
+            return Ok(());
+        }
+        self.profiler_stop()
+    }
+
+    // The profiler API has no pause: a stop and a start, which nsys records as separate
+    // capture ranges (`--capture-range-end=repeat:N`).
+    fn pause(&mut self) -> Result<()> {
+        self.profiler_stop()?;
+        self.paused = true;
+        Ok(())
+    }
+
+    fn resume(&mut self) -> Result<()> {
+        self.profiler_start()?;
+        self.paused = false;
+        Ok(())
+    }
+}
+
+impl CudaBackend {
+    fn profiler_start(&mut self) -> Result<()> {
         self.ensure_driver()?;
         self.ensure_context()?;
         // SAFETY: no arguments; a context is current on this thread.
         call("cuProfilerStart", || unsafe { cu::cuProfilerStart() })
     }
 
-    fn stop(&mut self) -> Result<()> {
+    fn profiler_stop(&mut self) -> Result<()> {
         self.ensure_driver()?;
         self.ensure_context()?;
         // SAFETY: no arguments; a context is current on this thread.
         call("cuProfilerStop", || unsafe { cu::cuProfilerStop() })
-    }
-
-    // The profiler API has no pause: a stop and a start, which nsys records as separate
-    // capture ranges (`--capture-range-end=repeat:N`).
-    fn pause(&mut self) -> Result<()> {
-        self.stop()
-    }
-
-    fn resume(&mut self) -> Result<()> {
-        self.start(&CaptureStart {
-            worker_name: "",
-            first_step: 0,
-        })
     }
 }
 

@@ -169,3 +169,20 @@ def test_stage_pauses_are_separate_profiler_windows_for_nsys(engine_script):
     assert pushes == ["execute_context_0(0)_generation_8(8)"] * 2
     marks = [e.arg(1) for e in r.events if e.name == "mark"]
     assert marks == ["capture start", "capture pause", "capture resume", "capture stop"]
+
+
+def test_a_stop_while_paused_makes_no_second_driver_stop(engine_script):
+    r = engine_script(
+        """
+        p = stepscope.WorkerProfiler(
+            {"profiler": "cuda", "stepscope": {"stages": ["decode"]}}, "w0")
+        p.start()
+        decode, prefill = stepscope.Iteration(0, 0, 8, 8), stepscope.Iteration(2, 300, 0, 0)
+        RESULT["captured"] = engine(p, 3, lambda i: decode if i < 3 else prefill)
+        RESULT["phase"] = p.phase
+        p.stop()
+        """
+    )
+    assert r.result["captured"] == [True, True, False]
+    assert r.result["phase"] == "paused"
+    assert r.driver() == [("cuProfilerStart", "0"), ("cuProfilerStop", "0")]

@@ -645,3 +645,47 @@ fn repeated_windows_each_write_their_own_trace_and_manifest() {
     }
     no_temporaries(&dir);
 }
+
+#[test]
+fn a_stop_while_paused_leaves_the_next_session_recording() {
+    let _k = lock();
+    let dir = fresh_dir("stop-paused");
+    let e = engine();
+    let p = WorkerProfiler::new(
+        &config(
+            &dir,
+            r#", "torch_profiler_use_gzip": false, "stepscope": {"stages": ["decode"]}"#,
+        ),
+        "w0",
+    )
+    .unwrap();
+    // Step 1 mixed (waits), 2 decode (captured), 5 mixed (paused): stop there.
+    p.start().unwrap();
+    for step in 1..=5 {
+        e.iteration(&p, step);
+    }
+    assert_eq!(p.phase(), stepscope::schedule::Phase::Paused);
+    p.stop().unwrap();
+    p.start().unwrap();
+    for step in 6..=7 {
+        e.iteration(&p, step);
+    }
+    p.stop().unwrap();
+    flush(&p);
+    let mut traces: Vec<Value> = with_suffix(&dir, ".pt.trace.json")
+        .iter()
+        .map(|t| read_json(t))
+        .collect();
+    traces.sort_by_key(|t| iterations(t).first().map(|s| s.ts as i64));
+    assert_eq!(traces.len(), 2);
+    let second = &traces[1];
+    let its = iterations(second);
+    assert_eq!(its.len(), 2, "steps 6 and 7 are decode");
+    for it in &its {
+        assert_eq!(
+            mm_inside(second, it),
+            LAYERS,
+            "ops recorded after a paused stop"
+        );
+    }
+}
