@@ -277,6 +277,60 @@ fn status_reports_the_window_and_its_progress() {
     assert_eq!(json["windows"], 1);
 }
 
+/// The random capture-control config of a property test: a start step excludes a delay and a
+/// batch minimum (the config refuses both), windows are at least max + 1 apart.
+struct Control {
+    delay: u64,
+    stages: Vec<&'static str>,
+    min_reqs: u64,
+    every: u64,
+    json: String,
+}
+
+impl Control {
+    fn new(
+        delay: u64,
+        max: u64,
+        stage_bits: u8,
+        min_reqs: u64,
+        start_at: Option<u64>,
+        repeat: u64,
+        gap: u64,
+    ) -> Self {
+        let names = ["prefill", "decode", "mixed", "idle"];
+        let stages: Vec<&'static str> = (0..4)
+            .filter(|b| stage_bits & (1 << b) != 0)
+            .map(|b| names[b])
+            .collect();
+        let every = max + 1 + gap;
+        let (delay, min_reqs) = if start_at.is_some() {
+            (0, 0)
+        } else {
+            (delay, min_reqs)
+        };
+        let start_key = start_at.map_or(String::new(), |s| format!(r#""start_at_step": {s},"#));
+        let json = format!(
+            r#"{{"profiler": "cuda", "delay_iterations": {delay}, "max_iterations": {max},
+                "stepscope": {{{start_key} "stages": {stages:?}, "min_batch_requests": {min_reqs},
+                "repeat": {repeat}, "repeat_every": {every}}}}}"#
+        );
+        Control {
+            delay,
+            stages,
+            min_reqs,
+            every,
+            json,
+        }
+    }
+
+    fn profiler(&self) -> (WorkerProfiler, Recording) {
+        let cfg = ProfilerConfig::from_json_str(&self.json).unwrap();
+        let rec = Recording::default();
+        let p = WorkerProfiler::with_backend(&cfg, "prop", Box::new(rec.clone()));
+        (p, rec)
+    }
+}
+
 fn stage_of(i: u8) -> IterationInfo {
     [PREFILL, DECODE, MIXED, IterationInfo::default()][usize::from(i % 4)]
 }
@@ -299,21 +353,9 @@ proptest! {
         start_at in proptest::option::of(1u64..12),
         kinds in proptest::collection::vec(0u8..4, 0..60),
     ) {
-        let names = ["prefill", "decode", "mixed", "idle"];
-        let chosen: Vec<&str> = (0..4).filter(|b| stages & (1 << b) != 0).map(|b| names[b]).collect();
-        let every = max + 1 + gap;
-        let start = match start_at {
-            Some(s) => format!(r#""start_at_step": {s},"#),
-            None => format!(r#""min_batch_requests": {min_reqs},"#),
-        };
-        let delay = if start_at.is_some() { 0 } else { delay };
-        let json = format!(
-            r#"{{"delay_iterations": {delay}, "max_iterations": {max}, "stepscope": {{{start}
-                "stages": {chosen:?}, "repeat": {repeat}, "repeat_every": {every}}}}}"#
-        );
-        let cfg = ProfilerConfig::from_json_str(&json).unwrap();
-        let rec = Recording::default();
-        let p = WorkerProfiler::with_backend(&cfg, "prop", Box::new(rec.clone()));
+        let c = Control::new(delay, max, stages, min_reqs, start_at, repeat, gap);
+        let (p, rec) = c.profiler();
+        let (chosen, every) = (c.stages, c.every);
         p.start().unwrap();
         let mut captured = Vec::new();
         for k in &kinds {
@@ -551,23 +593,11 @@ proptest! {
         gap in 0u64..4,
         ops in proptest::collection::vec(op(), 0..80),
     ) {
-        let names = ["prefill", "decode", "mixed", "idle"];
-        let chosen: Vec<&'static str> =
-            (0..4).filter(|b| stages & (1 << b) != 0).map(|b| names[b]).collect();
-        let every = max + 1 + gap;
-        let min_reqs = if start_at.is_some() { 0 } else { min_reqs.unwrap_or(0) };
-        let delay = if start_at.is_some() { 0 } else { delay };
-        let start_key = start_at.map_or(String::new(), |s| format!(r#""start_at_step": {s},"#));
-        let json = format!(
-            r#"{{"profiler": "cuda", "delay_iterations": {delay}, "max_iterations": {max},
-                "stepscope": {{{start_key} "stages": {chosen:?}, "min_batch_requests": {min_reqs},
-                "repeat": {repeat}, "repeat_every": {every}}}}}"#
-        );
-        let cfg = ProfilerConfig::from_json_str(&json).unwrap();
-        let rec = Recording::default();
-        let imp = WorkerProfiler::with_backend(&cfg, "prop", Box::new(rec.clone()));
+        let c = Control::new(delay, max, stages, min_reqs.unwrap_or(0), start_at, repeat, gap);
+        let (imp, rec) = c.profiler();
         let mut model = Model {
-            delay, max, stages: chosen, min_reqs, start_at, repeat, every,
+            delay: c.delay, max, stages: c.stages, min_reqs: c.min_reqs, start_at, repeat,
+            every: c.every,
             ..Model::default()
         };
         let mut captured = Vec::new();
