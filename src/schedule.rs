@@ -446,7 +446,6 @@ impl Schedule {
         self.since_start += 1;
         let counts = self.policy.stage_counts(step.stage);
         match self.phase {
-            Phase::Idle => StepBegin::Inactive,
             Phase::Delaying => {
                 let due = match self.target_step {
                     Some(target) => step.index >= target && counts,
@@ -482,13 +481,9 @@ impl Schedule {
                 self.phase = Phase::Running;
                 StepBegin::ResumeBackend
             }
-            // A pending start is carried out before a step begins; were it not, the step
-            // still counts and the backend is simply not running yet.
-            Phase::Starting
-            | Phase::Running
-            | Phase::StartFailed
-            | Phase::Paused
-            | Phase::Between => StepBegin::Counted,
+            // Idle returned above. A pending start is carried out before a step begins; were
+            // it not, the step still counts and the backend is simply not running yet.
+            _ => StepBegin::Counted,
         }
     }
 
