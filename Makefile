@@ -71,6 +71,8 @@ test-python: python
 
 bench: setup
 	$(CARGO) bench --workspace
+	$(VENV)/bin/maturin develop --quiet --release
+	$(PYTHON) scripts/bench_python_step.py
 
 # The C/C++ library, headers and pkg-config file under $(PREFIX).
 install:

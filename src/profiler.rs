@@ -363,6 +363,19 @@ impl WorkerProfiler {
         self.step_slow(index, info)
     }
 
+    /// `step()` when it has nothing to do: with nothing armed (and the engine thread known),
+    /// counts the step and returns true, in one relaxed load; otherwise does nothing and
+    /// returns false, and the caller calls [`WorkerProfiler::step`]. For bindings that pay to
+    /// enter `step()` (Python releases the GIL around it) and can skip that when idle.
+    #[inline]
+    pub fn try_step_idle(&self) -> bool {
+        if self.gate.load(Relaxed) != 0 {
+            return false;
+        }
+        self.steps.store(self.steps.load(Relaxed) + 1, Relaxed);
+        true
+    }
+
     #[cold]
     #[inline(never)]
     fn step_slow(&self, index: u64, info: &IterationInfo) -> Iteration<'_> {

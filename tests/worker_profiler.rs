@@ -301,3 +301,20 @@ fn reconfigure_applies_between_sessions_only() {
     p.stop().unwrap();
     assert!(p.reconfigure(&cfg).unwrap());
 }
+
+#[test]
+fn try_step_idle_counts_only_steps_with_nothing_to_do() {
+    let (p, rec) = profiler(r#"{"delay_iterations": 2}"#);
+    assert!(
+        !p.try_step_idle(),
+        "the first step registers the engine thread"
+    );
+    steps(&p, 1);
+    assert!(p.try_step_idle());
+    assert_eq!(p.step_index(), 2);
+    p.start().unwrap();
+    assert!(!p.try_step_idle(), "armed: step() has work");
+    assert_eq!(p.step_index(), 2);
+    assert_eq!(steps(&p, 2), [false, true]);
+    assert_eq!(rec.lifecycle(), [Call::Start { first_step: 4 }]);
+}

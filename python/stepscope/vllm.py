@@ -220,7 +220,7 @@ def _make_annotate(original: Callable[..., Any], compute_iteration_details: Any)
         if not profiler.is_armed:
             # Nothing will read counts: skip computing them (vLLM's idle cost).
             profiler.step()
-            return nullcontext()
+            return _IDLE
         detailed = bool(getattr(self.vllm_config.profiler_config, "detailed_trace_annotation", False))
         profiler.step(iteration_of(scheduler_output, compute_iteration_details, detailed))
         return _IterationScope(profiler)
@@ -282,6 +282,10 @@ class StatusEndpoint:
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
         state.stepscope_engine_client = engine_client
+
+
+# nullcontext keeps no state, so one serves every idle iteration.
+_IDLE = nullcontext()
 
 
 class _IterationScope:

@@ -296,8 +296,12 @@ impl PyWorkerProfiler {
     /// range and Kineto annotation, which stay open until `step_end()` or the next `step()`.
     #[pyo3(signature = (iteration = None))]
     fn step(&self, py: Python<'_>, iteration: Option<PyRef<'_, PyIteration>>) {
-        let info = iteration.map(|i| i.info).unwrap_or_default();
         let p = &self.inner;
+        // Idle (the common case): no backend to reach, so no GIL to give up.
+        if p.try_step_idle() {
+            return;
+        }
+        let info = iteration.map(|i| i.info).unwrap_or_default();
         py.detach(|| {
             // The annotation outlives this call: step_end() or the next step() closes it.
             std::mem::forget(p.step(&info));
