@@ -66,7 +66,10 @@ python: setup
 	$(VENV)/bin/maturin develop --quiet
 
 # The Python API on the stub driver and real Kineto, and the vLLM plugin on the real vllm.
+# ruff first: undefined names, unused imports, likely bugs (pyflakes and bugbear rules).
+PY_SOURCES := python tests/python examples scripts/*.py
 test-python: python
+	$(VENV)/bin/ruff check --quiet --select F,E9,B $(PY_SOURCES)
 	$(PYTHON) -m pytest -q tests/python
 
 bench: setup

@@ -38,8 +38,8 @@ fi
 
 # The project's Python environment: torch==2.13.0 gives libtorch to the torch backend (the
 # `torch` feature, torch-sys finds it through this venv's python with LIBTORCH_USE_PYTORCH=1);
-# maturin builds the Python package, pytest runs its tests, vllm==0.32.0 is what the vLLM
-# plugin's tests import (on CPU).
+# maturin builds the Python package, pytest runs its tests, ruff checks the Python code,
+# vllm==0.32.0 is what the vLLM plugin's tests import (on CPU).
 # Checked by its installed metadata, so a ready venv costs no Python start-up.
 TORCH_VERSION=2.13.0
 VENV=.venv
@@ -50,7 +50,7 @@ fi
 site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # Each pinned package is checked by its metadata directory and installed once.
 need_pip=()
-for pin in "torch==$TORCH_VERSION" "maturin==1.16.0" "pytest==9.2.0" "vllm==0.32.0"; do
+for pin in "torch==$TORCH_VERSION" "maturin==1.16.0" "pytest==9.2.0" "ruff==0.17.6" "vllm==0.32.0"; do
   name=${pin%%==*}
   version=${pin##*==}
   compgen -G "$site/$name-$version.dist-info" >/dev/null || need_pip+=("$pin")

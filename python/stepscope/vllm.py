@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.abc
-import importlib.machinery
 import logging
 import os
 import re
@@ -321,7 +320,7 @@ def iteration_of(scheduler_output: Any, compute_iteration_details: Any, detailed
     new_ids = {r.req_id for r in scheduler_output.scheduled_new_reqs}
     computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
     cached = scheduler_output.scheduled_cached_reqs
-    computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+    computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
     ctx = [0, 0, 0]
     gen = [0, 0, 0]
     for req_id, q in scheduler_output.num_scheduled_tokens.items():

@@ -156,7 +156,7 @@ def test_annotate_profile_gives_vllms_name_and_counts(vllm_loaded, tmp_path, det
     assert annotations(trace) == [expected]
 
     # vLLM's own annotate_profile names the same iteration the same way.
-    original = getattr(vllm_loaded.Worker.annotate_profile, "__stepscope_original__")
+    original = vllm_loaded.Worker.annotate_profile.__stepscope_original__
     seen = []
 
     class Oracle:
@@ -201,7 +201,7 @@ def test_the_plugin_is_idempotent(vllm_loaded):
     plugin._patch_wrapper(wrapper)
     plugin._patch_gpu_worker(vllm_loaded)
     assert (wrapper.create_worker_profiler, vllm_loaded.Worker.annotate_profile) == before
-    original = getattr(wrapper.create_worker_profiler, "__stepscope_original__")
+    original = wrapper.create_worker_profiler.__stepscope_original__
     assert not hasattr(original, "__stepscope_original__")
 
 
