@@ -12,26 +12,12 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use stepscope::backend::{Backend, CaptureStart, NoBackend};
-use stepscope::{IterationInfo, ProfilerConfig, Result, StartOptions, WorkerProfiler};
+use stepscope::backend::NoBackend;
+use stepscope::{IterationInfo, ProfilerConfig, StartOptions, WorkerProfiler};
 
-/// A backend that reads each iteration's name, as a trace backend does.
-struct Named;
-
-impl Backend for Named {
-    fn name(&self) -> &str {
-        "named"
-    }
-    fn start(&mut self, _: &CaptureStart<'_>) -> Result<()> {
-        Ok(())
-    }
-    fn stop(&mut self) -> Result<()> {
-        Ok(())
-    }
-    fn begin_iteration(&mut self, _step: u64, _info: &IterationInfo, name: &str) {
-        black_box(name);
-    }
-}
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::ReadsNames;
 
 fn profiler() -> WorkerProfiler {
     let cfg = ProfilerConfig::default();
@@ -79,7 +65,8 @@ fn bench_step(c: &mut Criterion) {
         b.iter(|| drop(running.step(black_box(&info))))
     });
 
-    let named = WorkerProfiler::with_backend(&ProfilerConfig::default(), "bench", Box::new(Named));
+    let named =
+        WorkerProfiler::with_backend(&ProfilerConfig::default(), "bench", Box::new(ReadsNames));
     drop(named.step(&info));
     named.start().expect("start");
     g.bench_function("running_with_names", |b| {

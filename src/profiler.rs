@@ -267,7 +267,7 @@ impl WorkerProfiler {
             max: options.max_iterations,
             start_at_step: options.start_at_step,
         };
-        let result = match g.schedule.start_at(request, self.step_index()) {
+        let result = match g.schedule.start(request, self.step_index()) {
             StartDecision::Passed { step, now } => Err(Error::InvalidArgument {
                 name: "start_at_step".into(),
                 message: format!(
@@ -440,8 +440,7 @@ impl WorkerProfiler {
 
     /// How many stopped sessions' traces are still being written in the background.
     pub fn pending_writes(&self) -> usize {
-        let pending = self.inner.lock().backend.pending_writes();
-        pending.map_or(0, |p| p.count())
+        self.inner.lock().pending_writes()
     }
 
     /// A session is active (started and not stopped), vLLM's `_active`.
@@ -512,7 +511,7 @@ impl WorkerProfiler {
             windows: s.windows(),
             windows_done: s.windows_done(),
             next_window_at: s.next_window_at(),
-            pending_writes: g.backend.pending_writes().map_or(0, |p| p.count()),
+            pending_writes: g.pending_writes(),
             last_error: g.last_error.as_ref().map(Error::to_string),
         }
     }
@@ -590,6 +589,10 @@ impl std::fmt::Debug for WorkerProfiler {
 }
 
 impl Inner {
+    fn pending_writes(&self) -> usize {
+        self.backend.pending_writes().map_or(0, |p| p.count())
+    }
+
     /// Whether this worker profiles under `stepscope.ranks`; an error when the list is set
     /// and the worker's rank is unknown.
     fn selected(&self) -> Result<bool> {

@@ -99,10 +99,14 @@ impl Policy {
     /// The policy of a config's `"stepscope"` capture keys.
     pub fn from_config(c: &CaptureControl) -> Self {
         Policy {
-            // Every stage listed is the same as no filter (0).
-            stages: c.stages.as_ref().map_or(0, |list| {
-                list.iter().fold(0, |bits, s| bits | stage_bit(*s)) % 0b1111
-            }),
+            stages: match c.stages.as_ref() {
+                None => 0,
+                Some(list) => match list.iter().fold(0, |bits, s| bits | stage_bit(*s)) {
+                    // Every stage listed is the same as no filter.
+                    ALL_STAGES => 0,
+                    bits => bits,
+                },
+            },
             min_batch_requests: c.min_batch_requests,
             min_batch_tokens: c.min_batch_tokens,
             start_at_step: c.start_at_step,
@@ -124,6 +128,8 @@ impl Policy {
         self.stages != 0 || self.min_batch_requests > 0 || self.min_batch_tokens > 0
     }
 }
+
+const ALL_STAGES: u8 = 0b1111;
 
 fn stage_bit(stage: Stage) -> u8 {
     let i = Stage::ALL.iter().position(|s| *s == stage).unwrap_or(0);
@@ -244,7 +250,6 @@ pub struct Schedule {
     /// The step the current (or last) window started in.
     window_start: u64,
     windows_done: u64,
-    next_window_at: u64,
 }
 
 /// One session's start request: vLLM's overrides plus stepscope's absolute start step.
@@ -283,7 +288,6 @@ impl Schedule {
             first_window_step: 0,
             window_start: 0,
             windows_done: 0,
-            next_window_at: 0,
         }
     }
 
@@ -343,25 +347,20 @@ impl Schedule {
 
     /// The step the next window of a repeated session is due in (while [`Phase::Between`]).
     pub fn next_window_at(&self) -> Option<u64> {
-        (self.phase == Phase::Between).then_some(self.next_window_at)
+        (self.phase == Phase::Between).then(|| self.window_due())
     }
 
-    /// Begins a session. `None` keeps the config's value for this session.
-    pub fn start(&mut self, delay: Option<u64>, max: Option<u64>) -> StartDecision {
-        self.start_at(
-            StartRequest {
-                delay,
-                max,
-                start_at_step: None,
-            },
-            0,
-        )
+    /// The step the next window is due in: `repeat_every` steps per completed window after
+    /// the first one's start.
+    fn window_due(&self) -> u64 {
+        self.first_window_step + self.windows_done * self.policy.repeat_every
     }
 
     /// Begins a session; `now` is the index of the last step taken (0 before the first).
+    /// `None` fields keep the config's values, for this session only.
     /// An explicit delay overrides the config's `start_at_step`; an explicit start step
     /// overrides the config's delay.
-    pub fn start_at(&mut self, request: StartRequest, now: u64) -> StartDecision {
+    pub fn start(&mut self, request: StartRequest, now: u64) -> StartDecision {
         if self.is_active() {
             return StartDecision::AlreadyActive;
         }
@@ -468,7 +467,7 @@ impl Schedule {
                     StepBegin::Counted
                 }
             }
-            Phase::Between if step.index >= self.next_window_at && counts => {
+            Phase::Between if step.index >= self.window_due() && counts => {
                 self.phase = Phase::Starting;
                 self.window_start = step.index;
                 StepBegin::StartBackend
@@ -508,8 +507,6 @@ impl Schedule {
             if self.windows_done < self.policy.repeat {
                 self.phase = Phase::Between;
                 self.profiled = 0;
-                self.next_window_at =
-                    self.first_window_step + self.windows_done * self.policy.repeat_every;
                 end.stop_backend = true;
             } else {
                 end.stop_backend = self.stop() == StopDecision::StopBackend;
@@ -530,7 +527,10 @@ mod tests {
     #[test]
     fn delay_zero_starts_in_start() {
         let mut s = sched(0, 0);
-        assert_eq!(s.start(None, None), StartDecision::StartBackend);
+        assert_eq!(
+            s.start(StartRequest::default(), 0),
+            StartDecision::StartBackend
+        );
         s.start_result(true);
         assert!(s.is_running());
     }
@@ -539,7 +539,7 @@ mod tests {
     fn stop_in_every_phase_resets_counters() {
         for (phase_steps, expect) in [(0, StopDecision::Disarmed), (2, StopDecision::StopBackend)] {
             let mut s = sched(2, 0);
-            s.start(None, None);
+            s.start(StartRequest::default(), 0);
             for _ in 0..phase_steps {
                 if s.begin_step(StepInfo::default()) == StepBegin::StartBackend {
                     s.start_result(true);
@@ -555,7 +555,7 @@ mod tests {
     #[test]
     fn start_result_outside_starting_is_ignored() {
         let mut s = sched(3, 0);
-        s.start(None, None);
+        s.start(StartRequest::default(), 0);
         s.start_result(true);
         assert_eq!(s.phase(), Phase::Delaying);
     }

@@ -627,14 +627,12 @@ proptest! {
                     model.shutdown();
                 }
                 Op::FailNextStart => {
-                    let mut plan = rec.start_plan.lock();
-                    plan.clear();
-                    plan.push_back(false);
+                    rec.fail_only_next_start();
                     model.fail_next_start = true;
                 }
             }
             if !model.fail_next_start {
-                rec.start_plan.lock().clear();
+                rec.clear_start_plan();
             }
             prop_assert_eq!(rec.lifecycle(), model.lifecycle.clone(), "backend calls after op {} {:?}", i, op);
             prop_assert_eq!(&captured, &model.captured, "captured steps after op {} {:?}", i, op);

@@ -4,8 +4,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use stepscope::backend::{Backend, CaptureStart};
-use stepscope::{IterationInfo, ProfilerConfig, Result, StartOptions, WorkerProfiler};
+mod support;
+
+use stepscope::{IterationInfo, ProfilerConfig, StartOptions, WorkerProfiler};
+use support::ReadsNames;
 
 struct Counting;
 
@@ -38,24 +40,6 @@ fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
-/// A backend that reads every name, as a trace backend does.
-struct Named(usize);
-
-impl Backend for Named {
-    fn name(&self) -> &str {
-        "named"
-    }
-    fn start(&mut self, _: &CaptureStart<'_>) -> Result<()> {
-        Ok(())
-    }
-    fn stop(&mut self) -> Result<()> {
-        Ok(())
-    }
-    fn begin_iteration(&mut self, _step: u64, _info: &IterationInfo, name: &str) {
-        self.0 += name.len();
-    }
-}
-
 fn steps_allocate(p: &WorkerProfiler, n: u32) -> u64 {
     let before = allocations();
     for i in 0..n {
@@ -67,7 +51,7 @@ fn steps_allocate(p: &WorkerProfiler, n: u32) -> u64 {
 #[test]
 fn steps_do_not_allocate_in_any_state() {
     let cfg = ProfilerConfig::from_json_str(r#"{"detailed_trace_annotation": false}"#).unwrap();
-    let p = WorkerProfiler::with_backend(&cfg, "w", Box::new(Named(0)));
+    let p = WorkerProfiler::with_backend(&cfg, "w", Box::new(ReadsNames));
     // The first step registers the engine thread (ThreadId is not allocated, but be fair).
     drop(p.step(&IterationInfo::default()));
     assert_eq!(steps_allocate(&p, 1000), 0, "idle");

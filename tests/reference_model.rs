@@ -202,15 +202,13 @@ proptest! {
                 }
                 Op::FailNextStart => {
                     // Replace any unused plan: one failure armed at a time, as in the model.
-                    let mut plan = rec.start_plan.lock();
-                    plan.clear();
-                    plan.push_back(false);
+                    rec.fail_only_next_start();
                     reference.fail_next_start = true;
                 }
             }
             // A start that consumed the plan in the model consumed it in the implementation.
             if !reference.fail_next_start {
-                rec.start_plan.lock().clear();
+                rec.clear_start_plan();
             }
             prop_assert_eq!(imp.is_active(), reference.active, "is_active after op {} {:?}", i, op);
             prop_assert_eq!(imp.is_running(), reference.running, "is_running after op {} {:?}", i, op);

@@ -63,6 +63,19 @@ impl Recording {
         self.start_plan.lock().push_back(false);
     }
 
+    /// Arms exactly one failing start, replacing any unused plan (the property tests' models
+    /// hold one armed failure at a time).
+    pub fn fail_only_next_start(&self) {
+        let mut plan = self.start_plan.lock();
+        plan.clear();
+        plan.push_back(false);
+    }
+
+    /// Drops an unused plan: starts succeed again.
+    pub fn clear_start_plan(&self) {
+        self.start_plan.lock().clear();
+    }
+
     /// Steps whose iteration was annotated.
     pub fn captured_steps(&self) -> Vec<u64> {
         self.calls()
@@ -116,6 +129,25 @@ impl Backend for Recording {
     }
     fn end_iteration(&mut self) {
         self.push(Call::End);
+    }
+}
+
+/// A backend that only reads each iteration's name, as a trace backend does: the profiler's
+/// own cost with names formatted (`benches/step.rs`, `tests/no_alloc.rs`).
+pub struct ReadsNames;
+
+impl Backend for ReadsNames {
+    fn name(&self) -> &str {
+        "reads-names"
+    }
+    fn start(&mut self, _: &CaptureStart<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn stop(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn begin_iteration(&mut self, _step: u64, _info: &IterationInfo, name: &str) {
+        std::hint::black_box(name);
     }
 }
 

@@ -377,7 +377,8 @@ impl PyWorkerProfiler {
             .map_err(|e| to_py(&e))
     }
 
-    /// The profiler's config as JSON text (every field, defaults filled in).
+    /// The config the profiler was made with, as JSON text (every field, defaults filled in;
+    /// `set_profiler_kwargs` changes are kept by the Python class, not here).
     #[getter]
     fn config_json(&self) -> String {
         self.config_json.clone()
