@@ -507,7 +507,7 @@ impl WorkerProfiler {
             max_iterations: limits.max,
             start_at_step: s.target_step(),
             window_first_step: s.window_start(),
-            iterations_captured: s.profiled_steps(),
+            iterations_captured: s.captured_steps(),
             windows: s.windows(),
             windows_done: s.windows_done(),
             next_window_at: s.next_window_at(),
@@ -760,11 +760,12 @@ pub struct Status {
     pub start_at_step: Option<u64>,
     /// The step the current window's capture started in.
     pub window_first_step: Option<u64>,
-    /// Iterations counted toward max in the current window.
+    /// Iterations captured in the current window, or in the last one after it ended (by its
+    /// max or by a stop).
     pub iterations_captured: u64,
     /// Windows per session (`stepscope.repeat`).
     pub windows: u64,
-    /// Windows completed in this session.
+    /// Windows completed in this (or the last) session, a window ended by a stop included.
     pub windows_done: u64,
     /// The step the next window is due in, between windows.
     pub next_window_at: Option<u64>,

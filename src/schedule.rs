@@ -250,6 +250,9 @@ pub struct Schedule {
     /// The step the current (or last) window started in.
     window_start: u64,
     windows_done: u64,
+    /// Steps captured in the current (or, after a stop, the last) window: kept for status
+    /// after the stop resets vLLM's counters.
+    captured: u64,
 }
 
 /// One session's start request: vLLM's overrides plus stepscope's absolute start step.
@@ -288,6 +291,7 @@ impl Schedule {
             first_window_step: 0,
             window_start: 0,
             windows_done: 0,
+            captured: 0,
         }
     }
 
@@ -326,7 +330,13 @@ impl Schedule {
         self.target_step
     }
 
-    /// Windows this session has completed (by their max).
+    /// Steps captured in the current window, or in the last one once it has ended (by its
+    /// max or by a stop). Unlike [`Schedule::profiled_steps`], a stop does not reset it.
+    pub fn captured_steps(&self) -> u64 {
+        self.captured
+    }
+
+    /// Windows this session has completed: by their max, or by a stop while capturing.
     pub fn windows_done(&self) -> u64 {
         self.windows_done
     }
@@ -380,6 +390,7 @@ impl Schedule {
         self.profiled = 0;
         self.delay_counted = 0;
         self.windows_done = 0;
+        self.captured = 0;
         self.qualified = self.policy.min_batch_requests == 0 && self.policy.min_batch_tokens == 0;
         self.target_step = target;
         if let Some(step) = target {
@@ -418,13 +429,22 @@ impl Schedule {
             Phase::Idle => return StopDecision::NotActive,
             Phase::Delaying | Phase::StartFailed | Phase::Between => StopDecision::Disarmed,
             Phase::Starting => StopDecision::CancelStart,
-            Phase::Running | Phase::Paused => StopDecision::StopBackend,
+            Phase::Running | Phase::Paused => {
+                // A window cut short by the stop still counts as done.
+                self.windows_done += 1;
+                StopDecision::StopBackend
+            }
         };
+        self.end_session();
+        decision
+    }
+
+    /// Back to idle, vLLM's counters reset (status keeps `captured` and `windows_done`).
+    fn end_session(&mut self) {
         self.phase = Phase::Idle;
         self.since_start = 0;
         self.profiled = 0;
         self.target_step = None;
-        decision
     }
 
     /// vLLM's `shutdown()`: stops only a session whose backend runs (paused or not), or one
@@ -462,6 +482,7 @@ impl Schedule {
                     self.phase = Phase::Starting;
                     self.first_window_step = step.index;
                     self.window_start = step.index;
+                    self.captured = 0;
                     StepBegin::StartBackend
                 } else {
                     StepBegin::Counted
@@ -470,6 +491,7 @@ impl Schedule {
             Phase::Between if step.index >= self.window_due() && counts => {
                 self.phase = Phase::Starting;
                 self.window_start = step.index;
+                self.captured = 0;
                 StepBegin::StartBackend
             }
             Phase::Running if !counts => {
@@ -503,14 +525,17 @@ impl Schedule {
             end.counted = true;
         }
         if self.limits.max > 0 && self.profiled > self.limits.max {
+            // The step past max ends the window; it is not one of the window's captures.
             self.windows_done += 1;
+            end.stop_backend = true;
             if self.windows_done < self.policy.repeat {
                 self.phase = Phase::Between;
                 self.profiled = 0;
-                end.stop_backend = true;
             } else {
-                end.stop_backend = self.stop() == StopDecision::StopBackend;
+                self.end_session();
             }
+        } else if end.counted {
+            self.captured = self.profiled;
         }
         end
     }

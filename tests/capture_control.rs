@@ -277,6 +277,40 @@ fn status_reports_the_window_and_its_progress() {
     assert_eq!(json["windows"], 1);
 }
 
+#[test]
+fn status_after_a_stop_keeps_what_the_window_captured() {
+    // A manual stop mid-window: the window counts as done, its captures stay in the status.
+    let (p, _rec) = profiler(r#"{"delay_iterations": 2, "max_iterations": 10}"#);
+    p.start().unwrap();
+    run(&p, &[DECODE; 4]);
+    assert_eq!(p.status().iterations_captured, 3);
+    p.stop().unwrap();
+    let s = p.status();
+    assert_eq!(
+        (s.phase, s.active, s.iterations_captured, s.windows_done),
+        ("idle", false, 3, 1)
+    );
+    // Stopped by its max: max captures, one window done; a new session starts from zero.
+    let (p, _rec) = profiler(r#"{"max_iterations": 2}"#);
+    p.start().unwrap();
+    run(&p, &[DECODE; 5]);
+    let s = p.status();
+    assert_eq!(
+        (s.phase, s.iterations_captured, s.windows_done),
+        ("idle", 2, 1)
+    );
+    p.start().unwrap();
+    let s = p.status();
+    assert_eq!((s.iterations_captured, s.windows_done), (0, 0));
+    // A stop while still delaying captured nothing and completes no window.
+    let (p, _rec) = profiler(r#"{"delay_iterations": 5}"#);
+    p.start().unwrap();
+    run(&p, &[DECODE; 2]);
+    p.stop().unwrap();
+    let s = p.status();
+    assert_eq!((s.iterations_captured, s.windows_done), (0, 0));
+}
+
 /// The random capture-control config of a property test: a start step excludes a delay and a
 /// batch minimum (the config refuses both), windows are at least max + 1 apart.
 struct Control {
