@@ -516,6 +516,23 @@ impl WorkerProfiler {
         }
     }
 
+    /// Adds `key` to the header of the traces written from now on (the torch backend's; other
+    /// backends write none), as torch's `add_metadata_json` does: `json_value` must be valid
+    /// JSON, else [`Error::InvalidArgument`] naming the key. A key given again is replaced.
+    pub fn set_trace_metadata(&self, key: &str, json_value: &str) -> Result<()> {
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(json_value) {
+            return Err(Error::InvalidArgument {
+                name: key.to_string(),
+                message: format!("trace metadata must be valid JSON: {e}"),
+            });
+        }
+        self.inner
+            .lock()
+            .backend
+            .set_trace_metadata(key, json_value);
+        Ok(())
+    }
+
     /// Names the next session's traces (vLLM's `set_output_name`). Ignored while a session is
     /// active, as in vLLM: returns whether the name was taken.
     pub fn set_worker_name(&self, name: &str) -> bool {

@@ -84,6 +84,11 @@ pub trait Backend: Send {
     /// The captured iteration ends: close what `begin_iteration` opened.
     fn end_iteration(&mut self) {}
 
+    /// Adds a key to the header of the traces this backend writes from now on, `json_value`
+    /// being valid JSON (e.g. vLLM's `vllm_version`, torch's `distributedInfo`); a key given
+    /// again replaces its value. Backends that write no trace ignore it (the default).
+    fn set_trace_metadata(&mut self, _key: &str, _json_value: &str) {}
+
     /// The backend's count of background writes, if it writes in the background. The profiler
     /// waits on it for `flush()` without holding its own lock.
     fn pending_writes(&self) -> Option<PendingWrites> {

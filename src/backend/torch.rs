@@ -181,6 +181,8 @@ pub struct TorchBackend {
     range_open: bool,
     session: Option<Session>,
     local_rank: u32,
+    /// Header keys set by the engine (`set_trace_metadata`), added to every trace.
+    metadata: Vec<(String, String)>,
     writer: Writer,
 }
 
@@ -273,6 +275,7 @@ impl TorchBackend {
             range_open: false,
             session: None,
             local_rank,
+            metadata: Vec::new(),
             writer,
         })
     }
@@ -357,8 +360,24 @@ impl TorchBackend {
             "iterations": iterations,
         });
         // Metadata only enters the trace while the profiler is live, so before disabling.
-        if let Err(e) = ffi::add_metadata("stepscope", &metadata.to_string()) {
-            log::warn!("stepscope: {}", kineto_error("addMetadataJson", &e));
+        // torch.profiler's own keys first (a fresh trace id, the options recorded), then the
+        // engine's (vLLM's version, torch.distributed's rank), then stepscope's.
+        let o = &self.capture.options;
+        let flags = [
+            ("profile_memory", o.profile_memory),
+            ("with_stack", o.with_stack),
+            ("record_shapes", o.record_shapes),
+            ("with_flops", o.with_flops),
+        ];
+        let trace_id = format!("\"{}\"", trace_id());
+        let entries = std::iter::once(("trace_id", trace_id.as_str()))
+            .chain(flags.iter().filter(|(_, on)| *on).map(|(k, _)| (*k, "1")))
+            .chain(self.metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let stepscope = metadata.to_string();
+        for (key, value) in entries.chain(std::iter::once(("stepscope", stepscope.as_str()))) {
+            if let Err(e) = ffi::add_metadata(key, value) {
+                log::warn!("stepscope: {}", kineto_error("addMetadataJson", &e));
+            }
         }
         self.kineto = Kineto::Off;
         // Only the cheap half of disableProfiler here; the writer finalizes the session.
@@ -413,6 +432,11 @@ impl Backend for TorchBackend {
     fn start(&mut self, capture: &CaptureStart<'_>) -> Result<()> {
         // The directory may have gone since the profiler was made.
         ensure_writable_dir(self.writer.dir())?;
+        // Leftovers of processes that died writing here; off the engine thread.
+        let dir = self.writer.dir().to_path_buf();
+        let _ = std::thread::Builder::new()
+            .name("stepscope-clean".into())
+            .spawn(move || writer::clean_stale(&dir));
         // Kineto runs one session at a time: a start right after a stop waits for the
         // previous session to be finalized (normally well under a second).
         self.writer.wait_finalized()?;
@@ -492,6 +516,15 @@ impl Backend for TorchBackend {
         self.annotate
     }
 
+    fn set_trace_metadata(&mut self, key: &str, json_value: &str) {
+        match self.metadata.iter_mut().find(|(k, _)| k == key) {
+            Some(entry) => json_value.clone_into(&mut entry.1),
+            None => self
+                .metadata
+                .push((key.to_string(), json_value.to_string())),
+        }
+    }
+
     fn end_iteration(&mut self) {
         self.end_range();
     }
@@ -526,6 +559,22 @@ impl Drop for TorchBackend {
         }
         // The writer waits for pending traces (up to flush_timeout_s) in its own drop.
     }
+}
+
+/// A trace id as torch's profiler makes one: 128 random bits, 32 upper-case hex digits.
+fn trace_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS's randomness once per process, then stepped; mixing in
+    // the time and pid keeps ids distinct across processes and sessions.
+    let mut words = [0u64; 2];
+    for (i, w) in words.iter_mut().enumerate() {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(unix_ns());
+        h.write_u32(std::process::id());
+        h.write_usize(i);
+        *w = h.finish();
+    }
+    format!("{:016X}{:016X}", words[0], words[1])
 }
 
 fn unix_ns() -> u128 {

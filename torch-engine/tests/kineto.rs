@@ -513,14 +513,17 @@ fn dropping_before_the_write_ends_marks_the_manifest_unfinished() {
 
 /// A write failure (here the file size limit, as a full disk would) fails the trace in its
 /// manifest; the engine keeps stepping. Runs in a child process: the limit is per process.
-#[test]
-fn a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on() {
+/// Runs `test` again in a child process whose writes fail past 64 KiB (EFBIG): the trace's
+/// write fails, the engine goes on. The child leaves its files in the returned directory.
+fn in_child_with_a_full_disk(test: &str, name: &str, gzip: bool) -> Option<PathBuf> {
     const CHILD: &str = "STEPSCOPE_KINETO_CHILD_DIR";
     if let Ok(dir) = std::env::var(CHILD) {
         // SAFETY: plain libc calls on this (child) process: ignore SIGXFSZ so an oversized write
-        // fails with EFBIG instead of killing us, and cap file sizes at 64 KiB.
+        // fails with EFBIG instead of killing us, cap file sizes at 64 KiB, and take SIGPIPE's
+        // default action back (Rust ignores it; a C or C++ engine does not).
         unsafe {
             libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
             let lim = libc::rlimit {
                 rlim_cur: 64 * 1024,
                 rlim_max: 64 * 1024,
@@ -528,13 +531,14 @@ fn a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on() {
             assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
         }
         let dir = PathBuf::from(dir);
-        let p = WorkerProfiler::new(&config(&dir, r#", "torch_profiler_use_gzip": false"#), "w0")
-            .unwrap();
+        let extra = format!(r#", "torch_profiler_use_gzip": {gzip}"#);
+        let p = WorkerProfiler::new(&config(&dir, &extra), "w0").unwrap();
         let x = tch::Tensor::ones([4, 4], (tch::Kind::Float, tch::Device::Cpu));
         p.start_with(StartOptions::default()).unwrap();
         {
             let _it = p.step(&ToyEngine::batch(1));
-            for _ in 0..5_000 {
+            // Enough ops for a trace well past 64 KiB, compressed or not.
+            for _ in 0..60_000 {
                 let _ = &x + &x;
             }
         }
@@ -545,25 +549,31 @@ fn a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on() {
             e.iteration(&p, step);
         }
         assert_eq!(p.step_index(), 5);
-        return;
+        return None;
     }
-    let _k = lock();
-    let dir = fresh_dir("efbig");
+    let dir = fresh_dir(name);
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on",
-            "--nocapture",
-        ])
+        .args(["--exact", test, "--nocapture"])
         .env(CHILD, &dir)
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "child failed: {}",
+        "child failed ({:?}): {}",
+        out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+    Some(dir)
+}
+
+#[test]
+fn a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on() {
+    let test = "a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on";
+    let _k = (std::env::var_os("STEPSCOPE_KINETO_CHILD_DIR").is_none()).then(lock);
+    let Some(dir) = in_child_with_a_full_disk(test, "efbig", false) else {
+        return;
+    };
     let manifest = with_suffix(&dir, ".stepscope.json");
     assert_eq!(manifest.len(), 1, "{:?}", files(&dir));
     let m = read_json(&manifest[0]);
@@ -579,6 +589,125 @@ fn a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on() {
         with_suffix(&dir, ".pt.trace.json").is_empty(),
         "no trace under the final name"
     );
+    no_temporaries(&dir);
+}
+
+/// The gzip stream fails while Kineto is still writing into the pipe: the pump keeps draining
+/// it, so Kineto never writes into a closed pipe (SIGPIPE, whose default action the child
+/// takes back, would end it); the manifest says why.
+#[test]
+fn a_failed_gzip_stream_is_reported_and_kineto_never_writes_into_a_closed_pipe() {
+    let test = "a_failed_gzip_stream_is_reported_and_kineto_never_writes_into_a_closed_pipe";
+    let _k = (std::env::var_os("STEPSCOPE_KINETO_CHILD_DIR").is_none()).then(lock);
+    let Some(dir) = in_child_with_a_full_disk(test, "efbig-gz", true) else {
+        return;
+    };
+    let manifest = with_suffix(&dir, ".stepscope.json");
+    assert_eq!(manifest.len(), 1, "{:?}", files(&dir));
+    let m = read_json(&manifest[0]);
+    assert_eq!(m["status"], "failed", "{m}");
+    assert!(
+        m["error"]
+            .as_str()
+            .unwrap()
+            .contains("compressing the trace"),
+        "{m}"
+    );
+    assert!(with_suffix(&dir, ".gz").is_empty(), "{:?}", files(&dir));
+    no_temporaries(&dir);
+}
+
+#[test]
+fn leftovers_of_a_dead_process_are_cleaned_at_the_next_start() {
+    let _k = lock();
+    let dir = fresh_dir("stale");
+    fs::create_dir_all(&dir).unwrap();
+    // A process that has certainly ended: a child we ran and reaped.
+    let dead = std::process::Command::new("true")
+        .spawn()
+        .and_then(|mut c| c.wait().map(|_| c.id()))
+        .unwrap();
+    let live = std::process::id();
+    let stale = [
+        format!(".w1.1.pt.trace.json.gz.{dead}.partial"),
+        format!(".w1.1.pt.trace.json.gz.{dead}.partial.json"),
+        format!(".w1.1.stepscope.json.{dead}.partial"),
+    ];
+    let kept = format!(".w2.1.pt.trace.json.gz.{live}.partial");
+    for name in stale.iter().chain([&kept]) {
+        fs::write(dir.join(name), "{").unwrap();
+    }
+    let orphan = dir.join("w1.1.stepscope.json");
+    fs::write(
+        &orphan,
+        format!(
+            "{{\n  \"stepscope_version\": \"0.1.0\",\n  \"status\": \"writing\",\n  \
+             \"error\": null,\n  \"backend\": \"torch\",\n  \"pid\": {dead}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let p = WorkerProfiler::new(&config(&dir, ""), "w0").unwrap();
+    p.start().unwrap();
+    p.stop().unwrap();
+    flush(&p);
+    // The clean-up runs on a thread of its own, off the engine thread.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while files(&dir).iter().any(|n| stale.contains(n)) || read_json(&orphan)["status"] == "writing"
+    {
+        assert!(std::time::Instant::now() < deadline, "{:?}", files(&dir));
+        thread::sleep(Duration::from_millis(20));
+    }
+    let m = read_json(&orphan);
+    assert_eq!(m["status"], "unfinished");
+    assert!(m["error"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("process {dead} ended")));
+    assert!(
+        files(&dir).contains(&kept),
+        "a live process's file was removed"
+    );
+}
+
+#[test]
+fn the_trace_header_has_torchs_keys_and_the_engines() {
+    let _k = lock();
+    let dir = fresh_dir("header");
+    let e = engine();
+    let p = WorkerProfiler::new(
+        &config(&dir, r#", "torch_profiler_record_shapes": true"#),
+        "w0",
+    )
+    .unwrap();
+    p.set_trace_metadata("engine_version", r#""1.2.3""#)
+        .unwrap();
+    p.set_trace_metadata("engine_version", r#""1.2.4""#)
+        .unwrap();
+    let err = p.set_trace_metadata("bad", "{not json").unwrap_err();
+    assert!(err.to_string().contains("`bad`"), "{err}");
+    p.start().unwrap();
+    e.iteration(&p, 1);
+    p.stop().unwrap();
+    flush(&p);
+    let (trace, manifest) = only_trace(&dir, ".pt.trace.json.gz");
+    assert_eq!(trace["engine_version"], "1.2.4");
+    assert_eq!(trace["record_shapes"], 1);
+    assert!(trace.get("with_stack").is_none(), "with_stack was off");
+    let id = trace["trace_id"].as_str().unwrap();
+    assert!(
+        id.len() == 32
+            && id
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_lowercase()),
+        "{id}"
+    );
+    // The JSON Kineto streamed through the pipe, all of it.
+    let json_len = serde_json::to_vec(&trace).unwrap().len() as u64;
+    assert!(
+        manifest["json_bytes"].as_u64().unwrap() >= json_len / 2,
+        "{manifest}"
+    );
+    assert_eq!(manifest["pid"], std::process::id());
     no_temporaries(&dir);
 }
 

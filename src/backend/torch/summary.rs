@@ -105,6 +105,7 @@ pub fn summarize(events: &[Event<'_>]) -> Vec<EventStats> {
     by_name.into_values().collect()
 }
 
+/// torch's `_format_time`, from nanoseconds.
 fn fmt_time(ns: u64) -> String {
     let us = ns as f64 / 1e3;
     if us >= 1e6 {
@@ -116,8 +117,26 @@ fn fmt_time(ns: u64) -> String {
     }
 }
 
-/// The table, at most `limit` rows, sorted by `sort` (descending, then by name).
-pub fn table(stats: &[EventStats], sort: SortBy, limit: usize) -> String {
+/// torch's `_format_time_share`.
+fn fmt_share(part: u64, total: u64) -> String {
+    if total == 0 {
+        "NaN".to_string()
+    } else {
+        format!("{:.2}%", part as f64 * 100.0 / total as f64)
+    }
+}
+
+/// The widest name column torch's table allows (`max_name_column_width`).
+const NAME_WIDTH: usize = 55;
+/// torch's width of every other column.
+const COLUMN_WIDTH: usize = 12;
+
+/// The table, at most `limit` rows, sorted by `sort` (descending, then by name), in the
+/// layout of torch's `key_averages().table()` as vLLM writes it to `profiler_out.txt`: the
+/// same columns, widths, truncation and totals. Device columns appear when any device time
+/// was recorded, named after `device` (`CUDA`, `XPU`). A CPU op's device total is not known
+/// here (Kineto's correlation is not read back), so device columns count device events only.
+pub fn table(stats: &[EventStats], sort: SortBy, limit: usize, device: &str) -> String {
     let key = |s: &EventStats| match sort {
         SortBy::SelfDevice => s.self_device_ns,
         SortBy::SelfCpu => s.self_cpu_ns,
@@ -125,58 +144,86 @@ pub fn table(stats: &[EventStats], sort: SortBy, limit: usize) -> String {
     let mut rows: Vec<&EventStats> = stats.iter().collect();
     rows.sort_by(|a, b| key(b).cmp(&key(a)).then_with(|| a.name.cmp(&b.name)));
     rows.truncate(limit);
+    if rows.is_empty() {
+        return String::new();
+    }
     let self_cpu_total: u64 = stats.iter().map(|s| s.self_cpu_ns).sum();
     let device_total: u64 = stats.iter().map(|s| s.self_device_ns).sum();
-    let pct = |part: u64, total: u64| {
-        if total == 0 {
-            "0.00%".to_string()
-        } else {
-            format!("{:.2}%", part as f64 * 100.0 / total as f64)
-        }
-    };
-    let width = rows
+    let has_device = device_total > 0;
+
+    let name_width = (rows
         .iter()
-        .map(|r| r.name.chars().count().min(80))
+        .map(|r| r.name.chars().count())
         .max()
-        .unwrap_or(4)
-        .max(4);
-    let mut out = String::new();
-    let header = [
-        "Self CPU %",
-        "Self CPU",
-        "CPU total",
-        "Self device",
-        "Self device %",
-        "# of Calls",
+        .unwrap_or(0)
+        + 4)
+    .min(NAME_WIDTH);
+    let mut headers = vec![
+        "Name".to_string(),
+        "Self CPU %".into(),
+        "Self CPU".into(),
+        "CPU total %".into(),
+        "CPU total".into(),
+        "CPU time avg".into(),
     ];
-    let rule = "-".repeat(width + header.len() * 15);
-    let _ = writeln!(out, "{rule}");
-    let _ = write!(out, "{:<width$}", "Name");
-    for h in header {
-        let _ = write!(out, "  {h:>13}");
+    if has_device {
+        headers.extend([
+            format!("Self {device}"),
+            format!("Self {device} %"),
+            format!("{device} total"),
+            format!("{device} time avg"),
+        ]);
     }
-    let _ = writeln!(out, "\n{rule}");
+    headers.push("# of Calls".into());
+    let widths: Vec<usize> = std::iter::once(name_width)
+        .chain(std::iter::repeat_n(COLUMN_WIDTH, headers.len() - 1))
+        .collect();
+    let line = |cells: &[String], out: &mut String| {
+        for (cell, w) in cells.iter().zip(&widths) {
+            let _ = write!(out, "{cell:>w$}  ");
+        }
+        out.push('\n');
+    };
+    let rule: String = widths.iter().map(|w| "-".repeat(*w) + "  ").collect();
+
+    let mut out = String::new();
+    let _ = writeln!(out, "{rule}");
+    line(&headers, &mut out);
+    let _ = writeln!(out, "{rule}");
     for r in rows {
-        let name: String = if r.name.chars().count() > 80 {
-            r.name.chars().take(77).chain("...".chars()).collect()
+        let name: String = if r.name.chars().count() >= NAME_WIDTH - 3 {
+            r.name
+                .chars()
+                .take(NAME_WIDTH - 3)
+                .chain("...".chars())
+                .collect()
         } else {
             r.name.clone()
         };
-        let _ = writeln!(
-            out,
-            "{name:<width$}  {:>13}  {:>13}  {:>13}  {:>13}  {:>13}  {:>13}",
-            pct(r.self_cpu_ns, self_cpu_total),
+        let calls = r.calls.max(1);
+        let mut cells = vec![
+            name,
+            fmt_share(r.self_cpu_ns, self_cpu_total),
             fmt_time(r.self_cpu_ns),
+            fmt_share(r.cpu_total_ns, self_cpu_total),
             fmt_time(r.cpu_total_ns),
-            fmt_time(r.self_device_ns),
-            pct(r.self_device_ns, device_total),
-            r.calls
-        );
+            fmt_time(r.cpu_total_ns / calls),
+        ];
+        if has_device {
+            cells.extend([
+                fmt_time(r.self_device_ns),
+                fmt_share(r.self_device_ns, device_total),
+                fmt_time(r.self_device_ns),
+                fmt_time(r.self_device_ns / calls),
+            ]);
+        }
+        cells.push(r.calls.to_string());
+        line(&cells, &mut out);
     }
     let _ = writeln!(out, "{rule}");
     let _ = writeln!(out, "Self CPU time total: {}", fmt_time(self_cpu_total));
-    if device_total > 0 {
-        let _ = writeln!(out, "Self device time total: {}", fmt_time(device_total));
+    if has_device {
+        let _ = writeln!(out, "Self {device} time total: {}", fmt_time(device_total));
     }
     out
 }
@@ -231,17 +278,64 @@ mod tests {
             cpu("b", 1, 60, 30),
             cpu("c", 1, 100, 5),
         ];
-        let t = table(&summarize(&events), SortBy::SelfCpu, 2);
+        let t = table(&summarize(&events), SortBy::SelfCpu, 2, "CUDA");
         let rows: Vec<&str> = t
             .lines()
-            .filter(|l| l.starts_with(|c: char| c.is_ascii_lowercase()))
+            .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_lowercase()))
             .collect();
         assert_eq!(rows.len(), 2, "{t}");
         assert!(
-            rows[0].starts_with("b ") && rows[0].trim_end().ends_with(" 2"),
+            rows[0].trim_start().starts_with("b ") && rows[0].trim_end().ends_with(" 2"),
             "{t}"
         );
-        assert!(rows[1].starts_with("a "), "{t}");
+        assert!(rows[1].trim_start().starts_with("a "), "{t}");
         assert!(t.contains("Self CPU time total: 0.075us"), "{t}");
+    }
+
+    #[test]
+    fn table_has_torchs_layout() {
+        // torch's key_averages().table() for the same totals: right-aligned cells, the name
+        // column 4 wider than the longest name, 12 for the others, two spaces after each.
+        let long = "x".repeat(60);
+        let events = [cpu("aten::mm", 1, 0, 1500), cpu(&long, 1, 2000, 500)];
+        let t = table(&summarize(&events), SortBy::SelfCpu, 10, "CUDA");
+        let lines: Vec<&str> = t.lines().collect();
+        let rule = format!("{}  {}", "-".repeat(55), "------------  ".repeat(6));
+        assert_eq!(lines[0], rule);
+        assert_eq!(
+            lines[1],
+            format!(
+                "{:>55}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  ",
+                "Name",
+                "Self CPU %",
+                "Self CPU",
+                "CPU total %",
+                "CPU total",
+                "CPU time avg",
+                "# of Calls"
+            )
+        );
+        assert_eq!(
+            lines[3],
+            format!(
+                "{:>55}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  ",
+                "aten::mm", "75.00%", "1.500us", "75.00%", "1.500us", "1.500us", "1"
+            )
+        );
+        assert!(lines[4]
+            .trim_start()
+            .starts_with(&format!("{}...", "x".repeat(52))));
+        assert_eq!(lines[6], "Self CPU time total: 2.000us");
+        // Device time adds torch's four device columns, named after the device.
+        let kernel = Event {
+            device: true,
+            ..cpu("gemm", 0, 0, 4000)
+        };
+        let t = table(&summarize(&[kernel]), SortBy::SelfDevice, 10, "CUDA");
+        assert!(
+            t.contains("Self CUDA %") && t.contains("CUDA time avg"),
+            "{t}"
+        );
+        assert!(t.ends_with("Self CUDA time total: 4.000us\n"), "{t}");
     }
 }

@@ -14,6 +14,7 @@ use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -61,6 +62,9 @@ pub(super) struct Manifest {
     pub status: &'static str,
     pub error: Option<String>,
     pub backend: &'static str,
+    /// The writing process: the next start in the directory marks a `writing` manifest of a
+    /// process no longer alive `unfinished`.
+    pub pid: u32,
     pub worker_name: String,
     pub local_rank: u32,
     pub first_step: Option<u64>,
@@ -93,6 +97,43 @@ struct ManifestFile<'a> {
     #[serde(flatten)]
     manifest: &'a Manifest,
     config: &'a serde_json::Value,
+}
+
+/// This process's traces in flight, across every writer, and the flushing marker that shows
+/// them to a parent process: `$TMPDIR/stepscope-flushing-{pid}` (TMPDIR unset: `/tmp`),
+/// holding the longest flush timeout of the writers with work, in seconds. It exists while a
+/// trace is being finalized or written. A process manager that would kill this process after
+/// a short grace period (vLLM's, through the stepscope plugin) waits while it is there, up to
+/// that many seconds.
+static IN_FLIGHT: Mutex<(usize, f64)> = Mutex::new((0, 0.0));
+
+fn flushing_marker() -> PathBuf {
+    std::env::temp_dir().join(format!("stepscope-flushing-{}", std::process::id()))
+}
+
+/// One more trace in flight in this process, whose writer waits up to `timeout` at exit.
+fn in_flight_begin(timeout: Duration) {
+    let mut g = IN_FLIGHT.lock();
+    let (count, longest) = &mut *g;
+    *count += 1;
+    let secs = timeout.as_secs_f64();
+    if *count > 1 && secs <= *longest {
+        return;
+    }
+    *longest = if *count == 1 { secs } else { longest.max(secs) };
+    let path = flushing_marker();
+    if let Err(e) = fs::write(&path, format!("{longest}\n")) {
+        log::debug!("stepscope: cannot write {}: {e}", path.display());
+    }
+}
+
+/// `n` traces of this process are no longer in flight.
+fn in_flight_end(n: usize) {
+    let mut g = IN_FLIGHT.lock();
+    g.0 = g.0.saturating_sub(n);
+    if g.0 == 0 {
+        let _ = fs::remove_file(flushing_marker());
+    }
 }
 
 /// Jobs the writer has not finished, by manifest path: what the backend marks `unfinished`
@@ -190,6 +231,7 @@ impl Writer {
         job.manifest.stepscope_version = crate::VERSION;
         job.manifest.backend = "torch";
         job.manifest.status = "writing";
+        job.manifest.pid = std::process::id();
         job.manifest.trace_file = format!("{stem}.{ext}");
         let manifest_path = s.dir.join(format!("{stem}.stepscope.json"));
         if self.tx.is_none() {
@@ -200,6 +242,7 @@ impl Writer {
             .push((manifest_path.clone(), job.manifest.clone()));
         self.pending.begin();
         self.finalizing.begin();
+        in_flight_begin(self.settings.flush_timeout);
         let sent = self
             .tx
             .as_ref()
@@ -207,6 +250,7 @@ impl Writer {
         if !sent {
             self.pending.finish();
             self.finalizing.finish();
+            in_flight_end(1);
             self.in_flight.lock().retain(|(p, _)| *p != manifest_path);
             return Err(Error::backend("torch", "the trace writer has stopped"));
         }
@@ -240,6 +284,8 @@ impl Drop for Writer {
             in_flight.len(),
             self.settings.flush_timeout
         );
+        // Nobody waits for them any longer: no parent should either.
+        in_flight_end(in_flight.len());
         in_flight.clear();
     }
 }
@@ -253,12 +299,18 @@ fn conclude(
 ) {
     // Leave the in-flight list first (under its lock), so a concurrent drop cannot mark this
     // job unfinished after its final manifest is written.
-    {
+    let listed = {
         let mut list = in_flight.lock();
+        let before = list.len();
         list.retain(|(p, _)| p != manifest_path);
         write_manifest(manifest_path, manifest);
-    }
+        list.len() < before
+    };
     pending.finish();
+    // A job a drop gave up on was already taken off the process's count.
+    if listed {
+        in_flight_end(1);
+    }
 }
 
 fn finalize_loop(
@@ -382,6 +434,16 @@ impl Drop for TempFile {
     }
 }
 
+/// The marker every temporary name carries: `.{name}.{pid}.partial…`, so the next start in
+/// the directory can tell a dead process's leftovers from a live one's writes
+/// ([`clean_stale`]).
+const PARTIAL: &str = "partial";
+
+/// `.{name}.{pid}.partial{suffix}` in `dir`.
+fn temp_path(dir: &Path, name: &str, suffix: &str) -> PathBuf {
+    dir.join(format!(".{name}.{}.{PARTIAL}{suffix}", std::process::id()))
+}
+
 fn write_job(
     settings: &Settings,
     result: &mut UniquePtr<ffi::TraceResult>,
@@ -390,54 +452,63 @@ fn write_job(
     let dir = &settings.dir;
     let final_name = &manifest.trace_file;
     let final_path = dir.join(final_name);
-    let json_tmp = TempFile(Some(dir.join(format!(".{final_name}.partial.json"))));
-    // Kineto writes through its own `<path>.tmp` and leaves it behind when the write fails.
-    let _kineto_tmp = TempFile(Some(dir.join(format!(".{final_name}.partial.json.tmp"))));
+    // Kineto saves to `{json_path}.tmp`, then renames that to `json_path`.
+    let json_path = temp_path(dir, final_name, ".json");
+    let kineto_tmp = TempFile(Some(suffixed(&json_path, ".tmp")));
+    let json_tmp = TempFile(Some(json_path.clone()));
     let io_err = |what: &str, path: &Path, e: io::Error| format!("{what} {}: {e}", path.display());
 
     let Some(result_ref) = result.as_mut() else {
         return Err("the profiler returned no result".into());
     };
-    let tmp_str = json_tmp
-        .path()
+    let json_str = json_path
         .to_str()
-        .ok_or_else(|| format!("{} is not valid UTF-8", json_tmp.path().display()))?
+        .ok_or_else(|| format!("{} is not valid UTF-8", json_path.display()))?
         .to_string();
-    ffi::save(result_ref, &tmp_str)
-        .map_err(|e| format!("Kineto could not save the trace to {tmp_str}: {}", e.what()))?;
-    let json_bytes = fs::metadata(json_tmp.path())
-        .map_err(|e| {
+    let save = |r: Pin<&mut ffi::TraceResult>| {
+        ffi::save(r, &json_str).map_err(|e| {
             format!(
-                "Kineto wrote no trace at {}: the disk is full or the write failed ({e})",
-                json_tmp.path().display()
+                "Kineto could not save the trace to {json_str}: {}",
+                e.what()
             )
-        })?
-        .len();
-    // Kineto does not report write errors: a full disk leaves a truncated JSON behind.
-    if !ends_with_closing_brace(json_tmp.path())
-        .map_err(|e| io_err("reading back", json_tmp.path(), e))?
-    {
-        return Err(format!(
-            "Kineto wrote an incomplete trace ({json_bytes} bytes): the disk is full or the \
-             write failed"
-        ));
-    }
+        })
+    };
 
-    if settings.gzip {
-        let gz_tmp = TempFile(Some(dir.join(format!(".{final_name}.partial"))));
-        compress(json_tmp.path(), gz_tmp.path())
-            .map_err(|e| io_err("compressing the trace into", gz_tmp.path(), e))?;
+    let json_bytes = if settings.gzip {
+        let gz_tmp = TempFile(Some(temp_path(dir, final_name, "")));
+        let pumped = stream_gzip(kineto_tmp.path(), gz_tmp.path(), || save(result_ref))?;
+        let json_bytes = match pumped {
+            Some(json_bytes) => json_bytes,
+            None if !is_regular_file(json_tmp.path()) => {
+                return Err("Kineto wrote no trace (the write failed)".into())
+            }
+            // This Kineto wrote the file itself, not through its `.tmp` (our FIFO): compress
+            // the file it wrote.
+            None => {
+                let tail = check_complete(json_tmp.path())?;
+                compress(json_tmp.path(), gz_tmp.path())
+                    .map_err(|e| io_err("compressing the trace into", gz_tmp.path(), e))?;
+                tail
+            }
+        };
         fs::rename(gz_tmp.path(), &final_path)
             .map_err(|e| io_err("renaming the trace to", &final_path, e))?;
         gz_tmp.keep();
+        drop(json_tmp);
+        json_bytes
     } else {
+        save(result_ref)?;
+        let json_bytes = check_complete(json_tmp.path())?;
         File::open(json_tmp.path())
             .and_then(|f| f.sync_all())
             .map_err(|e| io_err("syncing", json_tmp.path(), e))?;
         fs::rename(json_tmp.path(), &final_path)
             .map_err(|e| io_err("renaming the trace to", &final_path, e))?;
         json_tmp.keep();
-    }
+        json_bytes
+    };
+    // The FIFO (or Kineto's leftovers) go now; a plain JSON trace was renamed into place.
+    drop(kineto_tmp);
     let renamed = Instant::now();
     let trace_bytes = fs::metadata(&final_path)
         .map_err(|e| io_err("reading the size of", &final_path, e))?
@@ -460,16 +531,175 @@ fn write_job(
     })
 }
 
-/// Whether the file's last non-whitespace byte is `}` (a complete JSON object).
-fn ends_with_closing_brace(path: &Path) -> io::Result<bool> {
+fn is_regular_file(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
+}
+
+fn suffixed(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Runs `save` (Kineto serializing the trace) with a FIFO at `fifo` (the path Kineto writes
+/// through) and, on a second thread, gzips what comes out of it into `gz`: the JSON never
+/// touches the disk uncompressed, and serializing and compressing overlap.
+///
+/// `Ok(Some(json_bytes))` when the JSON came through the FIFO, complete; `Ok(None)` when
+/// Kineto never opened it (a Kineto that writes the path directly; the caller compresses
+/// that file).
+fn stream_gzip(
+    fifo: &Path,
+    gz: &Path,
+    save: impl FnOnce() -> std::result::Result<(), String>,
+) -> std::result::Result<Option<u64>, String> {
+    make_fifo(fifo).map_err(|e| format!("creating the pipe {}: {e}", fifo.display()))?;
+    let (saved, pumped) = thread::scope(|scope| {
+        let pump = thread::Builder::new()
+            .name("stepscope-gzip".into())
+            .spawn_scoped(scope, || pump_gzip(fifo, gz));
+        let pump = match pump {
+            Ok(p) => p,
+            Err(e) => return (Err(format!("cannot start the gzip thread: {e}")), None),
+        };
+        let saved = save();
+        // If Kineto never opened the FIFO, the pump still waits in open(): let it go.
+        release_reader(fifo);
+        let pumped = pump
+            .join()
+            .unwrap_or_else(|p| Err(format!("the gzip thread panicked: {}", panic_message(&*p))));
+        (saved, Some(pumped))
+    });
+    saved?;
+    match pumped {
+        None => Err("the gzip thread did not run".into()),
+        Some(Err(e)) => Err(e),
+        Some(Ok(Pumped { json_bytes: 0, .. })) => Ok(None),
+        Some(Ok(Pumped {
+            complete: false,
+            json_bytes,
+        })) => Err(format!(
+            "Kineto wrote an incomplete trace ({json_bytes} bytes): the write failed"
+        )),
+        Some(Ok(Pumped { json_bytes, .. })) => Ok(Some(json_bytes)),
+    }
+}
+
+struct Pumped {
+    json_bytes: u64,
+    /// The JSON ended with `}` (Kineto reports no write errors of its own).
+    complete: bool,
+}
+
+/// Reads the FIFO to its end, gzipping into `gz` (fsynced). On a write error it still drains
+/// the FIFO, so Kineto never writes into a closed pipe (SIGPIPE would end a host process that
+/// does not ignore it).
+fn pump_gzip(fifo: &Path, gz: &Path) -> std::result::Result<Pumped, String> {
+    use std::io::Read;
+    let mut input = retry_interrupted(|| File::open(fifo))
+        .map_err(|e| format!("opening the pipe {}: {e}", fifo.display()))?;
+    let mut out = File::create(gz)
+        .map(|f| {
+            // The output is a tenth of the input or less: 256 KiB writes.
+            flate2::write::GzEncoder::new(
+                BufWriter::with_capacity(256 << 10, f),
+                flate2::Compression::new(6),
+            )
+        })
+        .map_err(|e| format!("creating {}: {e}", gz.display()));
+    let mut buf = vec![0u8; 1 << 20];
+    let mut json_bytes = 0u64;
+    let mut last = 0u8;
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                out = Err(format!("reading the pipe {}: {e}", fifo.display()));
+                break;
+            }
+        };
+        json_bytes += n as u64;
+        if let Some(b) = buf[..n].iter().rev().find(|b| !b.is_ascii_whitespace()) {
+            last = *b;
+        }
+        if let Ok(gz_out) = out.as_mut() {
+            if let Err(e) = gz_out.write_all(&buf[..n]) {
+                out = Err(format!("compressing the trace into {}: {e}", gz.display()));
+            }
+        }
+    }
+    let gz_out = out?;
+    gz_out
+        .finish()
+        .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("compressing the trace into {}: {e}", gz.display()))?;
+    Ok(Pumped {
+        json_bytes,
+        complete: last == b'}',
+    })
+}
+
+fn retry_interrupted<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match f() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+fn make_fifo(path: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))?;
+    let _ = fs::remove_file(path);
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Opens the FIFO's write end without blocking and closes it: a reader still waiting in
+/// open() (no writer ever came) wakes to an empty stream. Harmless when nobody waits.
+fn release_reader(fifo: &Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(fifo);
+}
+
+/// The file's size, after checking that its last non-whitespace byte is `}`: Kineto does not
+/// report write errors, so a full disk leaves a truncated JSON behind.
+fn check_complete(path: &Path) -> std::result::Result<u64, String> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut f = File::open(path)?;
-    let len = f.metadata()?.len();
-    let tail = len.min(64);
-    f.seek(SeekFrom::Start(len - tail))?;
-    let mut buf = Vec::with_capacity(tail as usize);
-    f.read_to_end(&mut buf)?;
-    Ok(buf.iter().rev().find(|b| !b.is_ascii_whitespace()) == Some(&b'}'))
+    let check = || -> io::Result<(u64, bool)> {
+        let mut f = File::open(path)?;
+        let len = f.metadata()?.len();
+        let tail = len.min(64);
+        f.seek(SeekFrom::Start(len - tail))?;
+        let mut buf = Vec::with_capacity(tail as usize);
+        f.read_to_end(&mut buf)?;
+        Ok((
+            len,
+            buf.iter().rev().find(|b| !b.is_ascii_whitespace()) == Some(&b'}'),
+        ))
+    };
+    match check() {
+        Ok((len, true)) => Ok(len),
+        Ok((len, false)) => Err(format!(
+            "Kineto wrote an incomplete trace ({len} bytes): the disk is full or the write failed"
+        )),
+        Err(e) => Err(format!(
+            "Kineto wrote no trace at {}: the disk is full or the write failed ({e})",
+            path.display()
+        )),
+    }
 }
 
 /// gzip at level 6 (gzip's own default): a third of the time torch's level-9 export takes, for
@@ -509,18 +739,118 @@ fn write_summary(
         })
         .collect();
     let stats = summary::summarize(&events);
+    // Kineto's device activity here is CUDA's (the backend records no other device's).
+    let device = "CUDA";
     let limit = match sort {
         SortBy::SelfDevice => 100,
         SortBy::SelfCpu => 50,
     };
-    let table = summary::table(&stats, sort, limit);
+    let table = summary::table(&stats, sort, limit, device);
     let name = format!("{worker_name}.profiler_out.txt");
     let path = settings.dir.join(&name);
-    let tmp = TempFile(Some(settings.dir.join(format!(".{name}.partial"))));
-    fs::write(tmp.path(), table).map_err(|e| format!("writing {}: {e}", tmp.path().display()))?;
+    let tmp = TempFile(Some(temp_path(&settings.dir, &name, "")));
+    // vLLM writes the table with print(): one more newline.
+    fs::write(tmp.path(), table + "\n")
+        .map_err(|e| format!("writing {}: {e}", tmp.path().display()))?;
     fs::rename(tmp.path(), &path).map_err(|e| format!("renaming {}: {e}", path.display()))?;
     tmp.keep();
     Ok(name)
+}
+
+/// Cleans up after processes that died while writing into `dir` (killed, or out of time at
+/// exit): removes their temporaries (`.{name}.{pid}.partial…`) and marks their manifests still
+/// `writing` as `unfinished`. Files of live processes, this one included, are left alone.
+pub(super) fn clean_stale(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let path = entry.path();
+        if let Some(pid) = temp_owner(name) {
+            if !process_alive(pid) {
+                match fs::remove_file(&path) {
+                    Ok(()) => log::info!(
+                        "stepscope: removed {} (left by process {pid}, which has ended)",
+                        path.display()
+                    ),
+                    Err(e) => log::debug!("stepscope: cannot remove {}: {e}", path.display()),
+                }
+            }
+        } else if name.ends_with(".stepscope.json") && !name.starts_with('.') {
+            mark_if_orphaned(&path);
+        }
+    }
+}
+
+/// The pid in a temporary's name, `.{name}.{pid}.partial…`.
+fn temp_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix('.')?;
+    let at = rest.rfind(&format!(".{PARTIAL}"))?;
+    let before = &rest[..at];
+    before[before.rfind('.')? + 1..].parse().ok()
+}
+
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 sends nothing; it only checks that the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Marks a manifest `unfinished` when it is still `writing` and its process has ended. Reads
+/// only the manifest's head: `status` and `pid` come first.
+fn mark_if_orphaned(path: &Path) {
+    use std::io::Read;
+    let mut head = [0u8; 512];
+    let Ok(n) = File::open(path).and_then(|mut f| f.read(&mut head)) else {
+        return;
+    };
+    let head = String::from_utf8_lossy(&head[..n]);
+    if !head.contains(r#""status": "writing""#) {
+        return;
+    }
+    let Ok(text) = fs::read_to_string(path) else {
+        return;
+    };
+    let Ok(mut value) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return;
+    };
+    let pid = value.get("pid").and_then(serde_json::Value::as_u64);
+    let Some(pid) = pid.and_then(|p| u32::try_from(p).ok()) else {
+        return;
+    };
+    if process_alive(pid) {
+        return;
+    }
+    value["status"] = "unfinished".into();
+    value["error"] = format!(
+        "process {pid} ended before this trace was written (killed, or it ran out of \
+         stepscope.flush_timeout_s at exit)"
+    )
+    .into();
+    let tmp = temp_path(path.parent().unwrap_or(Path::new(".")), "manifest", "");
+    let written = serde_json::to_vec_pretty(&value)
+        .map_err(io::Error::other)
+        .and_then(|mut bytes| {
+            bytes.push(b'\n');
+            fs::write(&tmp, bytes)?;
+            fs::rename(&tmp, path)
+        });
+    match written {
+        Ok(()) => log::warn!(
+            "stepscope: {} was left 'writing' by process {pid}, which has ended; marked \
+             unfinished",
+            path.display()
+        ),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            log::debug!("stepscope: cannot update {}: {e}", path.display());
+        }
+    }
 }
 
 /// Writes a manifest atomically (temporary name, then rename); failures are logged, since the
@@ -530,7 +860,7 @@ fn write_manifest(path: &Path, manifest: &Manifest) {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.partial"));
+    let tmp = temp_path(path.parent().unwrap_or(Path::new(".")), &name, "");
     let result = serde_json::to_vec_pretty(&ManifestFile {
         manifest,
         config: &manifest.config,
@@ -549,5 +879,31 @@ fn write_manifest(path: &Path, manifest: &Manifest) {
             "stepscope: cannot write the manifest {}: {e}",
             path.display()
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flushing_marker_exists_while_traces_are_in_flight() {
+        let marker = flushing_marker();
+        in_flight_begin(Duration::from_secs(5));
+        in_flight_begin(Duration::from_secs(30));
+        assert_eq!(fs::read_to_string(&marker).unwrap(), "30\n");
+        in_flight_end(1);
+        assert!(marker.exists(), "one trace is still in flight");
+        in_flight_end(1);
+        assert!(!marker.exists());
+    }
+
+    #[test]
+    fn temporaries_name_their_process() {
+        let p = temp_path(Path::new("/d"), "w.1.pt.trace.json.gz", ".json");
+        let name = p.file_name().unwrap().to_str().unwrap();
+        assert_eq!(temp_owner(name), Some(std::process::id()));
+        assert_eq!(temp_owner("w.1.pt.trace.json.gz"), None);
+        assert_eq!(temp_owner(".w.1.stepscope.json.x.partial"), None);
     }
 }
