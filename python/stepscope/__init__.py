@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import multiprocessing.util
 import os
 import weakref
 from contextlib import AbstractContextManager, nullcontext
@@ -87,6 +88,52 @@ class WorkerProfiler(_NativeWorkerProfiler):
         # one, for "stepscope": {"ranks": [...]}; default: the RANK environment variable).
         self._config: dict[str, Any] = json.loads(self.config_json)
         _live.add(self)
+
+    def start(
+        self,
+        *,
+        delay_iterations: int | None = None,
+        max_iterations: int | None = None,
+        start_at_step: int | None = None,
+    ) -> None:
+        """Starts a session; the overrides hold for this session only (see the native docs).
+        With the torch backend, the traces carry ``distributedInfo`` (backend, rank, world
+        size, process groups) as torch's own profiler writes it, when torch.distributed is
+        initialized."""
+        if self._config.get("profiler") == "torch" and not self.is_active:
+            info = _distributed_info()
+            if info is not None:
+                self.set_trace_metadata("distributedInfo", info)
+        super().start(
+            delay_iterations=delay_iterations,
+            max_iterations=max_iterations,
+            start_at_step=start_at_step,
+        )
+
+    def set_trace_metadata(self, key: str, value: Any) -> None:
+        """Adds ``key`` to the header of the traces written from now on (torch's
+        ``add_metadata_json``); ``value`` is anything ``json.dumps`` takes. A key given again
+        is replaced. Only the torch backend writes traces; the others ignore it."""
+        self._set_trace_metadata_json(key, json.dumps(value))
+
+    def shutdown(self) -> None:
+        """The engine loop has ended (vLLM's ``shutdown()``): stops a running session, then
+        waits, up to ``stepscope.flush_timeout_s``, for traces still being written, as vLLM's
+        own profiler writes its trace before shutdown returns. While traces are in flight a
+        marker file (:func:`flushing_marker`) tells a parent process manager (the vLLM
+        plugin's) to give this process the time."""
+        super().shutdown()
+        if self.pending_writes and not self.flush():
+            logger.warning(
+                "stepscope: traces of %s were still being written after %ss "
+                "(stepscope.flush_timeout_s); their manifests say 'unfinished' when the "
+                "process ends",
+                self.worker_name,
+                self._flush_timeout_s(),
+            )
+
+    def _flush_timeout_s(self) -> float:
+        return float(self._config.get("stepscope", {}).get("flush_timeout_s", 600.0))
 
     def status(self) -> dict[str, Any]:
         """The profiler's state: ``phase``, ``step_index``, the session's limits and start step,
@@ -153,18 +200,52 @@ def _activity_name(activity: Any) -> str:
     raise ValueError(f"set_profiler_kwargs: unsupported activity {activity!r}")
 
 
-@atexit.register
+def _distributed_info() -> dict[str, Any] | None:
+    """torch.distributed's state as torch's profiler puts it in a trace header
+    (``distributedInfo``), or None when it is not initialized."""
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        backend = dist.get_backend()
+        info: dict[str, Any] = {
+            "backend": backend,
+            "rank": dist.get_rank(),
+            "world_size": dist.get_world_size(),
+            "pg_count": dist.get_pg_count(),
+            "pg_config": dist.distributed_c10d._get_all_pg_configs(),
+        }
+        if backend == "nccl":
+            info["nccl_version"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        json.dumps(info)
+        return info
+    except Exception:  # noqa: BLE001 - metadata is optional; the capture goes on
+        logger.debug("stepscope: no distributedInfo for the trace header", exc_info=True)
+        return None
+
+
+def flushing_marker(pid: int) -> str:
+    """The file that says process ``pid`` has traces being finalized or written:
+    ``$TMPDIR/stepscope-flushing-{pid}`` (``/tmp`` when TMPDIR is unset), holding the longest
+    flush timeout (``stepscope.flush_timeout_s``) of its writers in seconds. The library keeps
+    it while a trace is in flight. A process manager that would kill the process after a short
+    grace period can wait while the marker is there, up to that many seconds (the vLLM plugin
+    does)."""
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"stepscope-flushing-{pid}")
+
+
 def _flush_at_exit() -> None:
     """Stops running sessions and waits (up to each profiler's ``flush_timeout_s``) for traces
     still being written, while the interpreter is whole: the writer threads may need it."""
     for profiler in list(_live):
         try:
             profiler.shutdown()
-            if not profiler.flush():
-                logger.warning(
-                    "stepscope: traces of %s were still being written at exit; "
-                    "their manifests say 'unfinished'",
-                    profiler.worker_name,
-                )
         except Exception:  # noqa: BLE001 - exit must go on
             logger.exception("stepscope: flushing %s at exit failed", profiler.worker_name)
+
+
+# A normal interpreter exit runs atexit; a multiprocessing child (vLLM's engine and worker
+# processes) ends with os._exit after multiprocessing's own exit hooks, which run this too.
+atexit.register(_flush_at_exit)
+multiprocessing.util.Finalize(None, _flush_at_exit, exitpriority=100)

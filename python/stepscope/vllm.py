@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.abc
+import inspect
 import logging
 import os
 import re
 import sys
 import threading
+import time
 from contextlib import nullcontext
 from types import ModuleType
 from typing import Any, Callable
@@ -48,6 +50,10 @@ CONFIG_ENV = "STEPSCOPE_CONFIG"
 
 _WRAPPER = "vllm.profiler.wrapper"
 _GPU_WORKER = "vllm.v1.worker.gpu_worker"
+_ASYNC_LLM = "vllm.v1.engine.async_llm"
+_ENGINE_UTILS = "vllm.v1.engine.utils"
+_V1_UTILS = "vllm.v1.utils"
+_MULTIPROC_EXECUTOR = "vllm.v1.executor.multiproc_executor"
 _PATCHED_MARK = "__stepscope_original__"
 
 _lock = threading.Lock()
@@ -73,6 +79,10 @@ def register() -> None:
         _registered = True
     _when_imported(_WRAPPER, _patch_wrapper)
     _when_imported(_GPU_WORKER, _patch_gpu_worker)
+    _when_imported(_ASYNC_LLM, _patch_async_llm)
+    _when_imported(_V1_UTILS, _patch_process_shutdown)
+    _when_imported(_ENGINE_UTILS, _patch_process_shutdown)
+    _when_imported(_MULTIPROC_EXECUTOR, _patch_multiproc_executor)
 
 
 def enabled() -> bool:
@@ -82,9 +92,12 @@ def enabled() -> bool:
 
 
 def stepscope_keys_from_env() -> dict[str, Any]:
-    """The ``"stepscope"`` object of ``STEPSCOPE_CONFIG`` (empty when unset), validated.
+    """The ``"stepscope"`` object of ``STEPSCOPE_CONFIG`` (empty when unset).
 
-    Raises :class:`stepscope.ConfigError` (a ``ValueError``) naming the bad field.
+    Only its form is checked here (readable, JSON, an object holding only ``"stepscope"``);
+    the keys' values are validated with vLLM's fields when a worker's profiler is made, since
+    some depend on them (``repeat`` needs ``max_iterations``). Raises
+    :class:`stepscope.ConfigError` (a ``ValueError``) naming what is wrong.
     """
     import json
 
@@ -115,8 +128,8 @@ def stepscope_keys_from_env() -> dict[str, Any]:
             f"{CONFIG_ENV} holds only the \"stepscope\" object"
         )
     keys = value.get("stepscope", {})
-    # The library validates the keys (and names a bad one).
-    stepscope.WorkerProfiler({"stepscope": keys}, "stepscope-config-check")
+    if not isinstance(keys, dict):
+        raise stepscope.ConfigError(f"{origin}: \"stepscope\" must be a JSON object")
     return keys
 
 
@@ -126,8 +139,47 @@ def config_dict(profiler_config: Any) -> dict[str, Any]:
     fields = {f.name: getattr(profiler_config, f.name) for f in dataclasses.fields(profiler_config)}
     keys = _stepscope_keys if _stepscope_keys is not None else stepscope_keys_from_env()
     if keys:
-        fields["stepscope"] = keys
+        fields["stepscope"] = dict(keys)
     return fields
+
+
+def build_profiler(profiler_config: Any, *, worker_name: str, local_rank: int) -> Any:
+    """stepscope's profiler for vLLM's config and ``STEPSCOPE_CONFIG``'s keys, validated
+    together. A bad ``stepscope.*`` key is logged as an error naming it and left out (the rest
+    still apply); a vLLM field stepscope does not accept raises :class:`stepscope.ConfigError`.
+    """
+    import stepscope
+
+    config = config_dict(profiler_config)
+    keys = config.get("stepscope", {})
+    while True:
+        try:
+            profiler = stepscope.WorkerProfiler(
+                config, worker_name=worker_name, local_rank=local_rank, rank=rank_of(worker_name)
+            )
+            add_version_metadata(profiler)
+            return profiler
+        except stepscope.ConfigError as e:
+            field = getattr(e, "field", None) or ""
+            key = field.split(".")[1] if field.startswith("stepscope.") else None
+            if key not in keys:
+                raise
+            logger.error("stepscope: %s; %s left out (from %s)", e, field, CONFIG_ENV)
+            del keys[key]
+
+
+def add_version_metadata(profiler: Any) -> None:
+    """vLLM's version in the trace header, as vLLM's own torch profiler stamps it
+    (``vllm_version``, ``vllm_version_tuple``)."""
+    try:
+        import vllm.version
+
+        profiler.set_trace_metadata("vllm_version", vllm.version.__version__)
+        profiler.set_trace_metadata(
+            "vllm_version_tuple", [str(p) for p in vllm.version.__version_tuple__]
+        )
+    except Exception:  # noqa: BLE001 - metadata is optional
+        logger.debug("stepscope: no vLLM version for the trace header", exc_info=True)
 
 
 # --- vllm.profiler.wrapper.create_worker_profiler --------------------------------------------
@@ -140,12 +192,7 @@ def _make_factory(original: Callable[..., Any]) -> Callable[..., Any]:
         import stepscope
 
         try:
-            return stepscope.WorkerProfiler(
-                config_dict(profiler_config),
-                worker_name=worker_name,
-                local_rank=local_rank,
-                rank=rank_of(worker_name),
-            )
+            return build_profiler(profiler_config, worker_name=worker_name, local_rank=local_rank)
         except stepscope.ConfigError as e:
             # A vLLM field this stepscope does not know: vLLM's own profiler honours it.
             logger.warning("stepscope: %s; using vLLM's own profiler for %s", e, worker_name)
@@ -167,10 +214,227 @@ def _patch_wrapper(module: ModuleType) -> None:
     original = getattr(module, "create_worker_profiler", None)
     if original is None:
         _warn_unpatched(module, "create_worker_profiler")
+    elif not hasattr(original, _PATCHED_MARK):
+        module.create_worker_profiler = _make_factory(original)
+    frontend = getattr(module, "create_frontend_profiler", None)
+    if frontend is not None and not hasattr(frontend, _PATCHED_MARK):
+        module.create_frontend_profiler = _make_frontend_factory(frontend)
+
+
+# --- the API server's frontend profiler (ignore_frontend: false) -------------------------------
+
+#: Capture-control keys mean nothing to the frontend, which has no engine iterations.
+_ITERATION_KEYS = ("ranks", "start_at_step", "stages", "repeat", "repeat_every",
+                   "min_batch_requests", "min_batch_tokens")
+
+
+def _make_frontend_factory(original: Callable[..., Any]) -> Callable[..., Any]:
+    def create_frontend_profiler(profiler_config: Any, *, worker_name: str) -> Any:
+        if getattr(profiler_config, "profiler", None) != "torch":
+            return original(profiler_config, worker_name=worker_name)
+        try:
+            return FrontendProfiler(profiler_config, worker_name)
+        except Exception as e:  # noqa: BLE001 - vLLM's own profiler takes over
+            logger.warning(
+                "stepscope: %s; using vLLM's own profiler for the API server (%s)", e, worker_name
+            )
+            return original(profiler_config, worker_name=worker_name)
+
+    create_frontend_profiler.__doc__ = "stepscope's profiler for the API server (stepscope.vllm)."
+    setattr(create_frontend_profiler, _PATCHED_MARK, original)
+    return create_frontend_profiler
+
+
+class FrontendProfiler:
+    """The API server's CPU profiler around ``AsyncLLM`` (vLLM's ``create_frontend_profiler``,
+    used while ``ignore_frontend`` is false), as stepscope's: ``stop()`` returns once Kineto has
+    let go of the session, and the trace is written in the background.
+
+    vLLM calls ``start``/``stop`` through ``asyncio.to_thread``, so on any thread of a pool;
+    Kineto's session belongs to the thread that enabled it. Both run here on one thread of
+    this profiler's own.
+    """
+
+    def __init__(self, profiler_config: Any, worker_name: str) -> None:
+        import concurrent.futures
+
+        import stepscope
+
+        config = config_dict(profiler_config)
+        config.update(
+            delay_iterations=0,
+            max_iterations=0,
+            wait_iterations=0,
+            warmup_iterations=0,
+            torch_profiler_activities=["CPU"],
+        )
+        keys = {k: v for k, v in config.get("stepscope", {}).items() if k not in _ITERATION_KEYS}
+        config["stepscope"] = keys
+        self._profiler = stepscope.WorkerProfiler(config, worker_name=worker_name)
+        add_version_metadata(self._profiler)
+        self._thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="stepscope-frontend"
+        )
+        logger.info(
+            "stepscope: the API server's CPU trace is stepscope's (written off the request "
+            "path) under %s",
+            profiler_config.torch_profiler_dir,
+        )
+
+    def _on_thread(self, fn: Callable[[], Any]) -> Any:
+        return self._thread.submit(fn).result()
+
+    def start(self) -> None:
+        self._on_thread(self._profiler.start)
+
+    def stop(self) -> None:
+        self._on_thread(self._profiler.stop)
+
+    def shutdown(self) -> None:
+        self._on_thread(self._profiler.shutdown)
+
+    def set_output_name(self, worker_name: str) -> None:
+        self._profiler.set_output_name(worker_name)
+
+    @property
+    def profiler(self) -> Any:
+        """The stepscope profiler behind it."""
+        return self._profiler
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else vLLM may read (is_running, should_annotate, ...) is the profiler's.
+        return getattr(self._profiler, name)
+
+
+def _patch_async_llm(module: ModuleType) -> None:
+    # AsyncLLM imported create_frontend_profiler by name before the wrapper was patched.
+    factory = getattr(module, "create_frontend_profiler", None)
+    if factory is None or hasattr(factory, _PATCHED_MARK):
         return
-    if hasattr(original, _PATCHED_MARK):
+    wrapper = sys.modules.get(_WRAPPER)
+    patched = getattr(wrapper, "create_frontend_profiler", None)
+    module.create_frontend_profiler = (
+        patched if hasattr(patched, _PATCHED_MARK) else _make_frontend_factory(factory)
+    )
+
+
+# --- shutdown: process managers wait while a child writes its traces ---------------------------
+
+
+def _patch_process_shutdown(module: ModuleType) -> None:
+    """The API server's ``CoreEngineProcManager`` ends engine processes with ``shutdown(procs,
+    timeout)`` (``vllm.v1.utils``, imported by name into ``vllm.v1.engine.utils``): SIGTERM, a
+    grace period (none under vLLM's default ``shutdown_timeout``), then SIGKILL to the whole
+    process tree. Ours first gives a process with traces in flight (a flushing marker, its own
+    or a worker's below it) up to the marker's flush timeout to finish them and exit."""
+    original = getattr(module, "shutdown", None)
+    if original is None or hasattr(original, _PATCHED_MARK):
         return
-    module.create_worker_profiler = _make_factory(original)
+    try:
+        params = list(inspect.signature(original).parameters)
+    except (TypeError, ValueError):
+        params = []
+    if params[:2] != ["procs", "timeout"]:
+        _warn_unpatched(module, "shutdown(procs, timeout)")
+        return
+
+    def shutdown(procs: list[Any], timeout: float | None = None) -> None:
+        try:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.terminate()
+            wait_for_flushes(procs, grace=5.0 if timeout is None else timeout)
+        except Exception:  # noqa: BLE001 - vLLM's own shutdown must still run
+            logger.debug("stepscope: waiting for trace writers failed", exc_info=True)
+        original(procs, timeout=timeout)
+
+    shutdown.__doc__ = original.__doc__
+    setattr(shutdown, _PATCHED_MARK, original)
+    module.shutdown = shutdown
+
+
+def _patch_multiproc_executor(module: ModuleType) -> None:
+    """The engine process ends its workers with ``_ensure_worker_termination``: a grace period
+    (``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``), SIGTERM, 4 s, SIGKILL. A SIGTERM interrupts a
+    worker still writing its traces; ours waits for such a worker first."""
+    executor = getattr(module, "MultiprocExecutor", None)
+    original = getattr(executor, "_ensure_worker_termination", None)
+    if original is None or hasattr(original, _PATCHED_MARK):
+        return
+
+    def _ensure_worker_termination(worker_procs: list[Any]) -> None:
+        try:
+            grace = float(os.environ.get("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "5"))
+            wait_for_flushes(worker_procs, grace=grace)
+        except Exception:  # noqa: BLE001 - vLLM's own termination must still run
+            logger.debug("stepscope: waiting for trace writers failed", exc_info=True)
+        original(worker_procs)
+
+    setattr(_ensure_worker_termination, _PATCHED_MARK, original)
+    executor._ensure_worker_termination = staticmethod(_ensure_worker_termination)
+
+
+def wait_for_flushes(procs: list[Any], *, grace: float) -> None:
+    """Waits up to ``grace`` seconds for ``procs`` (multiprocessing processes) to exit, and
+    longer while one still alive has traces in flight (a flushing marker of its own or of a
+    descendant; see :func:`stepscope.flushing_marker`): up to the marker's flush timeout."""
+    start = time.monotonic()
+    announced = False
+    while True:
+        alive = [p.pid for p in procs if p.is_alive()]
+        if not alive:
+            return
+        timeout = _flushing_timeout(alive)
+        waited = time.monotonic() - start
+        if waited >= max(grace, timeout or 0.0):
+            return
+        if timeout is not None and not announced:
+            logger.info(
+                "stepscope: waiting up to %.0f s for traces being written before the "
+                "process ends",
+                timeout - waited,
+            )
+            announced = True
+        time.sleep(0.05)
+
+
+def _flushing_timeout(pids: list[int]) -> float | None:
+    """The longest flush timeout among the flushing markers of live processes that are one of
+    ``pids`` or descend from one; None when there is none."""
+    import glob
+
+    import stepscope
+
+    roots = set(pids)
+    longest = None
+    prefix = stepscope.flushing_marker(0)[:-1]
+    for path in glob.glob(prefix + "*"):
+        try:
+            pid = int(path[len(prefix) :])
+            with open(path, encoding="utf-8") as f:
+                timeout = float(f.read().strip() or 0)
+        except (ValueError, OSError):
+            continue
+        if _descends_from(pid, roots):
+            longest = timeout if longest is None else max(longest, timeout)
+    return longest
+
+
+def _descends_from(pid: int, roots: set[int]) -> bool:
+    """Whether live process ``pid`` is in ``roots`` or below one of them (Linux's /proc)."""
+    for _ in range(64):
+        if pid in roots:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if pid <= 1:
+            return False
+    return False
 
 
 # --- vllm.v1.worker.gpu_worker -----------------------------------------------------------------

@@ -39,6 +39,7 @@ def test_a_bad_config_raises_config_error_naming_the_field(config, field):
         stepscope.WorkerProfiler(config, "w")
     assert isinstance(info.value, ValueError)
     assert field in str(info.value)
+    assert info.value.field == field
 
 
 def test_malformed_json_and_missing_files_name_their_source(tmp_path):

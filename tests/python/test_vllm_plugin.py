@@ -219,7 +219,7 @@ def test_stepscope_config_keys_reach_the_profiler(vllm_loaded, tmp_path, monkeyp
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ('{"stepscope": {"nvtx": "loud"}}', "stepscope.nvtx"),
+        ('{"stepscope": [1]}', '"stepscope" must be a JSON object'),
         ('{"max_iterations": 3}', "max_iterations"),
         ("{not json", "invalid JSON"),
         ("/nonexistent/stepscope.json", "/nonexistent/stepscope.json"),
@@ -229,6 +229,58 @@ def test_a_bad_stepscope_config_is_an_error_naming_the_field(monkeypatch, value,
     monkeypatch.setenv("STEPSCOPE_CONFIG", value)
     with pytest.raises(stepscope.ConfigError, match=message.replace(".", r"\.")):
         plugin.stepscope_keys_from_env()
+
+
+def test_stepscope_keys_are_validated_with_vllms_fields(vllm_loaded, monkeypatch):
+    """`repeat` needs vLLM's max_iterations: alone it would be refused, merged it is valid."""
+    from vllm.config import ProfilerConfig
+
+    monkeypatch.setenv("STEPSCOPE_CONFIG", '{"stepscope": {"repeat": 2, "repeat_every": 12}}')
+    monkeypatch.setattr(plugin, "_stepscope_keys", None)
+    cfg = ProfilerConfig(profiler="cuda", max_iterations=3)
+    p = vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
+    assert isinstance(p, stepscope.WorkerProfiler)
+    assert (p.status()["windows"], p.status()["max_iterations"]) == (2, 3)
+    # Without max_iterations the merged config is refused for that key alone, named in the log;
+    # the profiler is still stepscope's, with the other keys.
+    cfg = ProfilerConfig(profiler="cuda")
+    with _captured_log() as records:
+        p = vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
+    assert isinstance(p, stepscope.WorkerProfiler)
+    assert p.status()["windows"] == 1
+    assert any("stepscope.repeat" in r.getMessage() and r.levelname == "ERROR" for r in records)
+
+
+def test_one_bad_stepscope_key_is_left_out_and_the_others_apply(vllm_loaded, monkeypatch):
+    from vllm.config import ProfilerConfig
+
+    monkeypatch.setenv("STEPSCOPE_CONFIG", '{"stepscope": {"nvtx": "loud", "flush_timeout_s": 5}}')
+    monkeypatch.setattr(plugin, "_stepscope_keys", None)
+    with _captured_log() as records:
+        p = vllm_loaded.create_worker_profiler(
+            ProfilerConfig(profiler="cuda"), worker_name="w", local_rank=0
+        )
+    keys = json.loads(p.config_json)["stepscope"]
+    assert (keys["nvtx"], keys["flush_timeout_s"]) == ("running", 5.0)
+    messages = [r.getMessage() for r in records if r.levelname == "ERROR"]
+    assert any("stepscope.nvtx" in m and "left out" in m for m in messages), messages
+
+
+class _captured_log:
+    """Records of the ``stepscope.vllm`` logger inside a ``with`` block."""
+
+    def __enter__(self) -> list:
+        import logging
+
+        self.records: list = []
+        self.handler = logging.Handler()
+        self.handler.emit = self.records.append  # type: ignore[method-assign]
+        self.logger = logging.getLogger("stepscope.vllm")
+        self.logger.addHandler(self.handler)
+        return self.records
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self.handler)
 
 
 CHILD = """
@@ -262,13 +314,25 @@ def child(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     ("env", "log"),
     [
         ({"STEPSCOPE_VLLM": "0"}, "STEPSCOPE_VLLM=0"),
-        ({"STEPSCOPE_CONFIG": '{"stepscope": {"nvtx": "loud"}}'}, "stepscope.nvtx"),
+        ({"STEPSCOPE_CONFIG": "{not json"}, "invalid JSON"),
     ],
 )
 def test_switched_off_or_misconfigured_the_plugin_leaves_vllms_profiler(env, log):
     proc = child(CHILD.format(before="", after=""), env)
     assert "PATCHED False" in proc.stdout
     assert log in proc.stderr
+
+
+def test_a_bad_stepscope_key_does_not_drop_the_plugin():
+    after = """
+p = wrapper.create_worker_profiler(ProfilerConfig(profiler="cuda"), worker_name="w", local_rank=0)
+print("TYPE", type(p).__module__)
+"""
+    env = {"STEPSCOPE_CONFIG": '{"stepscope": {"nvtx": "loud"}}'}
+    proc = child(CHILD.format(before="", after=after), env)
+    assert "PATCHED True" in proc.stdout
+    assert "TYPE stepscope" in proc.stdout
+    assert "stepscope.nvtx" in proc.stderr
 
 
 def test_a_worker_module_imported_before_the_plugin_is_patched_too():

@@ -37,11 +37,27 @@ pyo3::create_exception!(
     "A profiling backend failed (driver missing, driver call failed, Kineto error)."
 );
 
-/// The Python exception for a library error.
+/// The Python exception for a library error. A `ConfigError` carries the offending field as
+/// its `field` attribute (`None` for malformed JSON), so callers need not parse the message.
 fn to_py(e: &Error) -> PyErr {
     let text = e.to_string();
     match e {
-        Error::Config { .. } | Error::Json { .. } => ConfigError::new_err(text),
+        Error::Config { field, .. } => {
+            let err = ConfigError::new_err(text);
+            Python::attach(|py| {
+                // Setting an attribute on a fresh exception instance cannot fail in practice;
+                // were it to, the message still names the field.
+                let _ = err.value(py).setattr("field", field.as_str());
+            });
+            err
+        }
+        Error::Json { .. } => {
+            let err = ConfigError::new_err(text);
+            Python::attach(|py| {
+                let _ = err.value(py).setattr("field", py.None());
+            });
+            err
+        }
         Error::InvalidArgument { .. } => PyValueError::new_err(text),
         Error::Io { .. } => PyOSError::new_err(text),
         Error::Timeout { .. } => PyTimeoutError::new_err(text),
@@ -358,6 +374,14 @@ impl PyWorkerProfiler {
     fn status_json(&self) -> PyResult<String> {
         serde_json::to_string(&self.inner.status())
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Adds `key` with `json_value` (JSON text) to the header of the traces written from now
+    /// on (see `stepscope.WorkerProfiler.set_trace_metadata`).
+    fn _set_trace_metadata_json(&self, key: &str, json_value: &str) -> PyResult<()> {
+        self.inner
+            .set_trace_metadata(key, json_value)
+            .map_err(|e| to_py(&e))
     }
 
     /// Names the next session's traces (vLLM's `set_output_name`); ignored while a session is
