@@ -15,7 +15,7 @@ export LIBTORCH_USE_PYTORCH := 1
 
 PYTHON := $(VENV)/bin/python
 
-.PHONY: all setup demo test fmt-check clippy test-rust python test-python bench install clean
+.PHONY: all setup demo test fmt-check clippy test-rust python test-python bench bench-vllm install clean
 
 all: test
 
@@ -76,6 +76,12 @@ bench: setup
 	$(CARGO) bench --workspace
 	$(VENV)/bin/maturin develop --quiet --release
 	$(PYTHON) scripts/bench_python_step.py
+
+# vLLM's own torch profiler against stepscope's in live `vllm serve`s on this CPU: four server
+# starts, about 15 minutes. Prints the table the README quotes.
+bench-vllm: setup
+	$(VENV)/bin/maturin develop --quiet --release
+	$(PYTHON) scripts/bench_vllm_live.py
 
 # The C/C++ library, headers and pkg-config file under $(PREFIX).
 install:

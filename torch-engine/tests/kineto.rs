@@ -818,3 +818,62 @@ fn a_stop_while_paused_leaves_the_next_session_recording() {
         );
     }
 }
+
+/// The threads a task's CPUs list names, by thread name (Linux's /proc).
+fn thread_cpus(name: &str) -> Vec<String> {
+    fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .filter_map(|t| {
+            let status = fs::read_to_string(t.path().join("status")).ok()?;
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|l| l.trim().to_string())
+        })
+        .collect()
+}
+
+/// An engine thread pinned to one CPU (vLLM's CPU backend pins its workers) keeps it: the
+/// trace writer's threads run on the others.
+#[test]
+fn the_writer_keeps_off_a_pinned_engine_threads_cpu() {
+    let _k = lock();
+    // SAFETY: sysconf has no memory effects.
+    if unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } < 2 {
+        eprintln!("skipped: one CPU");
+        return;
+    }
+    let dir = fresh_dir("affinity");
+    thread::spawn(move || {
+        // SAFETY: a zeroed cpu_set_t is the empty set; CPU 0 is in range; 0 is this thread.
+        unsafe {
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut one);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one),
+                0
+            );
+        }
+        let e = engine();
+        let p = WorkerProfiler::new(&config(&dir, ""), "w0").unwrap();
+        p.start().unwrap();
+        e.iteration(&p, 1);
+        p.stop().unwrap();
+        flush(&p);
+        // Thread names as Linux keeps them: 15 bytes.
+        for name in ["stepscope-write", "stepscope-final"] {
+            let cpus = thread_cpus(name);
+            assert!(!cpus.is_empty(), "no {name} thread");
+            assert!(
+                cpus.iter()
+                    .all(|c| c != "0" && !c.starts_with("0-") && !c.starts_with("0,")),
+                "{name}: {cpus:?}"
+            );
+        }
+        no_temporaries(&dir);
+    })
+    .join()
+    .unwrap();
+}

@@ -195,6 +195,8 @@ impl Writer {
             |e: io::Error| Error::backend("torch", format!("cannot start the trace writer: {e}"));
         let (tx, rx) = crossbeam_channel::unbounded::<(PathBuf, Job)>();
         let (save_tx, save_rx) = crossbeam_channel::unbounded::<Finalized>();
+        // Spawned from the engine thread: its CPUs are the ones to keep clear.
+        let cpus = OffEngineCpus::of_this_thread();
         let (settings, pending, in_flight) = (
             Arc::clone(&self.settings),
             self.pending.clone(),
@@ -202,7 +204,10 @@ impl Writer {
         );
         let saver = thread::Builder::new()
             .name("stepscope-writer".into())
-            .spawn(move || save_loop(&settings, &save_rx, &pending, &in_flight))
+            .spawn(move || {
+                cpus.apply();
+                save_loop(&settings, &save_rx, &pending, &in_flight)
+            })
             .map_err(spawn_err)?;
         self.threads.push(saver);
         let (pending, finalizing, in_flight) = (
@@ -212,7 +217,10 @@ impl Writer {
         );
         let finalizer = thread::Builder::new()
             .name("stepscope-finalize".into())
-            .spawn(move || finalize_loop(&rx, &save_tx, &pending, &finalizing, &in_flight))
+            .spawn(move || {
+                cpus.apply();
+                finalize_loop(&rx, &save_tx, &pending, &finalizing, &in_flight)
+            })
             .map_err(spawn_err)?;
         self.threads.push(finalizer);
         Ok(tx)
@@ -287,6 +295,63 @@ impl Drop for Writer {
         // Nobody waits for them any longer: no parent should either.
         in_flight_end(in_flight.len());
         in_flight.clear();
+    }
+}
+
+/// The CPUs a writer thread may use besides the engine thread's, when the engine thread is
+/// pinned (vLLM's CPU backend binds each worker to its cores; threads inherit the binding):
+/// finalizing and compressing a trace there would take the engine's own core from it, the
+/// stall the writer thread exists to avoid. `None` (keep the inherited CPUs) when the engine
+/// may run anywhere or the mask cannot be read.
+#[derive(Clone, Copy)]
+struct OffEngineCpus(Option<libc::cpu_set_t>);
+
+impl OffEngineCpus {
+    fn of_this_thread() -> Self {
+        // SAFETY: cpu_set_t is plain data (all-zero is the empty set); sched_getaffinity writes
+        // at most size_of::<cpu_set_t>() bytes into it.
+        let mut engine: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; 0 is the calling thread.
+        let rc = unsafe {
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut engine)
+        };
+        if rc != 0 {
+            return OffEngineCpus(None);
+        }
+        // SAFETY: sysconf has no memory effects.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(0) as usize;
+        let online = online.min(libc::CPU_SETSIZE as usize);
+        // SAFETY: as above.
+        let mut others: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let mut pinned = 0;
+        let mut free = 0;
+        for cpu in 0..online {
+            // SAFETY: cpu < CPU_SETSIZE, in range for both sets.
+            if unsafe { libc::CPU_ISSET(cpu, &engine) } {
+                pinned += 1;
+            } else {
+                // SAFETY: as above.
+                unsafe { libc::CPU_SET(cpu, &mut others) };
+                free += 1;
+            }
+        }
+        // The engine may use every CPU (not pinned), or there is no other CPU.
+        OffEngineCpus((free > 0 && pinned < online).then_some(others))
+    }
+
+    /// Moves the calling thread off the engine's CPUs. A cpuset that allows none of them
+    /// refuses it: the thread then keeps the engine's CPUs, as before.
+    fn apply(self) {
+        let Some(set) = self.0 else { return };
+        // SAFETY: `set` is a valid cpu_set_t of the size passed; 0 is the calling thread.
+        let rc =
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+        if rc != 0 {
+            log::debug!(
+                "stepscope: the trace writer stays on the engine's CPUs: {}",
+                io::Error::last_os_error()
+            );
+        }
     }
 }
 

@@ -1,0 +1,193 @@
+"""vLLM's own torch profiler against stepscope's, in a live `vllm serve` on this machine.
+
+A benchmark, not a test: it starts four servers of the tiny model (tests/python/live_vllm.py),
+one per (profiler, ignore_frontend), each with vLLM's default torch profiler config otherwise
+(Python stacks recorded), sends the same traffic to each, and prints one table:
+
+- `/stop_profile` latency after a capture of 8 concurrent requests x 64 tokens;
+- request latency while profiling, against the same traffic unprofiled;
+- the engine stall at the automatic stop: one request of 64 tokens whose decode crosses
+  `max_iterations` (vLLM's own profiler stops and exports on the engine thread there), against
+  the same request unprofiled;
+- how long until the worker's trace is on disk after the stop, and its JSON size and MB/s
+  (vLLM's: the stop returns once torch has finalized and exported; stepscope's: the manifest's
+  `writer_seconds`, finalize included).
+
+Usage: .venv/bin/python scripts/bench_vllm_live.py [--tokens 64] [--requests 8] [--json OUT]
+Needs the release build of the extension for representative writer figures (`make bench`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+
+from live_vllm import VllmServer, cpu_build_missing  # noqa: E402
+
+
+def say(*args: object) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def json_size(path: Path) -> int:
+    n = 0
+    with gzip.open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            n += len(chunk)
+    return n
+
+
+def worker_traces(traces: Path) -> set[Path]:
+    return {p for p in traces.glob("rank0.*.pt.trace.json.gz")}
+
+
+def wait_manifest(traces: Path, known: set[str], timeout: float = 900) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in traces.glob("rank0.*.stepscope.json"):
+            if path.name in known:
+                continue
+            m = json.loads(path.read_text())
+            if m["status"] != "writing":
+                known.add(path.name)
+                return m
+        time.sleep(0.05)
+    raise TimeoutError("no stepscope manifest completed")
+
+
+def run_one(kind: str, ignore_frontend: bool, args: argparse.Namespace, root: Path) -> dict:
+    work = root / f"{kind}-{'ignore' if ignore_frontend else 'frontend'}"
+    traces = work / "traces"
+    env = {"STEPSCOPE_VLLM": "0"} if kind == "vllm" else {}
+    srv = VllmServer(
+        work,
+        {"profiler": "torch", "torch_profiler_dir": str(traces), "ignore_frontend": ignore_frontend},
+        env=env,
+    )
+    say(f"== {kind}, ignore_frontend={ignore_frontend}: starting vllm serve")
+    began = time.monotonic()
+    srv.start()
+    say(f"   ready in {time.monotonic() - began:.0f} s")
+    out: dict = {"profiler": kind, "ignore_frontend": ignore_frontend}
+    try:
+        srv.complete(args.requests, args.tokens)  # warm-up
+        base = srv.complete(args.requests, args.tokens)
+        single = [srv.complete(1, args.tokens)[0] for _ in range(3)]
+
+        # A capture of the same traffic, then /stop_profile.
+        known: set[str] = set()
+        before = worker_traces(traces)
+        assert srv.post("/start_profile")[0] == 200, srv.log_tail()
+        profiled = srv.complete(args.requests, args.tokens)
+        status, _, stop_s = srv.post("/stop_profile")
+        stopped = time.monotonic()
+        assert status == 200, srv.log_tail()
+        if kind == "vllm":
+            (trace,) = worker_traces(traces) - before
+            on_disk_s = stop_s
+            m = None
+        else:
+            m = wait_manifest(traces, known)
+            on_disk_s = m["writer_seconds"]
+            trace = traces / m["trace_file"]
+        out.update(
+            stop_profile_s=stop_s,
+            latency_base_median_s=statistics.median(base),
+            latency_profiled_median_s=statistics.median(profiled),
+            trace_on_disk_s=on_disk_s,
+            trace_json_mb=json_size(trace) / 1e6,
+            trace_gz_mb=trace.stat().st_size / 1e6,
+        )
+        if m is not None:
+            out.update(finalize_s=m["finalize_seconds"], write_s=m["write_seconds"])
+            out["wall_until_manifest_s"] = time.monotonic() - stopped + stop_s
+        say(f"   capture: stop_profile {stop_s:.3f} s, trace on disk after {on_disk_s:.2f} s")
+
+        # One request crossing the automatic stop of an 8-iteration window.
+        time.sleep(1 if kind == "vllm" else 0)
+        if kind != "vllm":
+            # The previous trace is being written in the background; let it finish so the
+            # two runs stall on the same thing (the automatic stop), not on a leftover write.
+            deadline = time.monotonic() + 600
+            while srv.get("/health")[0] == 200 and time.monotonic() < deadline:
+                if all(
+                    json.loads(p.read_text())["status"] != "writing"
+                    for p in traces.glob("*.stepscope.json")
+                ):
+                    break
+                time.sleep(0.2)
+        assert srv.post("/start_profile", {"max_iterations": 8})[0] == 200
+        crossing = srv.complete(1, args.tokens)[0]
+        srv.post("/stop_profile")
+        out.update(
+            single_base_median_s=statistics.median(single),
+            single_crossing_autostop_s=crossing,
+        )
+        say(f"   auto-stop: request {crossing:.3f} s vs {statistics.median(single):.3f} s unprofiled")
+        if kind != "vllm":
+            wait_manifest(traces, known)
+    finally:
+        say("   stopping the server")
+        srv.stop()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per request (default 64)")
+    ap.add_argument("--requests", type=int, default=8, help="concurrent requests (default 8)")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args()
+    if reason := cpu_build_missing():
+        say(f"cannot run: {reason}")
+        return 2
+    results = []
+    with tempfile.TemporaryDirectory(prefix="stepscope-bench-vllm-") as tmp:
+        for ignore_frontend in (True, False):
+            for kind in ("vllm", "stepscope"):
+                results.append(run_one(kind, ignore_frontend, args, Path(tmp)))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+    by = {(r["profiler"], r["ignore_frontend"]): r for r in results}
+    print(f"\n{args.requests} concurrent requests x {args.tokens} tokens, vLLM's default torch "
+          "profiler config (with_stack), one machine, one run\n")
+    print("| | vLLM's own | stepscope | ratio |")
+    print("|---|---|---|---|")
+    for ign in (True, False):
+        v, s = by[("vllm", ign)], by[("stepscope", ign)]
+        print(f"| `/stop_profile`, ignore_frontend={str(ign).lower()} | {v['stop_profile_s']:.3f} s "
+              f"| {s['stop_profile_s']:.3f} s | {v['stop_profile_s'] / s['stop_profile_s']:.0f}x |")
+    for ign in (True, False):
+        v, s = by[("vllm", ign)], by[("stepscope", ign)]
+        print(f"| request crossing the auto-stop (unprofiled: {v['single_base_median_s']:.3f} / "
+              f"{s['single_base_median_s']:.3f} s), ignore_frontend={str(ign).lower()} "
+              f"| {v['single_crossing_autostop_s']:.3f} s | {s['single_crossing_autostop_s']:.3f} s "
+              f"| {v['single_crossing_autostop_s'] / s['single_crossing_autostop_s']:.1f}x |")
+    for ign in (True, False):
+        v, s = by[("vllm", ign)], by[("stepscope", ign)]
+        print(f"| median request latency while profiling (unprofiled: {v['latency_base_median_s']:.3f} / "
+              f"{s['latency_base_median_s']:.3f} s), ignore_frontend={str(ign).lower()} "
+              f"| {v['latency_profiled_median_s']:.3f} s | {s['latency_profiled_median_s']:.3f} s | |")
+    for ign in (True, False):
+        v, s = by[("vllm", ign)], by[("stepscope", ign)]
+        vr = v["trace_json_mb"] / v["trace_on_disk_s"]
+        sr = s["trace_json_mb"] / s["trace_on_disk_s"]
+        print(f"| worker trace on disk after the stop, ignore_frontend={str(ign).lower()} "
+              f"| {v['trace_on_disk_s']:.2f} s ({v['trace_json_mb']:.0f} MB JSON, {vr:.1f} MB/s, "
+              f"{v['trace_gz_mb']:.1f} MB gz) | {s['trace_on_disk_s']:.2f} s ({s['trace_json_mb']:.0f} MB "
+              f"JSON, {sr:.1f} MB/s, {s['trace_gz_mb']:.1f} MB gz; finalize {s['finalize_s']:.2f} s) "
+              f"| {sr / vr:.1f}x MB/s |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
