@@ -105,33 +105,56 @@ struct ManifestFile<'a> {
 /// trace is being finalized or written. A process manager that would kill this process after
 /// a short grace period (vLLM's, through the stepscope plugin) waits while it is there, up to
 /// that many seconds.
-static IN_FLIGHT: Mutex<(usize, f64)> = Mutex::new((0, 0.0));
+static IN_FLIGHT: Mutex<InFlightCount> = Mutex::new(InFlightCount {
+    count: 0,
+    longest: 0.0,
+    written: None,
+});
+
+struct InFlightCount {
+    count: usize,
+    /// The longest flush timeout among the writers with work, seconds.
+    longest: f64,
+    /// What the marker file holds, once written.
+    written: Option<f64>,
+}
 
 fn flushing_marker() -> PathBuf {
     std::env::temp_dir().join(format!("stepscope-flushing-{}", std::process::id()))
 }
 
 /// One more trace in flight in this process, whose writer waits up to `timeout` at exit.
+/// Counts only (it runs in `stop()`, on the engine thread); [`publish_in_flight`] writes the
+/// marker, off it.
 fn in_flight_begin(timeout: Duration) {
     let mut g = IN_FLIGHT.lock();
-    let (count, longest) = &mut *g;
-    *count += 1;
     let secs = timeout.as_secs_f64();
-    if *count > 1 && secs <= *longest {
+    g.longest = if g.count == 0 {
+        secs
+    } else {
+        g.longest.max(secs)
+    };
+    g.count += 1;
+}
+
+/// Writes the marker if traces are in flight and it does not say so yet (writer threads).
+fn publish_in_flight() {
+    let mut g = IN_FLIGHT.lock();
+    if g.count == 0 || g.written == Some(g.longest) {
         return;
     }
-    *longest = if *count == 1 { secs } else { longest.max(secs) };
     let path = flushing_marker();
-    if let Err(e) = fs::write(&path, format!("{longest}\n")) {
-        log::debug!("stepscope: cannot write {}: {e}", path.display());
+    match fs::write(&path, format!("{}\n", g.longest)) {
+        Ok(()) => g.written = Some(g.longest),
+        Err(e) => log::debug!("stepscope: cannot write {}: {e}", path.display()),
     }
 }
 
 /// `n` traces of this process are no longer in flight.
 fn in_flight_end(n: usize) {
     let mut g = IN_FLIGHT.lock();
-    g.0 = g.0.saturating_sub(n);
-    if g.0 == 0 {
+    g.count = g.count.saturating_sub(n);
+    if g.count == 0 && g.written.take().is_some() {
         let _ = fs::remove_file(flushing_marker());
     }
 }
@@ -386,6 +409,7 @@ fn finalize_loop(
     in_flight: &InFlight,
 ) {
     for (manifest_path, mut job) in rx.iter() {
+        publish_in_flight();
         {
             // Under the lock, and only while still listed: a drop that gave up on this job has
             // already written it as unfinished, which "writing" must not overwrite.
@@ -956,6 +980,11 @@ mod tests {
         let marker = flushing_marker();
         in_flight_begin(Duration::from_secs(5));
         in_flight_begin(Duration::from_secs(30));
+        assert!(
+            !marker.exists(),
+            "written by the writer threads, not in stop()"
+        );
+        publish_in_flight();
         assert_eq!(fs::read_to_string(&marker).unwrap(), "30\n");
         in_flight_end(1);
         assert!(marker.exists(), "one trace is still in flight");
