@@ -1,5 +1,5 @@
-// The default build compiles no foreign code. The `torch` feature compiles cpp/ (the cxx
-// bridge to libtorch's Kineto profiler) against the libtorch that torch-sys found and links;
+// The default build compiles no foreign code. The `torch` feature compiles cpp/ (the Kineto
+// glue, a C ABI over libtorch's profiler) against the libtorch that torch-sys found and links;
 // every input it reads is declared below so cargo rebuilds exactly when one changes.
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -70,10 +70,11 @@ mod torch {
             }
         }
         let abi = cxx11_abi();
-        let mut build = cxx_build::bridge("src/backend/torch.rs");
+        let mut build = cc::Build::new();
         build
+            .cpp(true)
             .file("cpp/kineto.cc")
-            .std("c++17")
+            .std("c++20")
             .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str());
         build.define("GLOG_USE_GLOG_EXPORT", None);
         // libtorch's headers as system headers: their warnings are not ours.
@@ -86,7 +87,7 @@ mod torch {
             .flag_if_supported("-Wall")
             .flag_if_supported("-Wextra");
         build.compile("stepscope_kineto");
-        for f in ["cpp/kineto.h", "cpp/kineto.cc", "src/backend/torch.rs"] {
+        for f in ["cpp/stepscope_kineto.h", "cpp/kineto.cc"] {
             println!("cargo:rerun-if-changed={f}");
         }
         // Binaries of this package (tests, examples, the cdylib) find libtorch without

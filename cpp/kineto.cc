@@ -1,31 +1,64 @@
-#include "stepscope/cpp/kineto.h"
+// The Kineto glue (see stepscope_kineto.h): libtorch's profiler API behind C functions that
+// catch every exception, so that the Rust library can call it linked in or loaded at run time.
+#include "stepscope_kineto.h"
 
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/profiler/kineto_shim.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 #include <torch/cuda.h>
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#else
+#include <torch/version.h>
+#endif
 
+#include <cstring>
+#include <exception>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
-
-#include "stepscope/src/backend/torch.rs.h"
-
-namespace stepscope::kineto {
 
 namespace tap = torch::autograd::profiler;
 namespace tpi = torch::profiler::impl;
 
+struct stepscope_kineto_detached {
+  std::shared_ptr<tpi::ProfilerStateBase> state;
+};
+
+struct stepscope_kineto_result {
+  std::unique_ptr<tap::ProfilerResult> inner;
+};
+
+struct stepscope_kineto_range {
+  std::unique_ptr<at::RecordFunction> current;
+
+  void end() {
+    if (current) {
+      current->end();
+      current.reset();
+    }
+  }
+  ~stepscope_kineto_range() { end(); }
+};
+
 namespace {
 
-tpi::ProfilerConfig config_of(const Options& o) {
-  return tpi::ProfilerConfig(tpi::ProfilerState::KINETO, o.record_shapes, o.profile_memory,
-                             o.with_stack, o.with_flops, /*with_modules=*/false);
+#define STEPSCOPE_STR2(x) #x
+#define STEPSCOPE_STR(x) STEPSCOPE_STR2(x)
+constexpr const char* kTorchVersion = STEPSCOPE_STR(TORCH_VERSION_MAJOR) "." STEPSCOPE_STR(
+    TORCH_VERSION_MINOR) "." STEPSCOPE_STR(TORCH_VERSION_PATCH);
+
+tpi::ProfilerConfig config_of(const stepscope_kineto_options& o) {
+  return tpi::ProfilerConfig(tpi::ProfilerState::KINETO, o.record_shapes != 0,
+                             o.profile_memory != 0, o.with_stack != 0, o.with_flops != 0,
+                             o.with_modules != 0);
 }
 
-std::set<tpi::ActivityType> activities_of(const Options& o) {
+std::set<tpi::ActivityType> activities_of(const stepscope_kineto_options& o) {
   std::set<tpi::ActivityType> acts;
   if (o.cpu) acts.insert(tpi::ActivityType::CPU);
   if (o.cuda) acts.insert(tpi::ActivityType::CUDA);
@@ -34,119 +67,212 @@ std::set<tpi::ActivityType> activities_of(const Options& o) {
   return acts;
 }
 
-std::string to_string(rust::Str s) { return std::string(s.data(), s.size()); }
+// The profiler state of this thread, and whether any profiler (global or this thread's) runs.
+// torch 2.14 replaced ProfilerStateBase::get(global) with getGlobal() and getTLS().
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+tpi::ProfilerStateBase* thread_state() { return tpi::ProfilerStateBase::getTLS(); }
+bool any_state() {
+  return tpi::ProfilerStateBase::getGlobal() != nullptr || thread_state() != nullptr;
+}
+#else
+tpi::ProfilerStateBase* thread_state() { return tpi::ProfilerStateBase::get(/*global=*/false); }
+bool any_state() { return tpi::ProfilerStateBase::get() != nullptr; }
+#endif
+
+void set_error(char* err, size_t err_len, const char* message) {
+  if (err == nullptr || err_len == 0) return;
+  size_t n = std::strlen(message);
+  if (n >= err_len) n = err_len - 1;
+  std::memcpy(err, message, n);
+  err[n] = '\0';
+}
+
+// Runs `body`; any exception becomes the error message (c10 errors carry a C++ backtrace after
+// their first line: the caller keeps the first line).
+template <typename F>
+int guarded(char* err, size_t err_len, F&& body) {
+  try {
+    body();
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(err, err_len, e.what());
+  } catch (...) {
+    set_error(err, err_len, "unknown C++ exception");
+  }
+  return 1;
+}
+
+void refuse_if_running() {
+  if (any_state()) {
+    throw std::runtime_error(
+        "a torch profiler is already running on this thread (another stepscope profiler or "
+        "torch.profiler); stop it first");
+  }
+}
 
 }  // namespace
 
-TraceResult::TraceResult(std::unique_ptr<tap::ProfilerResult> inner) : inner_(std::move(inner)) {}
-TraceResult::~TraceResult() = default;
+extern "C" {
 
-Range::Range() = default;
-Range::~Range() { end(); }
+uint32_t stepscope_kineto_abi(void) { return STEPSCOPE_KINETO_ABI; }
 
-void Range::begin(rust::Str name) {
-  end();
-  current_ = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
-  if (current_->isActive()) {
-    current_->before(std::string_view(name.data(), name.size()));
+const char* stepscope_kineto_torch_version(void) { return kTorchVersion; }
+
+int stepscope_kineto_cuda_available(void) {
+  try {
+    return torch::cuda::is_available() ? 1 : 0;
+  } catch (...) {
+    return 0;
   }
 }
 
-void Range::end() {
-  if (current_) {
-    current_->end();
-    current_.reset();
-  }
+int stepscope_kineto_prepare(const stepscope_kineto_options* options, char* err,
+                             size_t err_len) {
+  return guarded(err, err_len, [&] {
+    refuse_if_running();
+    tap::prepareProfiler(config_of(*options), activities_of(*options));
+  });
 }
 
-bool cuda_available() { return torch::cuda::is_available(); }
-
-void prepare(const Options& options) {
-  if (tpi::ProfilerStateBase::get() != nullptr) {
-    throw std::runtime_error(
-        "a torch profiler is already running on this thread (another stepscope profiler or "
-        "torch.profiler); stop it first");
-  }
-  tap::prepareProfiler(config_of(options), activities_of(options));
+int stepscope_kineto_enable(const stepscope_kineto_options* options, size_t* session, char* err,
+                            size_t err_len) {
+  return guarded(err, err_len, [&] {
+    refuse_if_running();
+    tap::enableProfiler(config_of(*options), activities_of(*options));
+    *session = reinterpret_cast<size_t>(thread_state());
+  });
 }
 
-std::size_t enable(const Options& options) {
-  if (tpi::ProfilerStateBase::get() != nullptr) {
-    throw std::runtime_error(
-        "a torch profiler is already running on this thread (another stepscope profiler or "
-        "torch.profiler); stop it first");
-  }
-  tap::enableProfiler(config_of(options), activities_of(options));
-  return reinterpret_cast<std::size_t>(tpi::ProfilerStateBase::get(/*global=*/false));
+int stepscope_kineto_detach(size_t session, stepscope_kineto_detached** out, char* err,
+                            size_t err_len) {
+  return guarded(err, err_len, [&] {
+    auto* current = thread_state();
+    if (current == nullptr) {
+      throw std::runtime_error("no torch profiler is enabled on this thread");
+    }
+    if (reinterpret_cast<size_t>(current) != session) {
+      throw std::runtime_error(
+          "another torch profiler was enabled on this thread after stepscope's; stop it first");
+    }
+    auto state = tpi::ProfilerStateBase::pop(/*global=*/false);
+    state->removeCallback();
+    *out = new stepscope_kineto_detached{std::move(state)};
+  });
 }
 
-Detached::Detached(std::shared_ptr<tpi::ProfilerStateBase> state) : state_(std::move(state)) {}
+int stepscope_kineto_finalize(stepscope_kineto_detached* session, stepscope_kineto_result** out,
+                              char* err, size_t err_len) {
+  return guarded(err, err_len, [&] {
+    if (session == nullptr || !session->state) {
+      throw std::runtime_error("this profiling session was already finalized");
+    }
+    // Taken out first: push() takes an rvalue reference but need not move from it, and a
+    // state left here would be finalized a second time when the handle is freed.
+    std::shared_ptr<tpi::ProfilerStateBase> state = std::move(session->state);
+    session->state.reset();
+    tpi::ProfilerStateBase::push(std::move(state));
+    *out = new stepscope_kineto_result{tap::disableProfiler()};
+  });
+}
 
-Detached::~Detached() {
-  // A session detached and never finalized: finalize it here so Kineto is free again.
-  if (state_) {
+void stepscope_kineto_detached_free(stepscope_kineto_detached* session) {
+  if (session == nullptr) return;
+  // Detached and never finalized: finalize it here so Kineto is free again.
+  if (session->state) {
     try {
-      tpi::ProfilerStateBase::push(std::move(state_));
+      std::shared_ptr<tpi::ProfilerStateBase> state = std::move(session->state);
+      session->state.reset();
+      tpi::ProfilerStateBase::push(std::move(state));
       (void)tap::disableProfiler();
     } catch (...) {
     }
   }
+  delete session;
 }
 
-void toggle(bool enable, const Options& options) {
-  // Kineto toggles CPU ops and CUDA activity; other activities are not supported by it.
-  std::set<tpi::ActivityType> acts;
-  if (options.cpu) acts.insert(tpi::ActivityType::CPU);
-  if (options.cuda) acts.insert(tpi::ActivityType::CUDA);
-  if (!acts.empty()) tap::toggleCollectionDynamic(enable, acts);
+int stepscope_kineto_toggle(int enable, const stepscope_kineto_options* options, char* err,
+                            size_t err_len) {
+  return guarded(err, err_len, [&] {
+    // Kineto toggles CPU ops and CUDA activity; other activities are not supported by it.
+    std::set<tpi::ActivityType> acts;
+    if (options->cpu) acts.insert(tpi::ActivityType::CPU);
+    if (options->cuda) acts.insert(tpi::ActivityType::CUDA);
+    if (!acts.empty()) tap::toggleCollectionDynamic(enable != 0, acts);
+  });
 }
 
-std::unique_ptr<Detached> detach(std::size_t session) {
-  auto* current = tpi::ProfilerStateBase::get(/*global=*/false);
-  if (current == nullptr) {
-    throw std::runtime_error("no torch profiler is enabled on this thread");
+int stepscope_kineto_add_metadata(const char* key, size_t key_len, const char* json,
+                                  size_t json_len, char* err, size_t err_len) {
+  return guarded(err, err_len, [&] {
+    tap::addMetadataJson(std::string(key, key_len), std::string(json, json_len));
+  });
+}
+
+int stepscope_kineto_save(stepscope_kineto_result* result, const char* path, size_t path_len,
+                          char* err, size_t err_len) {
+  return guarded(err, err_len, [&] {
+    if (result == nullptr || !result->inner) {
+      throw std::runtime_error("the profiler returned no result");
+    }
+    result->inner->save(std::string(path, path_len));
+  });
+}
+
+size_t stepscope_kineto_event_count(const stepscope_kineto_result* result) {
+  if (result == nullptr || !result->inner) return 0;
+  return result->inner->events().size();
+}
+
+int stepscope_kineto_event_at(const stepscope_kineto_result* result, size_t index,
+                              stepscope_kineto_event* out, char* name, size_t name_cap, char* err,
+                              size_t err_len) {
+  return guarded(err, err_len, [&] {
+    if (result == nullptr || !result->inner) {
+      throw std::runtime_error("the profiler returned no result");
+    }
+    const auto& e = result->inner->events().at(index);
+    const std::string n = e.name();
+    std::memcpy(name, n.data(), n.size() < name_cap ? n.size() : name_cap);
+    out->name_len = n.size();
+    out->thread = e.startThreadId();
+    out->start_ns = e.startNs();
+    out->duration_ns = e.durationNs();
+    out->device = e.deviceType() != c10::DeviceType::CPU;
+    out->is_async = e.isAsync();
+  });
+}
+
+void stepscope_kineto_result_free(stepscope_kineto_result* result) {
+  try {
+    delete result;
+  } catch (...) {
   }
-  if (reinterpret_cast<std::size_t>(current) != session) {
-    throw std::runtime_error(
-        "another torch profiler was enabled on this thread after stepscope's; stop it first");
+}
+
+int stepscope_kineto_range_new(stepscope_kineto_range** out, char* err, size_t err_len) {
+  return guarded(err, err_len, [&] { *out = new stepscope_kineto_range{}; });
+}
+
+int stepscope_kineto_range_begin(stepscope_kineto_range* range, const char* name,
+                                 size_t name_len, char* err, size_t err_len) {
+  return guarded(err, err_len, [&] {
+    range->end();
+    range->current = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+    if (range->current->isActive()) {
+      range->current->before(std::string_view(name, name_len));
+    }
+  });
+}
+
+int stepscope_kineto_range_end(stepscope_kineto_range* range, char* err, size_t err_len) {
+  return guarded(err, err_len, [&] { range->end(); });
+}
+
+void stepscope_kineto_range_free(stepscope_kineto_range* range) {
+  try {
+    delete range;
+  } catch (...) {
   }
-  auto state = tpi::ProfilerStateBase::pop(/*global=*/false);
-  state->removeCallback();
-  return std::make_unique<Detached>(std::move(state));
 }
 
-std::unique_ptr<TraceResult> finalize(Detached& session) {
-  auto state = session.take();
-  if (!state) {
-    throw std::runtime_error("this profiling session was already finalized");
-  }
-  tpi::ProfilerStateBase::push(std::move(state));
-  return std::make_unique<TraceResult>(tap::disableProfiler());
-}
-
-void add_metadata(rust::Str key, rust::Str json_value) {
-  tap::addMetadataJson(to_string(key), to_string(json_value));
-}
-
-
-void save(TraceResult& result, rust::Str path) { result.inner().save(to_string(path)); }
-
-std::size_t event_count(const TraceResult& result) { return result.inner().events().size(); }
-
-EventRow event_at(const TraceResult& result, std::size_t index) {
-  const auto& e = result.inner().events().at(index);
-  EventRow row;
-  row.name = rust::String::lossy(e.name());
-  row.thread = e.startThreadId();
-  row.start_ns = e.startNs();
-  row.duration_ns = e.durationNs();
-  row.device = e.deviceType() != c10::DeviceType::CPU;
-  row.is_async = e.isAsync();
-  return row;
-}
-
-std::unique_ptr<Range> new_range() { return std::make_unique<Range>(); }
-void range_begin(Range& range, rust::Str name) { range.begin(name); }
-void range_end(Range& range) { range.end(); }
-
-}  // namespace stepscope::kineto
+}  // extern "C"

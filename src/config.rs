@@ -105,6 +105,10 @@ pub struct StepscopeConfig {
     /// (`flush_timeout_s`, default 600 s). Unfinished traces are marked in their manifests.
     #[serde(rename = "flush_timeout_s", serialize_with = "seconds")]
     pub flush_timeout: Duration,
+    /// torch.profiler's `with_modules` (module hierarchy in the trace; TorchScript models
+    /// only), which vLLM's config has no field for: set by `profiler_kwargs` through the
+    /// Python package, or here. Default false.
+    pub torch_with_modules: bool,
     /// Capture control beyond vLLM's delay and max; all absent by default, which keeps
     /// vLLM's semantics exact.
     #[serde(flatten)]
@@ -158,6 +162,7 @@ impl Default for StepscopeConfig {
             nvtx: NvtxMode::Running,
             cuda_device: None,
             flush_timeout: Duration::from_secs(600),
+            torch_with_modules: false,
             capture: CaptureControl {
                 repeat: 1,
                 ..CaptureControl::default()
@@ -562,6 +567,7 @@ impl StepscopeConfig {
                 }
             },
         };
+        let torch_with_modules = f.bool("torch_with_modules", d.torch_with_modules)?;
         let capture = CaptureControl::from_fields(&mut f)?;
         f.finish()?;
         Ok(StepscopeConfig {
@@ -569,6 +575,7 @@ impl StepscopeConfig {
             nvtx,
             cuda_device,
             flush_timeout,
+            torch_with_modules,
             capture,
         })
     }

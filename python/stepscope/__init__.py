@@ -34,12 +34,17 @@ import weakref
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Mapping, Union
 
-# The extension links libtorch: importing torch first loads it (the extension then finds it by
-# soname wherever it is installed) and registers Kineto's Python tracer for with_stack.
-import torch
-
-from stepscope._native import BackendError, ConfigError, Iteration, __version__
+# The extension links no torch: `import stepscope` works with any torch, or none. The torch
+# backend loads its Kineto glue (built per torch minor version, see stepscope.glue) at the first
+# torch capture, matching the torch imported in the process.
+from stepscope import glue as _glue
+from stepscope._native import BackendError, ConfigError, Iteration, __version__, kineto_glue
 from stepscope._native import WorkerProfiler as _NativeWorkerProfiler
+from stepscope._native import _add_kineto_glue_dir
+
+if not os.environ.get("STEPSCOPE_KINETO_GLUE_DIR"):  # set: it replaces these
+    for _dir in _glue.default_dirs():
+        _add_kineto_glue_dir(str(_dir))
 
 __all__ = [
     "BackendError",
@@ -47,20 +52,52 @@ __all__ = [
     "Iteration",
     "WorkerProfiler",
     "__version__",
+    "kineto_glue",
+    "torch_backend_error",
 ]
 
 logger = logging.getLogger("stepscope")
 
 ConfigLike = Union[Mapping[str, Any], str, "os.PathLike[str]"]
 
-# torch.profiler.profile keyword -> config field, for set_profiler_kwargs.
+# torch.profiler.profile keyword -> config field, for set_profiler_kwargs (a dotted field is
+# under "stepscope").
 _PROFILER_KWARGS = {
     "activities": "torch_profiler_activities",
     "record_shapes": "torch_profiler_record_shapes",
     "profile_memory": "torch_profiler_with_memory",
     "with_stack": "torch_profiler_with_stack",
     "with_flops": "torch_profiler_with_flops",
+    "with_modules": "stepscope.torch_with_modules",
 }
+# torch.profiler.profile keywords with no Kineto C++ counterpart here, and why: logged once
+# each, never raised (vLLM 0.33 passes /start_profile's profiler_kwargs through).
+_NOT_APPLIED = {
+    "schedule": "stepscope follows vLLM's wait/warmup/active iterations",
+    "on_trace_ready": "stepscope writes the trace itself, off the engine thread",
+    "acc_events": "each stepscope session writes its own trace",
+    "experimental_config": "torch's _ExperimentalConfig is not passed to Kineto by stepscope",
+    "execution_trace_observer": "execution traces are not collected by stepscope",
+    "custom_trace_id_callback": "stepscope makes the trace id",
+    "use_cuda": "deprecated in torch; name CUDA in activities",
+    "post_processing_timeout_s": "stepscope's writer is bounded by stepscope.flush_timeout_s",
+}
+_logged_not_applied: set[str] = set()
+
+
+def torch_backend_error() -> str | None:
+    """Why ``"profiler": "torch"`` cannot run in this process (no torch, or no Kineto glue for
+    the torch imported: the message names the torch found and the versions there is glue
+    for), or None when it can. Imports torch when it is installed and not yet imported."""
+    try:
+        import torch  # noqa: F401 - loads libtorch, which the glue links
+    except ImportError as e:
+        return f"torch is not installed ({e})"
+    try:
+        kineto_glue()
+    except BackendError as e:
+        return str(e)
+    return None
 
 # Profilers still alive at interpreter exit get their traces written first (see _flush_at_exit).
 _live: "weakref.WeakSet[WorkerProfiler]" = weakref.WeakSet()
@@ -87,6 +124,8 @@ class WorkerProfiler(_NativeWorkerProfiler):
         # The native __new__ parsed the config, made the backend and took the rank (the global
         # one, for "stepscope": {"ranks": [...]}; default: the RANK environment variable).
         self._config: dict[str, Any] = json.loads(self.config_json)
+        # What set_profiler_kwargs(None) returns to (vLLM 0.33's base kwargs).
+        self._base_config = dict(self._config)
         _live.add(self)
 
     def start(
@@ -101,6 +140,9 @@ class WorkerProfiler(_NativeWorkerProfiler):
         size, process groups) as torch's own profiler writes it, when torch.distributed is
         initialized."""
         if self._config.get("profiler") == "torch" and not self.is_active:
+            # Kineto's glue links libtorch: it must be loaded before the first capture.
+            import torch  # noqa: F401
+
             info = _distributed_info()
             if info is not None:
                 self.set_trace_metadata("distributedInfo", info)
@@ -109,6 +151,12 @@ class WorkerProfiler(_NativeWorkerProfiler):
             max_iterations=max_iterations,
             start_at_step=start_at_step,
         )
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The config the next session uses (``set_profiler_kwargs`` included), every field
+        filled in; a copy."""
+        return json.loads(json.dumps(self._config))
 
     def set_trace_metadata(self, key: str, value: Any) -> None:
         """Adds ``key`` to the header of the traces written from now on (torch's
@@ -151,31 +199,51 @@ class WorkerProfiler(_NativeWorkerProfiler):
         if not self.should_annotate:
             return nullcontext()
         kind = self._config.get("profiler")
-        if kind == "torch":
-            return torch.profiler.record_function(name)
-        if kind == "cuda":
-            try:
-                return torch.cuda.nvtx.range(name)
-            except (AttributeError, RuntimeError):  # a torch built without CUDA
-                return nullcontext()
-        return nullcontext()
+        if kind not in ("torch", "cuda"):
+            return nullcontext()
+        try:
+            import torch
 
-    def set_profiler_kwargs(self, kwargs: Mapping[str, Any]) -> None:
-        """Sets ``torch.profiler.profile`` options for the next session: ``activities``,
-        ``record_shapes``, ``profile_memory``, ``with_stack``, ``with_flops``. Ignored (with a
-        log line) while a session is active; an unknown key raises ``ValueError``."""
-        updated = dict(self._config)
-        for key, value in kwargs.items():
+            if kind == "torch":
+                return torch.profiler.record_function(name)
+            return torch.cuda.nvtx.range(name)
+        except (ImportError, AttributeError, RuntimeError):  # no torch, or one without CUDA
+            return nullcontext()
+
+    def set_profiler_kwargs(self, kwargs: Mapping[str, Any] | None) -> None:
+        """``torch.profiler.profile`` arguments for the next session, over the profiler's own
+        config, as vLLM 0.33's: each call starts again from that config, so ``None`` (or
+        ``{}``) goes back to it. Applied: ``activities``, ``record_shapes``,
+        ``profile_memory``, ``with_stack``, ``with_flops``, ``with_modules``. Any other key
+        (``acc_events``, ``experimental_config``, ...), or a value that cannot apply, is logged
+        once as not applied; nothing raises. Ignored while a session is active."""
+        updated = json.loads(json.dumps(self._base_config))
+        for key, value in (kwargs or {}).items():
             field = _PROFILER_KWARGS.get(key)
             if field is None:
-                raise ValueError(
-                    f"set_profiler_kwargs: unknown key {key!r}; "
-                    f"supported: {', '.join(sorted(_PROFILER_KWARGS))}"
-                )
-            if key == "activities" and value is not None:
-                value = [_activity_name(a) for a in value]
-            updated[field] = value
-        if self._reconfigure(updated):
+                _log_not_applied(key, _NOT_APPLIED.get(key, "not a torch.profiler.profile "
+                                                      "argument stepscope knows"))
+                continue
+            if key == "activities":
+                try:
+                    value = None if value is None else [_activity_name(a) for a in value]
+                except (TypeError, ValueError) as e:
+                    _log_not_applied(key, str(e))
+                    continue
+            elif not isinstance(value, bool):
+                _log_not_applied(key, f"must be true or false, not {value!r}")
+                continue
+            section, _, name = field.rpartition(".")
+            (updated.setdefault(section, {}) if section else updated)[name] = value
+        if self.is_active:
+            logger.info("set_profiler_kwargs ignored: a profiling session is active")
+            return
+        try:
+            applied = self._reconfigure(updated)
+        except ConfigError as e:
+            logger.warning("stepscope: profiler_kwargs not applied: %s", e)
+            return
+        if applied:
             self._config = updated
         else:
             logger.info("set_profiler_kwargs ignored: a profiling session is active")
@@ -190,14 +258,19 @@ class WorkerProfiler(_NativeWorkerProfiler):
         return nullcontext()
 
 
+def _log_not_applied(key: str, why: str) -> None:
+    if key in _logged_not_applied:
+        return
+    _logged_not_applied.add(key)
+    logger.warning("stepscope: profiler_kwargs %r not applied: %s", key, why)
+
+
 def _activity_name(activity: Any) -> str:
     """``"CPU"`` or a ``torch.profiler.ProfilerActivity`` -> the config's activity name."""
-    if isinstance(activity, str):
-        return activity
-    name = getattr(activity, "name", None)
+    name = activity if isinstance(activity, str) else getattr(activity, "name", None)
     if name in ("CPU", "CUDA", "XPU", "PrivateUse1"):
         return name
-    raise ValueError(f"set_profiler_kwargs: unsupported activity {activity!r}")
+    raise ValueError(f"unsupported activity {activity!r} (CPU, CUDA, XPU, PrivateUse1)")
 
 
 def _distributed_info() -> dict[str, Any] | None:
@@ -217,6 +290,8 @@ def _distributed_info() -> dict[str, Any] | None:
             "pg_config": dist.distributed_c10d._get_all_pg_configs(),
         }
         if backend == "nccl":
+            import torch
+
             info["nccl_version"] = ".".join(str(v) for v in torch.cuda.nccl.version())
         json.dumps(info)
         return info

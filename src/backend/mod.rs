@@ -7,15 +7,15 @@
 
 mod cuda;
 pub(crate) mod nvtx;
-#[cfg(feature = "torch")]
+#[cfg(feature = "torch-dynamic")]
 mod torch;
 
 pub use cuda::CudaBackend;
-#[cfg(feature = "torch")]
-pub use torch::TorchBackend;
+#[cfg(feature = "torch-dynamic")]
+pub use torch::{add_glue_dir, glue_info, GlueInfo, TorchBackend};
 
 use crate::config::{ProfilerConfig, ProfilerKind};
-#[cfg(not(feature = "torch"))]
+#[cfg(not(feature = "torch-dynamic"))]
 use crate::error::Error;
 use crate::error::Result;
 use crate::flush::PendingWrites;
@@ -127,13 +127,13 @@ pub fn for_config(config: &ProfilerConfig, local_rank: u32) -> Result<Box<dyn Ba
         Some(ProfilerKind::Cuda) => Ok(Box::new(CudaBackend::new(
             config.stepscope.cuda_device.unwrap_or(local_rank),
         ))),
-        #[cfg(feature = "torch")]
+        #[cfg(feature = "torch-dynamic")]
         Some(ProfilerKind::Torch) => Ok(Box::new(TorchBackend::new(config, local_rank)?)),
-        #[cfg(not(feature = "torch"))]
+        #[cfg(not(feature = "torch-dynamic"))]
         Some(ProfilerKind::Torch) => Err(Error::backend(
             "torch",
             "this build of stepscope has no torch (Kineto) backend: build it with the `torch` \
-             feature (see the README), or use \"cuda\"",
+             or `torch-dynamic` feature (see the README), or use \"cuda\"",
         )),
     }
 }

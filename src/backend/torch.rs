@@ -12,17 +12,20 @@
 //! collecting during warmup (warmup data is discarded), and the trace is finished as soon as
 //! the active steps are over, as `torch.profiler.schedule(..., repeat=1)` does.
 
+mod kineto;
 mod summary;
 mod writer;
+
+pub use kineto::{add_glue_dir, glue_info, GlueInfo};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use cxx::UniquePtr;
 use serde_json::json;
-// Nothing here calls torch-sys; naming it keeps it linked, and with it libtorch, which cpp/
-// needs.
+// Nothing here calls torch-sys; naming it keeps it linked, and with it libtorch, which the
+// linked glue needs.
+#[cfg(feature = "torch")]
 use torch_sys as _;
 
 use super::{Backend, CaptureStart};
@@ -31,83 +34,13 @@ use crate::error::{Error, Result};
 use crate::flush::PendingWrites;
 use crate::iteration::IterationInfo;
 
+use kineto::{Kineto, Options, Range};
 use writer::{Job, Manifest, Writer};
-
-#[cxx::bridge(namespace = "stepscope::kineto")]
-mod ffi {
-    /// What Kineto records; built from the config.
-    struct Options {
-        cpu: bool,
-        cuda: bool,
-        xpu: bool,
-        privateuse1: bool,
-        record_shapes: bool,
-        profile_memory: bool,
-        with_stack: bool,
-        with_flops: bool,
-    }
-
-    /// One event of a finished session, as the op summary needs it.
-    struct EventRow {
-        name: String,
-        thread: u64,
-        start_ns: u64,
-        duration_ns: u64,
-        /// Recorded on a device (a kernel, memcpy, memset), not on the CPU.
-        device: bool,
-        is_async: bool,
-    }
-
-    unsafe extern "C++" {
-        include!("stepscope/cpp/kineto.h");
-
-        /// A finished session's events and trace.
-        type TraceResult;
-        /// A session taken off the engine thread, not yet finalized.
-        type Detached;
-        /// A reusable `RecordFunction` range.
-        type Range;
-
-        fn cuda_available() -> bool;
-        fn prepare(options: &Options) -> Result<()>;
-        fn enable(options: &Options) -> Result<usize>;
-        fn detach(session: usize) -> Result<UniquePtr<Detached>>;
-        fn toggle(enable: bool, options: &Options) -> Result<()>;
-        fn finalize(session: Pin<&mut Detached>) -> Result<UniquePtr<TraceResult>>;
-        fn add_metadata(key: &str, json_value: &str) -> Result<()>;
-
-        fn save(result: Pin<&mut TraceResult>, path: &str) -> Result<()>;
-        fn event_count(result: &TraceResult) -> usize;
-        fn event_at(result: &TraceResult, index: usize) -> Result<EventRow>;
-
-        fn new_range() -> Result<UniquePtr<Range>>;
-        fn range_begin(range: Pin<&mut Range>, name: &str) -> Result<()>;
-        fn range_end(range: Pin<&mut Range>) -> Result<()>;
-    }
-}
-
-// SAFETY: a TraceResult is plain data once the session is disabled (Kineto's events and
-// activity buffers, owned by it alone); the writer thread is its only user after the engine
-// thread sends it, and it is dropped there.
-unsafe impl Send for ffi::TraceResult {}
-// SAFETY: a detached session is no longer reachable from the engine thread (its state was
-// popped from that thread and its callback removed); the finalizer thread owns it alone.
-unsafe impl Send for ffi::Detached {}
-// SAFETY: the range is only begun and ended on the engine thread (the profiler's thread rules);
-// the backend that owns it may be moved between threads only while no range is open.
-unsafe impl Send for ffi::Range {}
 
 const NAME: &str = "torch";
 
-fn kineto_error(what: &str, e: &cxx::Exception) -> Error {
-    // c10 errors carry a C++ backtrace after the first line; the first line is the message.
-    let message = e.what().lines().next().unwrap_or_default().trim();
+fn kineto_error(what: &str, message: &str) -> Error {
     Error::backend(NAME, format!("{what} failed: {message}"))
-}
-
-/// Whether libtorch sees a usable CUDA device (the default activities record CUDA then).
-pub fn cuda_available() -> bool {
-    ffi::cuda_available()
 }
 
 /// One step of `torch.profiler.schedule`'s action sequence.
@@ -152,7 +85,7 @@ impl TorchSchedule {
 
 /// Kineto's state as this backend drove it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kineto {
+enum KinetoState {
     Off,
     Prepared,
     Enabled,
@@ -172,12 +105,14 @@ pub struct TorchBackend {
     capture: Capture,
     step_num: u64,
     action: Action,
-    kineto: Kineto,
+    kineto: KinetoState,
+    /// The glue to Kineto, found at the first start.
+    glue: Option<Kineto>,
     /// Kineto's state object of the enabled session, checked when detaching.
     enabled_id: usize,
     /// Iterations get a `RecordFunction` (only when CPU activity is recorded, as vLLM).
     annotate: bool,
-    range: Option<UniquePtr<ffi::Range>>,
+    range: Option<Range>,
     range_open: bool,
     session: Option<Session>,
     local_rank: u32,
@@ -199,23 +134,31 @@ impl std::fmt::Debug for TorchBackend {
 /// What a session records, from the config: changeable between sessions
 /// ([`Backend::reconfigure`]), unlike where traces go.
 struct Capture {
-    options: ffi::Options,
+    /// `torch_profiler_activities`; `None`: CPU, and CUDA when libtorch sees a device.
+    activities: Option<Vec<TorchActivity>>,
+    /// The options with the activities as configured (CUDA added at start when defaulted).
+    options: Options,
+    dump_device_time_total: bool,
     schedule: Option<TorchSchedule>,
-    /// The top-ops table written next to each trace.
-    table: Option<summary::SortBy>,
     /// The config as JSON, for the manifests (shared, never copied on the engine thread).
     config: Arc<serde_json::Value>,
 }
 
 impl Capture {
     fn from_config(config: &ProfilerConfig) -> Self {
-        let activities = match &config.torch_profiler_activities {
-            Some(list) => list.clone(),
-            None if cuda_available() => vec![TorchActivity::Cpu, TorchActivity::Cuda],
-            None => vec![TorchActivity::Cpu],
+        let schedule =
+            (config.warmup_iterations > 0 || config.wait_iterations > 0).then_some(TorchSchedule {
+                wait: config.wait_iterations,
+                warmup: config.warmup_iterations,
+                active: config.active_iterations,
+            });
+        let activities = config.torch_profiler_activities.clone();
+        let has = |a| {
+            activities
+                .as_ref()
+                .map_or(a == TorchActivity::Cpu, |l| l.contains(&a))
         };
-        let has = |a| activities.contains(&a);
-        let options = ffi::Options {
+        let options = Options {
             cpu: has(TorchActivity::Cpu),
             cuda: has(TorchActivity::Cuda),
             xpu: has(TorchActivity::Xpu),
@@ -224,31 +167,36 @@ impl Capture {
             profile_memory: config.torch_profiler_with_memory,
             with_stack: config.torch_profiler_with_stack,
             with_flops: config.torch_profiler_with_flops,
+            with_modules: config.stepscope.torch_with_modules,
         };
-        let schedule =
-            (config.warmup_iterations > 0 || config.wait_iterations > 0).then_some(TorchSchedule {
-                wait: config.wait_iterations,
-                warmup: config.warmup_iterations,
-                active: config.active_iterations,
-            });
-        // vLLM's choice of table: device time when any device activity is recorded (and the
-        // dump is on), else CPU time when CPU is the only activity.
-        let device_table = activities.iter().any(|a| *a != TorchActivity::Cpu)
-            && config.torch_profiler_dump_cuda_time_total;
-        let cpu_table = options.cpu && activities.len() == 1;
-        let table = if device_table {
+        Capture {
+            activities,
+            options,
+            dump_device_time_total: config.torch_profiler_dump_cuda_time_total,
+            schedule,
+            config: Arc::new(serde_json::to_value(config).unwrap_or(serde_json::Value::Null)),
+        }
+    }
+
+    /// The options for a session, with the default activities resolved (CUDA when libtorch
+    /// sees a device, as torch.profiler's default).
+    fn resolve(&mut self, cuda_available: bool) {
+        if self.activities.is_none() {
+            self.options.cuda = cuda_available;
+        }
+    }
+
+    /// vLLM's choice of table: device time when any device activity is recorded (and the dump
+    /// is on), else CPU time when CPU is the only activity.
+    fn table(&self) -> Option<summary::SortBy> {
+        let o = &self.options;
+        let devices = [o.cuda, o.xpu, o.privateuse1];
+        if devices.iter().any(|d| *d) && self.dump_device_time_total {
             Some(summary::SortBy::SelfDevice)
-        } else if cpu_table {
+        } else if o.cpu && !devices.iter().any(|d| *d) {
             Some(summary::SortBy::SelfCpu)
         } else {
             None
-        };
-        let config = Arc::new(serde_json::to_value(config).unwrap_or(serde_json::Value::Null));
-        Capture {
-            options,
-            schedule,
-            table,
-            config,
         }
     }
 }
@@ -269,7 +217,8 @@ impl TorchBackend {
             capture,
             step_num: 0,
             action: Action::None,
-            kineto: Kineto::Off,
+            kineto: KinetoState::Off,
+            glue: None,
             enabled_id: 0,
             range: None,
             range_open: false,
@@ -305,18 +254,33 @@ impl TorchBackend {
         }
     }
 
+    /// The glue, found and loaded at the first start (an error names the torch found and the
+    /// versions this stepscope has glue for).
+    fn glue(&mut self) -> Result<Kineto> {
+        match self.glue {
+            Some(k) => Ok(k),
+            None => {
+                let k = Kineto::get()?;
+                self.glue = Some(k);
+                Ok(k)
+            }
+        }
+    }
+
     fn prepare(&mut self) -> Result<()> {
-        ffi::prepare(&self.capture.options).map_err(|e| kineto_error("prepareProfiler", &e))?;
-        self.kineto = Kineto::Prepared;
+        self.glue()?
+            .prepare(&self.capture.options)
+            .map_err(|e| kineto_error("prepareProfiler", &e))?;
+        self.kineto = KinetoState::Prepared;
         Ok(())
     }
 
     fn enable(&mut self) -> Result<()> {
-        let id = ffi::enable(&self.capture.options).map_err(|e| {
-            self.kineto = Kineto::Off;
+        let id = self.glue()?.enable(&self.capture.options).map_err(|e| {
+            self.kineto = KinetoState::Off;
             kineto_error("enableProfiler", &e)
         })?;
-        self.kineto = Kineto::Enabled;
+        self.kineto = KinetoState::Enabled;
         self.enabled_id = id;
         Ok(())
     }
@@ -324,16 +288,18 @@ impl TorchBackend {
     /// Ends a session that never collected (stopped during warmup): Kineto only lets a
     /// prepared profiler go through enable and disable.
     fn discard(&mut self) -> Result<()> {
-        if self.kineto == Kineto::Prepared {
+        if self.kineto == KinetoState::Prepared {
             self.enable()?;
         }
-        if self.kineto == Kineto::Enabled {
-            self.kineto = Kineto::Off;
-            let mut session =
-                ffi::detach(self.enabled_id).map_err(|e| kineto_error("disableProfiler", &e))?;
-            if let Some(session) = session.as_mut() {
-                ffi::finalize(session).map_err(|e| kineto_error("disableProfiler", &e))?;
-            }
+        if self.kineto == KinetoState::Enabled {
+            self.kineto = KinetoState::Off;
+            let mut session = self
+                .glue()?
+                .detach(self.enabled_id)
+                .map_err(|e| kineto_error("disableProfiler", &e))?;
+            session
+                .finalize()
+                .map_err(|e| kineto_error("disableProfiler", &e))?;
         }
         Ok(())
     }
@@ -341,9 +307,10 @@ impl TorchBackend {
     /// Disables Kineto and hands the session's result to the writer.
     fn finish(&mut self) -> Result<()> {
         // Record actions follow an enable; a failed enable left Kineto off.
-        if self.kineto != Kineto::Enabled {
+        if self.kineto != KinetoState::Enabled {
             return Ok(());
         }
+        let glue = self.glue()?;
         self.end_range();
         let stop_unix_ns = unix_ns();
         let session = self.session.as_ref();
@@ -375,14 +342,15 @@ impl TorchBackend {
             .chain(self.metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let stepscope = metadata.to_string();
         for (key, value) in entries.chain(std::iter::once(("stepscope", stepscope.as_str()))) {
-            if let Err(e) = ffi::add_metadata(key, value) {
+            if let Err(e) = glue.add_metadata(key, value) {
                 log::warn!("stepscope: {}", kineto_error("addMetadataJson", &e));
             }
         }
-        self.kineto = Kineto::Off;
+        self.kineto = KinetoState::Off;
         // Only the cheap half of disableProfiler here; the writer finalizes the session.
-        let detached =
-            ffi::detach(self.enabled_id).map_err(|e| kineto_error("disableProfiler", &e))?;
+        let detached = glue
+            .detach(self.enabled_id)
+            .map_err(|e| kineto_error("disableProfiler", &e))?;
         let manifest = Manifest {
             worker_name,
             local_rank: self.local_rank,
@@ -392,7 +360,7 @@ impl TorchBackend {
             start_time_unix_ns: session.map_or(0, |s| s.start_unix_ns),
             stop_time_unix_ns: stop_unix_ns,
             config: Arc::clone(&self.capture.config),
-            table: self.capture.table,
+            table: self.capture.table(),
             ..Manifest::default()
         };
         self.writer.submit(Job {
@@ -404,10 +372,11 @@ impl TorchBackend {
     }
 
     fn toggle(&mut self, enable: bool) -> Result<()> {
-        if self.kineto != Kineto::Enabled {
+        if self.kineto != KinetoState::Enabled {
             return Ok(());
         }
-        ffi::toggle(enable, &self.capture.options)
+        self.glue()?
+            .toggle(enable, &self.capture.options)
             .map_err(|e| kineto_error("toggleCollectionDynamic", &e))
     }
 
@@ -416,8 +385,8 @@ impl TorchBackend {
             return;
         }
         self.range_open = false;
-        if let Some(range) = self.range.as_mut().and_then(|r| r.as_mut()) {
-            if let Err(e) = ffi::range_end(range) {
+        if let Some(range) = self.range.as_mut() {
+            if let Err(e) = range.end() {
                 log::warn!("stepscope: {}", kineto_error("RecordFunction end", &e));
             }
         }
@@ -440,6 +409,8 @@ impl Backend for TorchBackend {
         // Kineto runs one session at a time: a start right after a stop waits for the
         // previous session to be finalized (normally well under a second).
         self.writer.wait_finalized()?;
+        let glue = self.glue()?;
+        self.capture.resolve(glue.cuda_available());
         self.session = Some(Session {
             worker_name: capture.worker_name.to_string(),
             start_unix_ns: unix_ns(),
@@ -456,7 +427,7 @@ impl Backend for TorchBackend {
         let result = self.transit(first);
         if result.is_err() {
             self.action = Action::None;
-            self.kineto = Kineto::Off;
+            self.kineto = KinetoState::Off;
             self.session = None;
         }
         result
@@ -465,7 +436,7 @@ impl Backend for TorchBackend {
     fn stop(&mut self) -> Result<()> {
         self.end_range();
         let result = self.transit(Action::None);
-        self.kineto = Kineto::Off;
+        self.kineto = KinetoState::Off;
         self.session = None;
         result
     }
@@ -478,12 +449,12 @@ impl Backend for TorchBackend {
         if let Err(e) = self.transit(schedule.action(self.step_num)) {
             // The schedule's own stop (or start) failed; the next start begins afresh.
             log::warn!("stepscope: {e}");
-            self.kineto = Kineto::Off;
+            self.kineto = KinetoState::Off;
         }
     }
 
     fn begin_iteration(&mut self, step: u64, _info: &IterationInfo, name: &str) {
-        if self.kineto != Kineto::Enabled {
+        if self.kineto != KinetoState::Enabled {
             return;
         }
         if let Some(s) = self.session.as_mut() {
@@ -495,7 +466,8 @@ impl Backend for TorchBackend {
             return;
         }
         if self.range.is_none() {
-            match ffi::new_range() {
+            let Some(glue) = self.glue else { return };
+            match glue.new_range() {
                 Ok(r) => self.range = Some(r),
                 Err(e) => {
                     log::warn!("stepscope: {}", kineto_error("RecordFunction", &e));
@@ -504,8 +476,8 @@ impl Backend for TorchBackend {
                 }
             }
         }
-        if let Some(range) = self.range.as_mut().and_then(|r| r.as_mut()) {
-            match ffi::range_begin(range, name) {
+        if let Some(range) = self.range.as_mut() {
+            match range.begin(name) {
                 Ok(()) => self.range_open = true,
                 Err(e) => log::warn!("stepscope: {}", kineto_error("RecordFunction begin", &e)),
             }
@@ -546,13 +518,16 @@ impl Backend for TorchBackend {
     fn reconfigure(&mut self, config: &ProfilerConfig) -> Result<()> {
         self.capture = Capture::from_config(config);
         self.annotate = self.capture.options.cpu;
+        if let Some(glue) = self.glue {
+            self.capture.resolve(glue.cuda_available());
+        }
         Ok(())
     }
 }
 
 impl Drop for TorchBackend {
     fn drop(&mut self) {
-        if self.kineto != Kineto::Off {
+        if self.kineto != KinetoState::Off {
             if let Err(e) = Backend::stop(self) {
                 log::warn!("stepscope: stopping the torch profiler at drop: {e}");
             }

@@ -157,8 +157,46 @@ def test_set_profiler_kwargs_apply_to_the_next_session(tmp_path):
         mms = [e for e in spans(read_trace(tmp_path / m["trace_file"]), "cpu_op") if e["name"] == "aten::mm"]
         shapes.append(all("Input Dims" in e.get("args", {}) for e in mms))
     assert shapes == [False, True]
-    with pytest.raises(ValueError, match="record_shape"):
-        p.set_profiler_kwargs({"record_shape": True})
+
+
+def test_profiler_kwargs_follow_vllm_0_33(tmp_path, caplog):
+    """vLLM 0.33 passes /start_profile's profiler_kwargs (any torch.profiler.profile argument)
+    on every start, None when the request has none: each call starts from the profiler's own
+    config; keys with no Kineto counterpart are logged once, never raised."""
+    p = stepscope.WorkerProfiler(config(tmp_path, torch_profiler_use_gzip=False), "kw33")
+    kwargs = {
+        "record_shapes": True,
+        "with_modules": True,
+        "acc_events": True,
+        "experimental_config": object(),
+        "record_shape": True,  # a typo: not applied, named in the log
+        "with_flops": "yes",  # not a bool: not applied
+    }
+    with caplog.at_level(logging.WARNING, logger="stepscope"):
+        p.set_profiler_kwargs(kwargs)
+        p.set_profiler_kwargs(kwargs)
+    cfg = p.config
+    assert cfg["torch_profiler_record_shapes"] is True
+    assert cfg["stepscope"]["torch_with_modules"] is True
+    assert cfg["torch_profiler_with_flops"] is False
+    for key in ("acc_events", "experimental_config", "record_shape", "with_flops"):
+        logged = [r for r in caplog.records if f"{key!r} not applied" in r.getMessage()]
+        assert len(logged) == 1, (key, [r.getMessage() for r in caplog.records])
+    p.start()
+    engine(p, 1)
+    p.stop()
+    p.set_profiler_kwargs(None)  # the next session is the config's own again
+    assert p.config["torch_profiler_record_shapes"] is False
+    p.start()
+    engine(p, 1)
+    p.stop()
+    assert p.flush(120)
+    manifests = sorted(
+        (json.loads(m.read_text()) for m in tmp_path.glob("kw33.*.stepscope.json")),
+        key=lambda m: m["start_time_unix_ns"],
+    )
+    assert [m["status"] for m in manifests] == ["complete", "complete"]
+    assert [m["config"]["torch_profiler_record_shapes"] for m in manifests] == [True, False]
 
 
 def test_annotate_context_manager_records_while_capturing(tmp_path):
@@ -201,3 +239,38 @@ def test_a_profiler_dropped_right_after_stop_waits_for_its_trace_without_the_gil
     manifest = json.loads(only(sorted(tmp_path.glob("dropped.*.stepscope.json"))).read_text())
     assert manifest["status"] == "complete", manifest.get("error")
     assert not [r.getMessage() for r in caplog.records if "unfinished" in r.getMessage()]
+
+
+NO_GLUE = """
+import json, sys
+import stepscope
+print("TORCH_IMPORTED", "torch" in sys.modules)
+p = stepscope.WorkerProfiler({"profiler": "torch", "torch_profiler_dir": sys.argv[1]}, "w")
+p.start()  # backend failures are logged, never raised into the engine
+print("RUNNING", p.is_running)
+print("ERROR", p.status()["last_error"])
+"""
+
+
+def test_a_torch_without_glue_fails_the_start_naming_the_versions(tmp_path):
+    """import stepscope needs no torch; a torch capture under a torch there is no Kineto glue
+    for fails at start with the torch version found and the versions there is glue for."""
+    import subprocess
+
+    glue_dir = tmp_path / "glue"
+    glue_dir.mkdir()
+    (glue_dir / "libstepscope_kineto-torch1.99.so").write_bytes(b"")  # some other torch's
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_GLUE, str(tmp_path / "traces")],
+        env={**__import__("os").environ, "STEPSCOPE_KINETO_GLUE_DIR": str(glue_dir)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "TORCH_IMPORTED False" in proc.stdout
+    assert "RUNNING False" in proc.stdout
+    error = proc.stdout.split("ERROR ", 1)[1]
+    assert f"no Kineto glue for torch {torch.__version__}" in error
+    assert "glue for torch: 1.99" in error
+    assert "python -m stepscope.glue build" in error

@@ -485,6 +485,27 @@ impl Drop for PyWorkerProfiler {
     }
 }
 
+/// Adds a directory searched for the Kineto glue (`libstepscope_kineto-torch{X}.{Y}.so`); the
+/// package adds its own and the user cache at import.
+#[pyfunction]
+fn _add_kineto_glue_dir(dir: std::path::PathBuf) {
+    stepscope::backend::add_glue_dir(dir);
+}
+
+/// The Kineto glue this process uses, loading it if needed: `{"path": ..., "built_for":
+/// "2.13.0"}`. Raises `BackendError` when none matches the torch loaded (the message names the
+/// torch found and the versions there is glue for) or torch is not loaded.
+#[pyfunction]
+fn kineto_glue(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let info = py
+        .detach(stepscope::backend::glue_info)
+        .map_err(|e| to_py(&e))?;
+    let d = PyDict::new(py);
+    d.set_item("path", info.path.map(|p| p.display().to_string()))?;
+    d.set_item("built_for", info.built_for)?;
+    Ok(d)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -496,6 +517,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add_class::<PyWorkerProfiler>()?;
     m.add_class::<PyIteration>()?;
+    m.add_function(wrap_pyfunction!(_add_kineto_glue_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(kineto_glue, m)?)?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("BackendError", py.get_type::<BackendError>())?;
     m.add("__version__", stepscope::VERSION)?;

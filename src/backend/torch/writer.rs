@@ -14,17 +14,15 @@ use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use cxx::UniquePtr;
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use super::ffi;
+use super::kineto::{Detached, TraceResult};
 use super::summary::{self, SortBy};
 use crate::error::{panic_message, Error, Result};
 use crate::flush::PendingWrites;
@@ -39,7 +37,7 @@ pub(super) struct Settings {
 /// One stopped session, on its way to disk.
 pub(super) struct Job {
     /// Detached from the engine thread; the finalizer thread finalizes it.
-    pub session: UniquePtr<ffi::Detached>,
+    pub session: Detached,
     /// The trace's time stamp (the stop), in the file names.
     pub time_ns: u128,
     pub queued: Instant,
@@ -48,7 +46,7 @@ pub(super) struct Job {
 
 /// A finalized session: Kineto's result, ready to save.
 struct Finalized {
-    result: UniquePtr<ffi::TraceResult>,
+    result: TraceResult,
     manifest_path: PathBuf,
     manifest: Manifest,
     queued: Instant,
@@ -419,10 +417,10 @@ fn finalize_loop(
             }
         }
         let began = Instant::now();
-        let outcome = catch_unwind(AssertUnwindSafe(|| match job.session.as_mut() {
-            Some(session) => ffi::finalize(session)
-                .map_err(|e| format!("Kineto could not finalize the session: {}", e.what())),
-            None => Err("no session to finalize".to_string()),
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            job.session
+                .finalize()
+                .map_err(|e| format!("Kineto could not finalize the session: {e}"))
         }))
         .unwrap_or_else(|p| Err(format!("finalizing panicked: {}", panic_message(&*p))));
         finalizing.finish();
@@ -535,7 +533,7 @@ fn temp_path(dir: &Path, name: &str, suffix: &str) -> PathBuf {
 
 fn write_job(
     settings: &Settings,
-    result: &mut UniquePtr<ffi::TraceResult>,
+    result: &mut TraceResult,
     manifest: &Manifest,
 ) -> std::result::Result<Written, String> {
     let dir = &settings.dir;
@@ -547,25 +545,19 @@ fn write_job(
     let json_tmp = TempFile(Some(json_path.clone()));
     let io_err = |what: &str, path: &Path, e: io::Error| format!("{what} {}: {e}", path.display());
 
-    let Some(result_ref) = result.as_mut() else {
-        return Err("the profiler returned no result".into());
-    };
     let json_str = json_path
         .to_str()
         .ok_or_else(|| format!("{} is not valid UTF-8", json_path.display()))?
         .to_string();
-    let save = |r: Pin<&mut ffi::TraceResult>| {
-        ffi::save(r, &json_str).map_err(|e| {
-            format!(
-                "Kineto could not save the trace to {json_str}: {}",
-                e.what()
-            )
-        })
+    let mut save = || {
+        result
+            .save(&json_str)
+            .map_err(|e| format!("Kineto could not save the trace to {json_str}: {e}"))
     };
 
     let json_bytes = if settings.gzip {
         let gz_tmp = TempFile(Some(temp_path(dir, final_name, "")));
-        let pumped = stream_gzip(kineto_tmp.path(), gz_tmp.path(), || save(result_ref))?;
+        let pumped = stream_gzip(kineto_tmp.path(), gz_tmp.path(), &mut save)?;
         let json_bytes = match pumped {
             Some(json_bytes) => json_bytes,
             None if !is_regular_file(json_tmp.path()) => {
@@ -586,7 +578,7 @@ fn write_job(
         drop(json_tmp);
         json_bytes
     } else {
-        save(result_ref)?;
+        save()?;
         let json_bytes = check_complete(json_tmp.path())?;
         File::open(json_tmp.path())
             .and_then(|f| f.sync_all())
@@ -804,18 +796,11 @@ fn compress(src: &Path, dst: &Path) -> io::Result<()> {
 
 fn write_summary(
     settings: &Settings,
-    result: &UniquePtr<ffi::TraceResult>,
+    result: &TraceResult,
     worker_name: &str,
     sort: SortBy,
 ) -> std::result::Result<String, String> {
-    let Some(result) = result.as_ref() else {
-        return Err("the profiler returned no result".into());
-    };
-    let n = ffi::event_count(result);
-    let mut rows = Vec::with_capacity(n);
-    for i in 0..n {
-        rows.push(ffi::event_at(result, i).map_err(|e| e.what().to_string())?);
-    }
+    let rows = result.events()?;
     let events: Vec<summary::Event<'_>> = rows
         .iter()
         .map(|r| summary::Event {

@@ -1,0 +1,103 @@
+/* The Kineto glue: stepscope's torch backend reaches libtorch's Kineto profiler API
+ * (torch/csrc/autograd/profiler_kineto.h) only through these C functions.
+ *
+ * libtorch's C++ ABI changes between torch minor versions, so this is the one part of stepscope
+ * that is built per torch version. It is compiled two ways from the same kineto.cc:
+ * - into the Rust library itself, with the `torch` feature (Rust engines that link libtorch);
+ * - as a small shared library per torch minor version, `libstepscope_kineto-torch{X}.{Y}.so`,
+ *   that the Python package (the `torch-dynamic` feature) loads at the first torch capture,
+ *   choosing the one built for the torch loaded in the process.
+ *
+ * Every fallible function returns 0 on success, else non-zero with a message (UTF-8, NUL
+ * terminated, truncated to fit) in `err[0..err_len]`. No C++ exception crosses this boundary.
+ * Strings in are (pointer, length) pairs, not NUL terminated. Handles are opaque; each has its
+ * free function, which accepts NULL. Bump STEPSCOPE_KINETO_ABI on any change here. */
+#ifndef STEPSCOPE_KINETO_H
+#define STEPSCOPE_KINETO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STEPSCOPE_KINETO_ABI 1
+
+/* Exported from the shared glue even when built with -fvisibility=hidden. */
+#define STEPSCOPE_KINETO_API __attribute__((visibility("default")))
+
+/* What Kineto records (the `torch.profiler.profile` arguments that reach C++). */
+typedef struct stepscope_kineto_options {
+  uint8_t cpu;
+  uint8_t cuda;
+  uint8_t xpu;
+  uint8_t privateuse1;
+  uint8_t record_shapes;
+  uint8_t profile_memory;
+  uint8_t with_stack;
+  uint8_t with_flops;
+  uint8_t with_modules;
+} stepscope_kineto_options;
+
+/* One event of a finished session, as the op summary needs it. `name` is copied into the
+ * caller's buffer (truncated to its size, not NUL terminated); `name_len` is the full length. */
+typedef struct stepscope_kineto_event {
+  size_t name_len;
+  uint64_t thread;
+  uint64_t start_ns;
+  uint64_t duration_ns;
+  /* Recorded on a device (a kernel, memcpy, memset), not on the CPU. */
+  uint8_t device;
+  uint8_t is_async;
+} stepscope_kineto_event;
+
+typedef struct stepscope_kineto_detached stepscope_kineto_detached;
+typedef struct stepscope_kineto_result stepscope_kineto_result;
+typedef struct stepscope_kineto_range stepscope_kineto_range;
+
+/* STEPSCOPE_KINETO_ABI of the library. */
+STEPSCOPE_KINETO_API uint32_t stepscope_kineto_abi(void);
+/* The torch version the glue was compiled against ("2.13.0"), static storage. */
+STEPSCOPE_KINETO_API const char* stepscope_kineto_torch_version(void);
+STEPSCOPE_KINETO_API int stepscope_kineto_cuda_available(void);
+
+/* prepareProfiler; refuses while any torch profiler runs on this thread. */
+STEPSCOPE_KINETO_API int stepscope_kineto_prepare(const stepscope_kineto_options* options, char* err, size_t err_len);
+/* enableProfiler; `*session` identifies the session for detach(). */
+STEPSCOPE_KINETO_API int stepscope_kineto_enable(const stepscope_kineto_options* options, size_t* session, char* err,
+                            size_t err_len);
+/* The cheap half of disableProfiler, on the enabling thread: the session leaves the thread. */
+STEPSCOPE_KINETO_API int stepscope_kineto_detach(size_t session, stepscope_kineto_detached** out, char* err,
+                            size_t err_len);
+/* The expensive half, on any thread: Kineto's stopTrace, events materialized. */
+STEPSCOPE_KINETO_API int stepscope_kineto_finalize(stepscope_kineto_detached* session, stepscope_kineto_result** out,
+                              char* err, size_t err_len);
+/* A detached session never finalized is finalized (and its result dropped) here. */
+STEPSCOPE_KINETO_API void stepscope_kineto_detached_free(stepscope_kineto_detached* session);
+/* torch's toggle_collection_dynamic for the options' CPU and CUDA activity. */
+STEPSCOPE_KINETO_API int stepscope_kineto_toggle(int enable, const stepscope_kineto_options* options, char* err,
+                            size_t err_len);
+STEPSCOPE_KINETO_API int stepscope_kineto_add_metadata(const char* key, size_t key_len, const char* json,
+                                  size_t json_len, char* err, size_t err_len);
+
+STEPSCOPE_KINETO_API int stepscope_kineto_save(stepscope_kineto_result* result, const char* path, size_t path_len,
+                          char* err, size_t err_len);
+STEPSCOPE_KINETO_API size_t stepscope_kineto_event_count(const stepscope_kineto_result* result);
+STEPSCOPE_KINETO_API int stepscope_kineto_event_at(const stepscope_kineto_result* result, size_t index,
+                              stepscope_kineto_event* out, char* name, size_t name_cap, char* err,
+                              size_t err_len);
+STEPSCOPE_KINETO_API void stepscope_kineto_result_free(stepscope_kineto_result* result);
+
+/* A reusable USER_SCOPE RecordFunction range: one iteration's annotation at a time. */
+STEPSCOPE_KINETO_API int stepscope_kineto_range_new(stepscope_kineto_range** out, char* err, size_t err_len);
+STEPSCOPE_KINETO_API int stepscope_kineto_range_begin(stepscope_kineto_range* range, const char* name,
+                                 size_t name_len, char* err, size_t err_len);
+STEPSCOPE_KINETO_API int stepscope_kineto_range_end(stepscope_kineto_range* range, char* err, size_t err_len);
+STEPSCOPE_KINETO_API void stepscope_kineto_range_free(stepscope_kineto_range* range);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STEPSCOPE_KINETO_H */
