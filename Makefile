@@ -14,8 +14,11 @@ export PATH := $(VENV)/bin:$(PATH)
 export LIBTORCH_USE_PYTORCH := 1
 
 PYTHON := $(VENV)/bin/python
+# vLLM 0.33 on torch 2.14 (scripts/setup.sh): the same wheel's tests under the next torch.
+VENV033 := $(CURDIR)/.venv-vllm033
+UV := $(VENV)/bin/uv
 
-.PHONY: all setup demo test fmt-check clippy test-rust python test-python bench bench-vllm install clean
+.PHONY: all setup demo test fmt-check clippy test-rust glue python wheel sdist test-python bench bench-vllm install clean
 
 all: test
 
@@ -46,31 +49,54 @@ fmt-check:
 	$(CARGO) fmt --all -- --check
 
 # Cargo unifies features across the packages of one invocation: a workspace-wide build turns
-# on stepscope's `torch` feature (torch-engine and the Python extension ask for it). The library
-# and its C ABI are checked as users build them by default (no libtorch), then the rest with it.
+# on stepscope's `torch` feature (torch-engine asks for it; the Python extension for
+# `torch-dynamic`, the glue loaded at run time). The library and its C ABI are checked as users
+# build them by default (no libtorch), then with the glue loaded, then the rest with libtorch.
 NO_TORCH := --exclude stepscope-torch-engine --exclude stepscope-python
 clippy:
 	$(CARGO) clippy --workspace --all-targets $(NO_TORCH) -- -D warnings
+	$(CARGO) clippy -p stepscope --features torch-dynamic --all-targets -- -D warnings
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test-rust:
 	$(CARGO) test --workspace --all-targets $(NO_TORCH)
 	$(CARGO) test --workspace --doc $(NO_TORCH)
+	$(CARGO) test -p stepscope --features torch-dynamic --lib
 	$(CARGO) test -p stepscope --features torch --lib
 	$(CARGO) test -p stepscope-torch-engine --all-targets
 
-# The Python package (stepscope._native built against the venv's torch, with the vLLM plugin's
-# entry point) installed into the venv in development mode: `.venv/bin/python -c "import
-# stepscope"` works afterwards.
-python: setup
+# The Kineto glue for each torch of the two environments (python/stepscope/_glue/, about 10 s
+# each when cpp/ changed, else nothing): what the torch backend loads, per torch minor version.
+glue: setup
+	$(PYTHON) python/stepscope/glue.py build --src cpp --out python/stepscope/_glue
+	$(VENV033)/bin/python python/stepscope/glue.py build --src cpp --out python/stepscope/_glue
+
+# The Python package (stepscope._native, which links no torch, the glue files, the vLLM
+# plugin's entry points) installed into the venv in development mode: `.venv/bin/python -c
+# "import stepscope"` works afterwards.
+python: glue
 	$(VENV)/bin/maturin develop --quiet
 
-# The Python API on the stub driver and real Kineto, and the vLLM plugin on the real vllm.
-# ruff first: undefined names, unused imports, likely bugs (pyflakes and bugbear rules).
+# One wheel (abi3, glue for torch 2.13 and 2.14) under dist/.
+wheel: glue
+	rm -f dist/stepscope-*.whl
+	$(VENV)/bin/maturin build --quiet --out dist
+
+# The source distribution: built with `pip install --no-build-isolation` where a torch is
+# installed, it carries glue for that torch (bindings/python/build.rs).
+sdist: setup
+	$(VENV)/bin/maturin sdist --out dist
+
+# The same wheel file installed (--no-deps) into both environments: the Python API on the stub
+# driver and real Kineto, the vLLM plugin on vLLM 0.32 (with the live `vllm serve` tests) and
+# on vLLM 0.33's modules. ruff first: undefined names, unused imports, likely bugs.
 PY_SOURCES := python tests/python examples scripts/*.py
-test-python: python
+test-python: wheel
 	$(VENV)/bin/ruff check --quiet --select F,E9,B $(PY_SOURCES)
+	$(UV) pip install --quiet --python $(PYTHON) --no-deps --reinstall dist/stepscope-*.whl
+	$(UV) pip install --quiet --python $(VENV033)/bin/python --no-deps --reinstall dist/stepscope-*.whl
 	$(PYTHON) -m pytest -q tests/python
+	$(VENV033)/bin/python -m pytest -q -p no:cacheprovider tests/python --ignore tests/python/test_vllm_live.py
 
 bench: setup
 	$(CARGO) bench --workspace

