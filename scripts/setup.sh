@@ -47,14 +47,20 @@ if [ ! -x "$VENV/bin/python" ]; then
   say "creating the Python environment $VENV"
   python3 -m venv "$VENV"
 fi
-site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-# Each pinned package is checked by its metadata directory and installed once.
-need_pip=()
-for pin in "torch==$TORCH_VERSION" "maturin==1.16.0" "pytest==9.2.0" "ruff==0.17.6" "vllm==0.32.0" "uv==0.13.9"; do
-  name=${pin%%==*}
-  version=${pin##*==}
-  compgen -G "$site/$name-$version.dist-info" >/dev/null || need_pip+=("$pin")
-done
+# The site-packages directory of the environment whose python is $1.
+site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+# The pins among "$@" (name==version) not installed in site-packages $1, one a line: each is
+# checked by its metadata directory, so a ready environment costs no Python start-up per pin.
+missing_pins() {
+  local site=$1 pin
+  shift
+  for pin in "$@"; do
+    compgen -G "$site/${pin%%==*}-${pin##*==}.dist-info" >/dev/null || echo "$pin"
+  done
+}
+site=$(site_of "$VENV/bin/python")
+mapfile -t need_pip < <(missing_pins "$site" "torch==$TORCH_VERSION" "maturin==1.16.0" \
+  "pytest==9.2.0" "ruff==0.17.6" "vllm==0.32.0" "uv==0.13.9")
 if [ ${#need_pip[@]} -gt 0 ]; then
   # vllm pins torch==2.13.0 and brings its serving dependencies: about 8 GB in all, once.
   say "installing into $VENV: ${need_pip[*]} (several GB the first time)"
@@ -82,13 +88,8 @@ if [ ! -x "$VENV2/bin/python" ]; then
   say "creating the Python environment $VENV2 (vLLM 0.33, torch 2.14)"
   "$VENV/bin/uv" venv --quiet --python "$(command -v python3)" "$VENV2"
 fi
-site2=$("$VENV2/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-need_pip2=()
-for pin in "torch==2.14.0" "vllm==0.33.0" "pytest==9.2.0"; do
-  name=${pin%%==*}
-  version=${pin##*==}
-  compgen -G "$site2/$name-$version.dist-info" >/dev/null || need_pip2+=("$pin")
-done
+mapfile -t need_pip2 < <(missing_pins "$(site_of "$VENV2/bin/python")" "torch==2.14.0" \
+  "vllm==0.33.0" "pytest==9.2.0")
 if [ ${#need_pip2[@]} -gt 0 ]; then
   say "installing into $VENV2: ${need_pip2[*]} (several GB the first time)"
   "$VENV/bin/uv" pip install --quiet --python "$VENV2/bin/python" \
