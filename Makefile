@@ -3,9 +3,10 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 # Debian packages a fresh machine needs: libclang-dev (nvtx-sys runs bindgen), valgrind and
-# pkg-config (the C ABI tests), chromium (the HTML report test).
+# pkg-config (the C ABI tests), chromium (the HTML report test), g++ (the Kineto glue, the C++
+# tests).
 PREFIX ?= /usr/local
-DEBS := libclang-dev valgrind pkg-config chromium
+DEBS := libclang-dev valgrind pkg-config chromium g++
 # The torch backend links the libtorch of the project's venv (made by scripts/setup.sh):
 # torch-sys asks that venv's python where it is.
 VENV := $(CURDIR)/.venv
@@ -18,7 +19,7 @@ PYTHON := $(VENV)/bin/python
 VENV033 := $(CURDIR)/.venv-vllm033
 UV := $(VENV)/bin/uv
 
-.PHONY: all setup demo test fmt-check clippy test-rust glue python wheel sdist test-python bench bench-vllm install clean
+.PHONY: all setup demo test fmt-check clippy test-rust glue python wheel sdist test-python test-sdist bench bench-vllm install clean
 
 all: test
 
@@ -42,7 +43,7 @@ demo: setup python
 	$(CARGO) run --quiet --release -p stepscope-cli -- analyze --top 5 \
 		cli/tests/data/hta/trace_filter__sampled_rank-0.json.gz
 
-test: setup fmt-check clippy test-rust test-python
+test: setup fmt-check clippy test-rust test-python test-sdist
 	@echo "make test: all checks passed"
 
 fmt-check:
@@ -97,6 +98,11 @@ test-python: wheel
 	$(UV) pip install --quiet --python $(VENV033)/bin/python --no-deps --reinstall dist/stepscope-*.whl
 	$(PYTHON) -m pytest -q tests/python
 	$(VENV033)/bin/python -m pytest -q -p no:cacheprovider tests/python --ignore tests/python/test_vllm_live.py
+
+# The sdist built with --no-build-isolation where only torch 2.14 is installed: it carries glue
+# for that torch and captures a trace (scripts/check_sdist.sh, a scratch venv, 1-3 min).
+test-sdist: setup
+	scripts/check_sdist.sh $(UV)
 
 bench: setup
 	$(CARGO) bench --workspace
