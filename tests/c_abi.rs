@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use stepscope_test_doubles::{read_log, Event, CUDA_STUB_DIR, LOG_ENV, NVTX_RECORDER};
+use stepscope_test_doubles::{read_log, Event, Scratch, CUDA_STUB_DIR, LOG_ENV, NVTX_RECORDER};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -40,11 +40,8 @@ fn lib_dir() -> PathBuf {
     dir
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stepscope-c-abi-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn scratch(name: &str) -> Scratch {
+    Scratch::empty(&format!("c-abi-{name}"))
 }
 
 fn tool(var: &str, default: &str) -> String {
@@ -331,7 +328,7 @@ fn the_cpp_wrapper_closes_each_range_with_its_iteration() {
 fn pkg_config_finds_the_installed_library() {
     let prefix = scratch("prefix");
     let install = Command::new(format!("{ROOT}/scripts/install.sh"))
-        .arg(&prefix)
+        .arg(prefix.as_os_str())
         .arg(lib_dir())
         .output()
         .expect("run install.sh");

@@ -268,8 +268,7 @@ fn malformed_json_names_its_source_and_position() {
 
 #[test]
 fn config_comes_from_a_file() {
-    let dir = std::env::temp_dir().join(format!("stepscope-config-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = stepscope_test_doubles::Scratch::empty("config");
     let good = dir.join("good.json");
     std::fs::write(&good, r#"{"profiler": "cuda", "max_iterations": 2}"#).unwrap();
     assert_eq!(ProfilerConfig::from_path(&good).unwrap().max_iterations, 2);
@@ -284,7 +283,6 @@ fn config_comes_from_a_file() {
     let e = ProfilerConfig::from_path(&missing).unwrap_err();
     assert!(matches!(e, Error::Io { .. }));
     assert!(e.to_string().contains("missing.json"), "{e}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The only test in this binary that touches the environment.

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
+use stepscope_test_doubles::Scratch;
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/hta");
 
@@ -35,11 +36,8 @@ fn raw(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stepscope-analyze-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn scratch(name: &str) -> Scratch {
+    Scratch::empty(&format!("analyze-{name}"))
 }
 
 /// The figures computed directly from the raw events, independently of the tool.

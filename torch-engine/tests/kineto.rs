@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use stepscope::{Error, ProfilerConfig, StartOptions, WorkerProfiler};
+use stepscope_test_doubles::Scratch;
 use stepscope_torch_engine::ToyEngine;
 
 static KINETO: Mutex<()> = Mutex::new(());
@@ -22,10 +23,8 @@ fn lock() -> std::sync::MutexGuard<'static, ()> {
     KINETO.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn fresh_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stepscope-kineto-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    dir
+fn fresh_dir(name: &str) -> Scratch {
+    Scratch::absent(&format!("kineto-{name}"))
 }
 
 fn config(dir: &Path, extra: &str) -> ProfilerConfig {
@@ -515,7 +514,7 @@ fn dropping_before_the_write_ends_marks_the_manifest_unfinished() {
 /// manifest; the engine keeps stepping. Runs in a child process: the limit is per process.
 /// Runs `test` again in a child process whose writes fail past 64 KiB (EFBIG): the trace's
 /// write fails, the engine goes on. The child leaves its files in the returned directory.
-fn in_child_with_a_full_disk(test: &str, name: &str, gzip: bool) -> Option<PathBuf> {
+fn in_child_with_a_full_disk(test: &str, name: &str, gzip: bool) -> Option<Scratch> {
     const CHILD: &str = "STEPSCOPE_KINETO_CHILD_DIR";
     if let Ok(dir) = std::env::var(CHILD) {
         // SAFETY: plain libc calls on this (child) process: ignore SIGXFSZ so an oversized write
@@ -555,7 +554,7 @@ fn in_child_with_a_full_disk(test: &str, name: &str, gzip: bool) -> Option<PathB
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
         .args(["--exact", test, "--nocapture"])
-        .env(CHILD, &dir)
+        .env(CHILD, dir.as_os_str())
         .output()
         .unwrap();
     assert!(

@@ -1,5 +1,7 @@
-//! Paths of the C test doubles this crate builds (see build.rs), and a reader for their log.
+//! Paths of the C test doubles this crate builds (see build.rs), a reader for their log, and the
+//! scratch directories the workspace's tests write into.
 
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
 /// Directory holding the stub `libcuda.so` and `libcuda.so.1`: put it on `LD_LIBRARY_PATH`.
@@ -59,4 +61,46 @@ pub fn log_path(tag: &str) -> PathBuf {
     ));
     let _ = std::fs::remove_file(&p);
     p
+}
+
+/// A directory under the system temp dir, unique to this process and `tag`, removed when
+/// dropped; kept when the test panics, so a failure can be looked at.
+#[derive(Debug)]
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    /// The path, emptied, not created (for tests where the backend creates it).
+    pub fn absent(tag: &str) -> Scratch {
+        let p = std::env::temp_dir().join(format!("stepscope-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        Scratch(p)
+    }
+
+    /// The path, created empty.
+    pub fn empty(tag: &str) -> Scratch {
+        let s = Scratch::absent(tag);
+        std::fs::create_dir_all(&s.0).expect("create a scratch directory");
+        s
+    }
+}
+
+impl Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
