@@ -175,6 +175,9 @@ struct Inner {
     rank: Option<u32>,
     /// `stepscope.ranks`: only these ranks profile.
     ranks: Option<Vec<u32>>,
+    /// The file stem of the next capture's trace ([`WorkerProfiler::set_trace_name`]), taken
+    /// by the backend start that uses it.
+    trace_name: Option<String>,
 }
 
 impl WorkerProfiler {
@@ -215,6 +218,7 @@ impl WorkerProfiler {
             steps: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 worker_name: worker_name.to_string(),
+                trace_name: None,
                 schedule: Schedule::with_policy(
                     limits,
                     config.uncounted_steps_after_start(),
@@ -544,6 +548,38 @@ impl WorkerProfiler {
         true
     }
 
+    /// Names the files of the next capture exactly: `{name}.trace.json.gz` (or `.json`),
+    /// `{name}.stepscope.json` and, when the config asks for the op table,
+    /// `{name}.profiler_out.txt`, in place of `{worker}.{time_ns}.pt.trace.json.gz` (engines
+    /// such as SGLang name their traces themselves). The name is used by the next backend start
+    /// only; later captures (the next windows of a `repeat` series) are named as usual. `None`
+    /// drops a name not used yet. A name that is empty, starts with `.`, or holds `/`, a backslash or
+    /// a control character is an [`Error::InvalidArgument`] naming `trace_name`. Ignored
+    /// while a session is active: returns whether it was taken.
+    pub fn set_trace_name(&self, name: Option<&str>) -> Result<bool> {
+        if let Some(n) = name {
+            let bad = n.is_empty()
+                || n.starts_with('.')
+                || n.len() > 200
+                || n.chars().any(|c| c == '/' || c == '\\' || c.is_control());
+            if bad {
+                return Err(Error::InvalidArgument {
+                    name: "trace_name".to_string(),
+                    message: format!(
+                        "{n:?} is not a file name: non-empty, at most 200 bytes, not starting \
+                         with '.', without '/', '\\' or control characters"
+                    ),
+                });
+            }
+        }
+        let mut g = self.inner.lock();
+        if g.schedule.is_active() {
+            return Ok(false);
+        }
+        g.trace_name = name.map(str::to_string);
+        Ok(true)
+    }
+
     /// Changes what the next session records (for the torch backend: activities,
     /// record_shapes, with_memory, with_stack, with_flops), as a config with
     /// those fields changed. Where traces are written stays as the profiler was made. Ignored
@@ -675,11 +711,13 @@ impl Inner {
         let capture = CaptureStart {
             worker_name: &self.worker_name,
             first_step,
+            trace_name: self.trace_name.as_deref(),
         };
         let result = self.backend.start(&capture);
         self.schedule.start_result(result.is_ok());
         match &result {
             Ok(()) => {
+                self.trace_name = None;
                 if let Some(nvtx) = &self.nvtx {
                     nvtx.mark(c"capture start", first_step);
                 }

@@ -29,6 +29,9 @@ pub struct CaptureStart<'a> {
     /// Index of the first step the capture covers (1-based count of `step()` calls), or 0 when
     /// the capture starts in `start()` before the next step.
     pub first_step: u64,
+    /// The exact file stem of this capture's trace (see
+    /// [`crate::WorkerProfiler::set_trace_name`]); `None`: `{worker}.{time_ns}.pt`.
+    pub trace_name: Option<&'a str>,
 }
 
 /// A profiling backend.

@@ -94,6 +94,7 @@ enum KinetoState {
 /// The capture in progress: what goes into the trace's metadata and the manifest.
 struct Session {
     worker_name: String,
+    trace_name: Option<String>,
     start_unix_ns: u128,
     first_step: Option<u64>,
     last_step: Option<u64>,
@@ -361,6 +362,7 @@ impl TorchBackend {
             stop_time_unix_ns: stop_unix_ns,
             config: Arc::clone(&self.capture.config),
             table: self.capture.table(),
+            trace_name: session.and_then(|s| s.trace_name.clone()),
             ..Manifest::default()
         };
         self.writer.submit(Job {
@@ -413,6 +415,7 @@ impl Backend for TorchBackend {
         self.capture.resolve(glue.cuda_available());
         self.session = Some(Session {
             worker_name: capture.worker_name.to_string(),
+            trace_name: capture.trace_name.map(str::to_string),
             start_unix_ns: unix_ns(),
             first_step: None,
             last_step: None,

@@ -876,3 +876,42 @@ fn the_writer_keeps_off_a_pinned_engine_threads_cpu() {
     .join()
     .unwrap();
 }
+
+#[test]
+fn a_trace_name_names_the_next_capture_only() {
+    let _k = lock();
+    let dir = fresh_dir("named");
+    let p = WorkerProfiler::new(&config(&dir, r#", "max_iterations": 2"#), "w").unwrap();
+    for bad in ["", ".hidden", "a/b", "a\\b", "a\nb"] {
+        let e = p.set_trace_name(Some(bad)).unwrap_err();
+        assert!(e.to_string().contains("trace_name"), "{bad:?}: {e}");
+    }
+    assert!(p.set_trace_name(Some("p1-TP-0-DECODE")).unwrap());
+    let e = engine();
+    p.start().unwrap();
+    assert!(
+        !p.set_trace_name(Some("ignored")).unwrap(),
+        "taken while a session is active"
+    );
+    for step in 1..=3 {
+        e.iteration(&p, step);
+    }
+    flush(&p);
+    p.start().unwrap();
+    for step in 4..=6 {
+        e.iteration(&p, step);
+    }
+    flush(&p);
+    let named = read_json(&dir.join("p1-TP-0-DECODE.stepscope.json"));
+    assert_eq!(named["trace_file"], "p1-TP-0-DECODE.trace.json.gz");
+    assert_eq!(named["status"], "complete");
+    assert!(dir.join("p1-TP-0-DECODE.trace.json.gz").is_file());
+    // The second capture is named as usual; "ignored" was never taken.
+    assert_eq!(
+        with_suffix(&dir, ".pt.trace.json.gz").len(),
+        1,
+        "{:?}",
+        files(&dir)
+    );
+    assert!(files(&dir).iter().all(|f| !f.contains("ignored")));
+}

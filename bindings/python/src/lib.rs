@@ -390,6 +390,14 @@ impl PyWorkerProfiler {
         self.inner.set_worker_name(name);
     }
 
+    /// Names the next capture's files exactly (`{name}.trace.json.gz`, `{name}.stepscope.json`),
+    /// or drops a name not used yet (`None`). A bad name raises ValueError naming
+    /// `trace_name`; returns False, changing nothing, while a session is active.
+    #[pyo3(signature = (name))]
+    fn set_trace_name(&self, name: Option<&str>) -> PyResult<bool> {
+        self.inner.set_trace_name(name).map_err(|e| to_py(&e))
+    }
+
     /// Takes what the next session records from `config` (see `set_profiler_kwargs`).
     /// Returns False, changing nothing, while a session is active.
     fn _reconfigure(&self, config: &Bound<'_, PyAny>) -> PyResult<bool> {

@@ -6,6 +6,9 @@
 //!   temporary file and renames that into place, so the final name only ever holds a complete
 //!   trace;
 //! - `{worker}.profiler_out.txt` when the config asks for the op table (vLLM's file name);
+//!
+//! An engine that names its traces (`WorkerProfiler::set_trace_name`) gets `{name}.trace.json.gz`,
+//! `{name}.stepscope.json` and `{name}.profiler_out.txt` instead.
 //! - `{worker}.{time_ns}.stepscope.json`: the manifest, written `"writing"` when the job begins
 //!   and `"complete"` or `"failed"` (with the error) when it ends. A job still running when the
 //!   backend is dropped and the flush timeout passes is marked `"unfinished"`.
@@ -87,6 +90,10 @@ pub(super) struct Manifest {
     /// The top-ops table written next to the trace, if any.
     #[serde(skip)]
     pub table: Option<SortBy>,
+    /// The exact file stem the engine asked for (`set_trace_name`), in place of
+    /// `{worker}.{time_ns}.pt`.
+    #[serde(skip)]
+    pub trace_name: Option<String>,
 }
 
 /// The manifest file: the manifest's fields, then the config.
@@ -251,11 +258,17 @@ impl Writer {
     /// job); never blocks on Kineto or I/O.
     pub fn submit(&mut self, mut job: Job) -> Result<()> {
         let s = &self.settings;
-        let stem = format!("{}.{}", job.manifest.worker_name, job.time_ns);
+        let (stem, ext) = match &job.manifest.trace_name {
+            Some(name) => (name.clone(), "trace.json"),
+            None => (
+                format!("{}.{}", job.manifest.worker_name, job.time_ns),
+                "pt.trace.json",
+            ),
+        };
         let ext = if s.gzip {
-            "pt.trace.json.gz"
+            format!("{ext}.gz")
         } else {
-            "pt.trace.json"
+            ext.to_string()
         };
         job.manifest.stepscope_version = crate::VERSION;
         job.manifest.backend = "torch";
@@ -599,7 +612,10 @@ fn write_job(
         Some(sort) => Some(write_summary(
             settings,
             result,
-            &manifest.worker_name,
+            manifest
+                .trace_name
+                .as_deref()
+                .unwrap_or(&manifest.worker_name),
             sort,
         )?),
         None => None,
@@ -797,7 +813,7 @@ fn compress(src: &Path, dst: &Path) -> io::Result<()> {
 fn write_summary(
     settings: &Settings,
     result: &TraceResult,
-    worker_name: &str,
+    stem: &str,
     sort: SortBy,
 ) -> std::result::Result<String, String> {
     let rows = result.events()?;
@@ -820,7 +836,7 @@ fn write_summary(
         SortBy::SelfCpu => 50,
     };
     let table = summary::table(&stats, sort, limit, device);
-    let name = format!("{worker_name}.profiler_out.txt");
+    let name = format!("{stem}.profiler_out.txt");
     let path = settings.dir.join(&name);
     let tmp = TempFile(Some(temp_path(&settings.dir, &name, "")));
     // vLLM writes the table with print(): one more newline.
