@@ -17,6 +17,8 @@ export LIBTORCH_USE_PYTORCH := 1
 PYTHON := $(VENV)/bin/python
 # vLLM 0.33 on torch 2.14 (scripts/setup.sh): the same wheel's tests under the next torch.
 VENV033 := $(CURDIR)/.venv-vllm033
+# SGLang 0.5.23 on torch 2.14.1 (scripts/setup.sh): the SGLang plugin's tests.
+VENVSGL := $(CURDIR)/.venv-sglang
 UV := $(VENV)/bin/uv
 
 .PHONY: all setup demo test fmt-check clippy test-rust glue python wheel sdist test-python test-sdist bench bench-vllm install clean
@@ -88,16 +90,20 @@ wheel: glue
 sdist: setup
 	$(VENV)/bin/maturin sdist --out dist
 
-# The same wheel file installed (--no-deps) into both environments: the Python API on the stub
-# driver and real Kineto, the vLLM plugin on vLLM 0.32 (with the live `vllm serve` tests) and
-# on vLLM 0.33's modules. ruff first: undefined names, unused imports, likely bugs.
+# The same wheel file installed (--no-deps) into the three environments: the Python API on the
+# stub driver and real Kineto, the vLLM plugin on vLLM 0.32 (with the live `vllm serve` tests)
+# and on vLLM 0.33's modules, the SGLang plugin on SGLang 0.5.23's modules (the built `stepscope`
+# command merges for it). ruff first: undefined names, unused imports, likely bugs.
 PY_SOURCES := python tests/python examples scripts/*.py
 test-python: wheel
 	$(VENV)/bin/ruff check --quiet --select F,E9,B $(PY_SOURCES)
 	$(UV) pip install --quiet --python $(PYTHON) --no-deps --reinstall dist/stepscope-*.whl
 	$(UV) pip install --quiet --python $(VENV033)/bin/python --no-deps --reinstall dist/stepscope-*.whl
+	$(UV) pip install --quiet --python $(VENVSGL)/bin/python --no-deps --reinstall dist/stepscope-*.whl
+	$(CARGO) build --quiet -p stepscope-cli
 	$(PYTHON) -m pytest -q tests/python
 	$(VENV033)/bin/python -m pytest -q -p no:cacheprovider tests/python --ignore tests/python/test_vllm_live.py
+	STEPSCOPE_CLI=$(CURDIR)/target/debug/stepscope $(VENVSGL)/bin/python -m pytest -q -p no:cacheprovider tests/python/test_sglang.py
 
 # The sdist built with --no-build-isolation where only torch 2.14 is installed: it carries glue
 # for that torch and captures a trace (scripts/check_sdist.sh, a scratch venv, 1-3 min).

@@ -95,3 +95,18 @@ if [ ${#need_pip2[@]} -gt 0 ]; then
   "$VENV/bin/uv" pip install --quiet --python "$VENV2/bin/python" \
     --override scripts/vllm033-overrides.txt "${need_pip2[@]}"
 fi
+
+# The third environment: SGLang 0.5.23 (it pins torch==2.14.1) for the SGLang plugin's tests,
+# which import SGLang's scheduler modules on CPU and drive its profiler manager. Its torch 2.14
+# patch release loads the glue built for torch 2.14. Checked by metadata like the others.
+VENV3=.venv-sglang
+if [ ! -x "$VENV3/bin/python" ]; then
+  say "creating the Python environment $VENV3 (SGLang 0.5.23, torch 2.14.1)"
+  "$VENV/bin/uv" venv --quiet --python "$(command -v python3)" "$VENV3"
+fi
+mapfile -t need_pip3 < <(missing_pins "$(site_of "$VENV3/bin/python")" "sglang==0.5.23" \
+  "torch==2.14.1" "pytest==9.2.0")
+if [ ${#need_pip3[@]} -gt 0 ]; then
+  say "installing into $VENV3: ${need_pip3[*]} (several GB the first time)"
+  "$VENV/bin/uv" pip install --quiet --python "$VENV3/bin/python" "${need_pip3[@]}"
+fi
