@@ -21,7 +21,7 @@ VENV033 := $(CURDIR)/.venv-vllm033
 VENVSGL := $(CURDIR)/.venv-sglang
 UV := $(VENV)/bin/uv
 
-.PHONY: all setup demo test fmt-check clippy test-rust glue python wheel sdist test-python test-sdist bench bench-vllm install clean
+.PHONY: all setup demo test fmt-check clippy test-rust glue python wheel sdist test-python test-sdist bench bench-vllm bench-sglang install clean
 
 all: test
 
@@ -120,6 +120,12 @@ bench: setup
 bench-vllm: setup
 	$(VENV)/bin/maturin develop --quiet --release
 	$(PYTHON) scripts/bench_vllm_live.py
+
+# SGLang's own profiler against the stepscope plugin on SGLang's real profiler manager (CPU,
+# Kineto): the scheduler's stop call and the time to the trace on disk, about 2 minutes.
+bench-sglang: wheel
+	$(UV) pip install --quiet --python $(VENVSGL)/bin/python --no-deps --reinstall dist/stepscope-*.whl
+	$(VENVSGL)/bin/python -W ignore scripts/bench_sglang_stop.py
 
 # The C/C++ library, headers and pkg-config file under $(PREFIX).
 install:
