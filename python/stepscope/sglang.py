@@ -47,6 +47,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from stepscope.vllm import signature_of
+
 logger = logging.getLogger("stepscope.sglang")
 
 #: Set to ``0`` (or ``false``/``no``/``off``) to turn the plugin off.
@@ -132,7 +134,7 @@ def interface_known(module: Any) -> bool:
         problems.append("SchedulerProfilerManager or ProfileReq is missing")
     else:
         for name, known in KNOWN_SIGNATURES.items():
-            sig = _signature_of(getattr(cls, name, None))
+            sig = signature_of(getattr(cls, name, None))
             if sig != known:
                 shown = "(" + ", ".join(n for n, _ in sig) + ")" if sig else " is missing"
                 problems.append(f"SchedulerProfilerManager.{name}{shown}")
@@ -152,14 +154,6 @@ def interface_known(module: Any) -> bool:
         )
         return False
     return True
-
-
-def _signature_of(fn: Any) -> tuple[tuple[str, Any], ...] | None:
-    try:
-        params = inspect.signature(inspect.unwrap(fn)).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    return tuple((p.name, p.kind) for p in params)
 
 
 def _sglang_version() -> str:
