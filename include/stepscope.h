@@ -41,12 +41,20 @@ enum {
   STEPSCOPE_ERR_INTERNAL = 6          /* a bug in stepscope, caught */
 };
 
+/* Overrides (delay_iterations, max_iterations) follow one rule on every surface: an absent
+ * override keeps the config's value, and a negative one is an error naming it
+ * (STEPSCOPE_ERR_INVALID_ARGUMENT here, ValueError in Python, stepscope::Error in C++, Rust's
+ * StartOptions::from_signed). C has no "absent", so it is spelled STEPSCOPE_KEEP; C++'s
+ * std::nullopt and Python's None map to it. */
+#define STEPSCOPE_KEEP ((int64_t)-1)
+
 /* Creates a profiler. config_json: vLLM's --profiler-config JSON (stepscope keys under
  * "stepscope"), or a path to a JSON file. On success *out is the profiler, else NULL. */
 int  stepscope_profiler_new(const char *config_json, const char *worker_name, stepscope_profiler **out);
 /* Stops a running capture, flushes, frees. NULL is a no-op. */
 void stepscope_profiler_free(stepscope_profiler *p);
-/* Starts a session; < 0: the config value. Ignored (STEPSCOPE_OK) while a session is active.
+/* Starts a session; STEPSCOPE_KEEP: the config's value, another negative value:
+ * STEPSCOPE_ERR_INVALID_ARGUMENT. Ignored (STEPSCOPE_OK) while a session is active.
  * STEPSCOPE_ERR_BACKEND: the backend failed to start; the session stays active, not running,
  * until stepscope_stop (vLLM's behaviour). */
 int  stepscope_start(stepscope_profiler *p, int64_t delay_iterations, int64_t max_iterations);

@@ -99,19 +99,21 @@ class Profiler {
   Profiler &operator=(const Profiler &) = delete;
   ~Profiler() { stepscope_profiler_free(p_); }
 
-  // Starts a session; unset overrides keep the config's values.
+  // Starts a session; unset overrides keep the config's values, negative ones throw (the rule
+  // of STEPSCOPE_KEEP in stepscope.h). Checked here because -1 is C's spelling of "unset".
   void start(std::optional<std::int64_t> delay_iterations = std::nullopt,
              std::optional<std::int64_t> max_iterations = std::nullopt) {
     if (delay_iterations && *delay_iterations < 0)
       throw Error(STEPSCOPE_ERR_INVALID_ARGUMENT, "`delay_iterations` must be greater than or equal to 0");
     if (max_iterations && *max_iterations < 0)
       throw Error(STEPSCOPE_ERR_INVALID_ARGUMENT, "`max_iterations` must be greater than or equal to 0");
-    detail::check(stepscope_start(p_, delay_iterations.value_or(-1), max_iterations.value_or(-1)));
+    detail::check(stepscope_start(p_, delay_iterations.value_or(STEPSCOPE_KEEP),
+                                  max_iterations.value_or(STEPSCOPE_KEEP)));
   }
   // The window begins in the step with this index (the same on every rank: aligned capture).
   void start_at(std::int64_t start_at_step,
                 std::optional<std::int64_t> max_iterations = std::nullopt) {
-    detail::check(stepscope_start_at(p_, start_at_step, max_iterations.value_or(-1)));
+    detail::check(stepscope_start_at(p_, start_at_step, max_iterations.value_or(STEPSCOPE_KEEP)));
   }
   // The worker's global rank, for the config's "stepscope": {"ranks": [...]}.
   void set_rank(std::uint32_t rank) { detail::check(stepscope_set_rank(p_, rank)); }

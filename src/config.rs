@@ -25,6 +25,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::iteration::Stage;
+use crate::schedule::{stage_bit, Policy, ALL_STAGES};
 
 /// The environment variable read by [`ProfilerConfig::from_env`]: JSON text, or a path to a
 /// JSON file.
@@ -138,6 +139,27 @@ pub struct CaptureControl {
     pub repeat: u64,
     /// Steps from one window's first step to the next's (with `repeat` > 1).
     pub repeat_every: u64,
+}
+
+/// The schedule's policy of a config's `"stepscope"` capture keys: the schedule knows nothing of
+/// configs.
+impl From<&CaptureControl> for Policy {
+    fn from(c: &CaptureControl) -> Self {
+        Policy {
+            stages: match c.stages.as_ref() {
+                None => 0,
+                Some(list) => match list.iter().fold(0, |bits, s| bits | stage_bit(*s)) {
+                    ALL_STAGES => 0,
+                    bits => bits,
+                },
+            },
+            min_batch_requests: c.min_batch_requests,
+            min_batch_tokens: c.min_batch_tokens,
+            start_at_step: c.start_at_step,
+            repeat: c.repeat,
+            repeat_every: c.repeat_every,
+        }
+    }
 }
 
 impl CaptureControl {
@@ -282,10 +304,8 @@ impl ProfilerConfig {
     /// Reads a JSON config file.
     pub fn from_path(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Io {
-            path: path.to_path_buf(),
-            message: format!("cannot read profiler config: {e}"),
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io(path, format!("cannot read profiler config: {e}"), e))?;
         Self::parse_text(&text, &path.display().to_string())
     }
 
@@ -716,9 +736,9 @@ fn absolute_dir(dir: &str) -> Result<String> {
     let joined = if expanded.is_absolute() {
         expanded
     } else {
-        let cwd = std::env::current_dir().map_err(|e| Error::Io {
-            path: PathBuf::from("."),
-            message: format!("cannot resolve relative torch_profiler_dir {dir:?}: {e}"),
+        let cwd = std::env::current_dir().map_err(|e| {
+            let message = format!("cannot resolve relative torch_profiler_dir {dir:?}: {e}");
+            Error::io(".", message, e)
         })?;
         cwd.join(expanded)
     };

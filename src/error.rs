@@ -6,7 +6,9 @@
 //! a Python exception, or a log line.
 
 use std::fmt;
+use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Everything that can go wrong in stepscope.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,8 +32,10 @@ pub enum Error {
     Io {
         /// The file or directory involved.
         path: PathBuf,
-        /// The operating system's message.
+        /// What was being done, with the operating system's message.
         message: String,
+        /// The operating system's error ([`std::error::Error::source`]).
+        source: IoSource,
     },
     /// An argument passed to an API call is invalid (e.g. a negative override).
     InvalidArgument {
@@ -63,6 +67,19 @@ impl Error {
         }
     }
 
+    /// An I/O error on `path` while doing what `message` says (it includes `source`'s text).
+    pub(crate) fn io(
+        path: impl Into<PathBuf>,
+        message: impl Into<String>,
+        source: io::Error,
+    ) -> Self {
+        Error::Io {
+            path: path.into(),
+            message: message.into(),
+            source: IoSource(Arc::new(source)),
+        }
+    }
+
     /// A backend error for `backend`.
     pub fn backend(backend: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Backend {
@@ -88,7 +105,7 @@ impl fmt::Display for Error {
             Error::Json { source, message } => {
                 write!(f, "profiler config from {source} is not valid: {message}")
             }
-            Error::Io { path, message } => write!(f, "{}: {message}", path.display()),
+            Error::Io { path, message, .. } => write!(f, "{}: {message}", path.display()),
             Error::InvalidArgument { name, message } => write!(f, "`{name}` {message}"),
             Error::Backend { backend, message } => write!(f, "profiler '{backend}': {message}"),
             Error::Timeout { what } => write!(f, "timed out waiting for {what}"),
@@ -96,7 +113,34 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source.0.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// The operating system's error behind an [`Error::Io`]: shared, so the error stays `Clone`;
+/// equal when the kind and OS error code are.
+#[derive(Debug, Clone)]
+pub struct IoSource(Arc<io::Error>);
+
+impl IoSource {
+    /// The I/O error.
+    pub fn get(&self) -> &io::Error {
+        &self.0
+    }
+}
+
+impl PartialEq for IoSource {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.kind() == other.0.kind() && self.0.raw_os_error() == other.0.raw_os_error()
+    }
+}
+
+impl Eq for IoSource {}
 
 /// The text of a caught panic's payload.
 pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use crate::error::{panic_message, Error};
 use crate::iteration::IterationInfo;
-use crate::profiler::{StartOptions, WorkerProfiler};
+use crate::profiler::WorkerProfiler;
+use crate::schedule::StartOptions;
 use crate::ProfilerConfig;
 
 /// Success.
@@ -210,7 +211,17 @@ pub unsafe extern "C" fn stepscope_profiler_free(p: *mut stepscope_profiler) {
     });
 }
 
-/// Starts a session; a negative delay or max keeps the config's value.
+/// C's "absent" override (`STEPSCOPE_KEEP` in the header): the config's value.
+const KEEP: i64 = -1;
+
+/// An override as C passes it: [`KEEP`] is absent; another negative value is the error every
+/// surface gives (see [`StartOptions::from_signed`]).
+fn override_arg(v: i64) -> Option<i64> {
+    (v != KEEP).then_some(v)
+}
+
+/// Starts a session; `STEPSCOPE_KEEP` keeps the config's delay or max, another negative value
+/// is `STEPSCOPE_ERR_INVALID_ARGUMENT` naming it.
 ///
 /// # Safety
 /// `p` is a live handle.
@@ -220,18 +231,22 @@ pub unsafe extern "C" fn stepscope_start(
     delay_iterations: i64,
     max_iterations: i64,
 ) -> c_int {
-    let opts = StartOptions {
-        delay_iterations: u64::try_from(delay_iterations).ok(),
-        max_iterations: u64::try_from(max_iterations).ok(),
-        start_at_step: None,
-    };
     // SAFETY: per the contract.
-    unsafe { with_profiler("stepscope_start", p, |p| p.start_with(opts).map(drop)) }
+    unsafe {
+        with_profiler("stepscope_start", p, |p| {
+            let opts = StartOptions::from_signed(
+                override_arg(delay_iterations),
+                override_arg(max_iterations),
+            )?;
+            p.start_with(opts).map(drop)
+        })
+    }
 }
 
 /// Starts a session whose window begins in the step with index `start_at_step` (the
-/// worker's `stepscope_step` count, from 1) instead of after a delay; a negative max keeps
-/// the config's value. A step that has already passed is `STEPSCOPE_ERR_INVALID_ARGUMENT`.
+/// worker's `stepscope_step` count, from 1) instead of after a delay; `STEPSCOPE_KEEP` keeps
+/// the config's max (another negative value is an error). A step that has already passed is
+/// `STEPSCOPE_ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
 /// `p` is a live handle.
@@ -244,11 +259,8 @@ pub unsafe extern "C" fn stepscope_start_at(
     // SAFETY: per the contract.
     unsafe {
         with_profiler("stepscope_start_at", p, |p| {
-            let opts = StartOptions {
-                max_iterations: u64::try_from(max_iterations).ok(),
-                ..StartOptions::default()
-            }
-            .at_step(Some(start_at_step))?;
+            let opts = StartOptions::from_signed(None, override_arg(max_iterations))?
+                .at_step(Some(start_at_step))?;
             p.start_with(opts).map(drop)
         })
     }

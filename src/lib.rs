@@ -34,16 +34,17 @@
 pub mod backend;
 pub mod config;
 mod error;
-pub mod ffi;
+mod ffi;
 pub mod flush;
 pub mod iteration;
 mod profiler;
 pub mod schedule;
 
 pub use config::ProfilerConfig;
-pub use error::{Error, Result};
+pub use error::{Error, IoSource, Result};
 pub use iteration::{IterationDetail, IterationInfo, PhaseSums, Stage};
-pub use profiler::{Iteration, StartOptions, StartOutcome, StopOutcome, WorkerProfiler};
+pub use profiler::{Iteration, StartOutcome, Status, StopOutcome, WorkerProfiler};
+pub use schedule::StartOptions;
 
 /// This library's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -32,7 +32,7 @@ use crate::config::{NvtxMode, ProfilerConfig};
 use crate::error::{Error, Result};
 use crate::iteration::IterationInfo;
 use crate::schedule::{
-    Limits, Phase, Policy, Schedule, StartDecision, StartRequest, StepBegin, StepInfo, StopDecision,
+    Limits, Phase, Policy, Schedule, StartDecision, StartOptions, StepBegin, StepInfo, StopDecision,
 };
 
 /// Gate bit: a session is active, backend work is pending, a range is open, or every iteration
@@ -41,18 +41,7 @@ const GATE_ARMED: u8 = 1;
 /// Gate bit: no engine thread is known yet; the first `step()` registers it.
 const GATE_UNREGISTERED: u8 = 2;
 
-/// Per-session overrides for [`WorkerProfiler::start_with`]. `None` keeps the config's value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StartOptions {
-    /// Iterations to wait before the backend starts.
-    pub delay_iterations: Option<u64>,
-    /// Iterations to capture before stopping by itself (0: until stop).
-    pub max_iterations: Option<u64>,
-    /// Start in the step with this absolute index (the worker's `step()` count) instead of
-    /// after a delay: the same value on every rank captures the same iterations everywhere.
-    pub start_at_step: Option<u64>,
-}
-
+/// Constructors from the signed values the C ABI and Python pass.
 impl StartOptions {
     /// From signed values, as the C ABI and Python pass them: a negative value is an
     /// [`Error::InvalidArgument`] naming the field.
@@ -222,7 +211,7 @@ impl WorkerProfiler {
                 schedule: Schedule::with_policy(
                     limits,
                     config.uncounted_steps_after_start(),
-                    Policy::from_config(&config.stepscope.capture),
+                    Policy::from(&config.stepscope.capture),
                 ),
                 backend,
                 engine_thread: None,
@@ -266,12 +255,7 @@ impl WorkerProfiler {
         if here {
             g.run_pending(self.next_step());
         }
-        let request = StartRequest {
-            delay: options.delay_iterations,
-            max: options.max_iterations,
-            start_at_step: options.start_at_step,
-        };
-        let result = match g.schedule.start(request, self.step_index()) {
+        let result = match g.schedule.start(options, self.step_index()) {
             StartDecision::Passed { step, now } => Err(Error::InvalidArgument {
                 name: "start_at_step".into(),
                 message: format!(

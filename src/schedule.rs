@@ -29,7 +29,6 @@
 //!   next window starts `repeat_every` steps after the previous one started (or at the first
 //!   qualifying step after that).
 
-use crate::config::CaptureControl;
 use crate::iteration::{IterationInfo, Stage};
 
 /// Delay and max for one session, in engine iterations.
@@ -96,25 +95,6 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// The policy of a config's `"stepscope"` capture keys.
-    pub fn from_config(c: &CaptureControl) -> Self {
-        Policy {
-            stages: match c.stages.as_ref() {
-                None => 0,
-                Some(list) => match list.iter().fold(0, |bits, s| bits | stage_bit(*s)) {
-                    // Every stage listed is the same as no filter.
-                    ALL_STAGES => 0,
-                    bits => bits,
-                },
-            },
-            min_batch_requests: c.min_batch_requests,
-            min_batch_tokens: c.min_batch_tokens,
-            start_at_step: c.start_at_step,
-            repeat: c.repeat,
-            repeat_every: c.repeat_every,
-        }
-    }
-
     fn stage_counts(&self, stage: Stage) -> bool {
         self.stages == 0 || self.stages & stage_bit(stage) != 0
     }
@@ -129,9 +109,11 @@ impl Policy {
     }
 }
 
-const ALL_STAGES: u8 = 0b1111;
+/// Every stage's bit: listing every stage is the same as no filter.
+pub(crate) const ALL_STAGES: u8 = 0b1111;
 
-fn stage_bit(stage: Stage) -> u8 {
+/// The bit of `stage` in [`Policy::stages`].
+pub(crate) fn stage_bit(stage: Stage) -> u8 {
     let i = Stage::ALL.iter().position(|s| *s == stage).unwrap_or(0);
     1 << i
 }
@@ -255,14 +237,17 @@ pub struct Schedule {
     captured: u64,
 }
 
-/// One session's start request: vLLM's overrides plus stepscope's absolute start step.
+/// One session's start request: vLLM's per-session overrides (`None` keeps the config's value)
+/// plus stepscope's absolute start step. What [`crate::WorkerProfiler::start_with`] takes and the
+/// schedule decides on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StartRequest {
-    /// Overrides the config's delay (`None`: keep it).
-    pub delay: Option<u64>,
-    /// Overrides the config's max.
-    pub max: Option<u64>,
-    /// Start in the step with this index instead of after a delay.
+pub struct StartOptions {
+    /// Iterations to wait before the backend starts.
+    pub delay_iterations: Option<u64>,
+    /// Iterations to capture before stopping by itself (0: until stop).
+    pub max_iterations: Option<u64>,
+    /// Start in the step with this absolute index (the worker's `step()` count) instead of
+    /// after a delay: the same value on every rank captures the same iterations everywhere.
     pub start_at_step: Option<u64>,
 }
 
@@ -370,11 +355,11 @@ impl Schedule {
     /// `None` fields keep the config's values, for this session only.
     /// An explicit delay overrides the config's `start_at_step`; an explicit start step
     /// overrides the config's delay.
-    pub fn start(&mut self, request: StartRequest, now: u64) -> StartDecision {
+    pub fn start(&mut self, request: StartOptions, now: u64) -> StartDecision {
         if self.is_active() {
             return StartDecision::AlreadyActive;
         }
-        let target = match (request.start_at_step, request.delay) {
+        let target = match (request.start_at_step, request.delay_iterations) {
             (Some(step), _) => Some(step),
             (None, Some(_)) => None,
             (None, None) => self.policy.start_at_step,
@@ -383,8 +368,8 @@ impl Schedule {
             return StartDecision::Passed { step, now };
         }
         self.limits = Limits {
-            delay: request.delay.unwrap_or(self.defaults.delay),
-            max: request.max.unwrap_or(self.defaults.max),
+            delay: request.delay_iterations.unwrap_or(self.defaults.delay),
+            max: request.max_iterations.unwrap_or(self.defaults.max),
         };
         self.since_start = 0;
         self.profiled = 0;
@@ -553,7 +538,7 @@ mod tests {
     fn delay_zero_starts_in_start() {
         let mut s = sched(0, 0);
         assert_eq!(
-            s.start(StartRequest::default(), 0),
+            s.start(StartOptions::default(), 0),
             StartDecision::StartBackend
         );
         s.start_result(true);
@@ -564,7 +549,7 @@ mod tests {
     fn stop_in_every_phase_resets_counters() {
         for (phase_steps, expect) in [(0, StopDecision::Disarmed), (2, StopDecision::StopBackend)] {
             let mut s = sched(2, 0);
-            s.start(StartRequest::default(), 0);
+            s.start(StartOptions::default(), 0);
             for _ in 0..phase_steps {
                 if s.begin_step(StepInfo::default()) == StepBegin::StartBackend {
                     s.start_result(true);
@@ -580,7 +565,7 @@ mod tests {
     #[test]
     fn start_result_outside_starting_is_ignored() {
         let mut s = sched(3, 0);
-        s.start(StartRequest::default(), 0);
+        s.start(StartOptions::default(), 0);
         s.start_result(true);
         assert_eq!(s.phase(), Phase::Delaying);
     }

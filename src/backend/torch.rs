@@ -579,15 +579,10 @@ fn trace_dir(config: &ProfilerConfig) -> Result<PathBuf> {
 }
 
 fn ensure_writable_dir(dir: &Path) -> Result<()> {
-    let io = |message: String| Error::Io {
-        path: dir.to_path_buf(),
-        message,
-    };
-    std::fs::create_dir_all(dir)
-        .map_err(|e| io(format!("cannot create the torch_profiler_dir: {e}")))?;
+    let io = |what: &str, e: std::io::Error| Error::io(dir, format!("{what}: {e}"), e);
+    std::fs::create_dir_all(dir).map_err(|e| io("cannot create the torch_profiler_dir", e))?;
     let probe = dir.join(format!(".stepscope-probe-{}", std::process::id()));
-    std::fs::File::create(&probe)
-        .map_err(|e| io(format!("the torch_profiler_dir is not writable: {e}")))?;
+    std::fs::File::create(&probe).map_err(|e| io("the torch_profiler_dir is not writable", e))?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }

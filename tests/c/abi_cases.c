@@ -251,6 +251,18 @@ static void bad_arguments(void) {
 
   CHECK_CODE(stepscope_start(NULL, -1, -1), STEPSCOPE_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_HAS("NULL");
+
+  /* STEPSCOPE_KEEP keeps the config's value; any other negative override is an error naming it. */
+  CHECK_CODE(stepscope_profiler_new("{}", "w", &p), STEPSCOPE_OK);
+  CHECK_CODE(stepscope_start(p, -2, STEPSCOPE_KEEP), STEPSCOPE_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("`delay_iterations`");
+  CHECK_CODE(stepscope_start_at(p, 5, -3), STEPSCOPE_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("`max_iterations`");
+  CHECK(stepscope_is_active(p) == 0);
+  CHECK_CODE(stepscope_start(p, STEPSCOPE_KEEP, STEPSCOPE_KEEP), STEPSCOPE_OK);
+  CHECK(stepscope_is_active(p) == 1);
+  stepscope_profiler_free(p);
+  p = NULL;
   CHECK_CODE(stepscope_stop(NULL), STEPSCOPE_ERR_INVALID_ARGUMENT);
   CHECK_CODE(stepscope_step(NULL, NULL), STEPSCOPE_ERR_INVALID_ARGUMENT);
   CHECK_CODE(stepscope_step_end(NULL), STEPSCOPE_ERR_INVALID_ARGUMENT);
