@@ -13,6 +13,7 @@ Runs in the ``.venv-sglang`` environment (``make test``); skipped where SGLang i
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib
 import json
@@ -48,8 +49,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def sglang_process():
+@contextlib.contextmanager
+def scheduler_process():
     """A scheduler process as far as the plugin sees it: plugins loaded by SGLang, TP rank 0 of
     one, a gloo group for SGLang's own barriers."""
     os.environ["SGLANG_PLUGINS"] = "stepscope"
@@ -65,10 +66,18 @@ def sglang_process():
     pm.get_dp_tp_group = lambda: group
     ranks = dict(tp_rank=0, tp_size=1, num_dp_ranks=1, dp_rank=0, pp_size=1, pp_rank=0,
                  moe_ep_size=1, moe_ep_rank=0)  # fmt: skip
-    with get_parallel().override(**ranks):
+    try:
+        with get_parallel().override(**ranks):
+            yield
+    finally:
+        pm.get_dp_tp_group = original
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sglang_process():
+    with scheduler_process():
         yield
-    pm.get_dp_tp_group = original
-    dist.destroy_process_group()
 
 
 class Scheduler:
@@ -205,6 +214,23 @@ def test_profile_by_stage_writes_one_trace_per_stage_named_as_sglang_does(tmp_pa
     ]  # fmt: skip
 
 
+def test_by_stage_windows_begin_at_start_step(tmp_path):
+    s = Scheduler()
+    s.run(P)
+    s.run(P)
+    reply = s.profile(**profile_req(tmp_path, "late", profile_by_stage=True, num_steps=2,
+                                    start_step=5))  # fmt: skip
+    assert reply.success, reply.message
+    for _ in range(5):  # 3, 4: before start_step; 5, 6 captured; 7 ends the window
+        s.run(P)
+    for _ in range(3):  # 8, 9 captured; 10 ends it
+        s.run(D)
+    extend = wait_complete(tmp_path / "late-TP-0-EXTEND.stepscope.json")
+    dec = wait_complete(tmp_path / "late-TP-0-DECODE.stepscope.json")
+    assert annotations(tmp_path / extend["trace_file"]) == [prefill(5), prefill(6)]
+    assert annotations(tmp_path / dec["trace_file"]) == [decode(), decode()]
+
+
 def test_a_stage_window_ends_at_a_batch_of_another_stage_and_stages_can_be_chosen(tmp_path):
     s = Scheduler()
     reply = s.profile(**profile_req(tmp_path, "mix", profile_by_stage=True, num_steps=5))
@@ -309,3 +335,25 @@ def test_an_sglang_the_plugin_does_not_know_keeps_its_own_profiler(caplog):
     assert not plugin.interface_known(module)
     assert "SchedulerProfilerManager._profile(self, recv_req, extra)" in caplog.text
     assert plugin.interface_known(pm)
+
+
+def test_cuda_profiler_drives_the_cuda_backend_with_one_nvtx_range_per_batch(engine_script):
+    """``CUDA_PROFILER`` on the stub driver and the NVTX recorder, in a child process (the
+    loader must see the stub from the start)."""
+    r = engine_script(
+        f"""
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import test_sglang as t
+        with t.scheduler_process():
+            s = t.Scheduler()
+            s.run(t.D)
+            reply = s.profile(profile_id="nsys", activities=["CUDA_PROFILER"], num_steps=2)
+            RESULT["reply"] = [reply.success, reply.message]
+            for _ in range(4):
+                s.run(t.D, reqs=5)
+        """
+    )
+    assert r.result["reply"] == [True, "Succeeded"]
+    assert r.driver() == [("cuProfilerStart", "0"), ("cuProfilerStop", "0")]
+    pushes = [e.arg(1) for e in r.events if e.name == "push"]
+    assert pushes == [decode(5), decode(5)]
