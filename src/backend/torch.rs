@@ -12,9 +12,9 @@
 //! collecting during warmup (warmup data is discarded), and the trace is finished as soon as
 //! the active steps are over, as `torch.profiler.schedule(..., repeat=1)` does.
 
+mod flushed;
 mod kineto;
 mod summary;
-mod writer;
 
 pub use kineto::{add_glue_dir, glue_info, GlueInfo};
 
@@ -31,11 +31,11 @@ use torch_sys as _;
 use super::{Backend, CaptureStart};
 use crate::config::{is_uri_path, ProfilerConfig, TorchActivity};
 use crate::error::{Error, Result};
-use crate::flush::PendingWrites;
+use crate::flush::{self, Job, Manifest, PendingWrites, Writer};
 use crate::iteration::IterationInfo;
 
+use flushed::KinetoCapture;
 use kineto::{Kineto, Options, Range};
-use writer::{Job, Manifest, Writer};
 
 const NAME: &str = "torch";
 
@@ -207,7 +207,7 @@ impl TorchBackend {
     /// directory that exists or can be created, and is writable.
     pub fn new(config: &ProfilerConfig, local_rank: u32) -> Result<Self> {
         let dir = trace_dir(config)?;
-        let writer = Writer::new(writer::Settings {
+        let writer = Writer::new(flush::Settings {
             dir,
             gzip: config.torch_profiler_use_gzip,
             flush_timeout: config.stepscope.flush_timeout,
@@ -361,12 +361,14 @@ impl TorchBackend {
             start_time_unix_ns: session.map_or(0, |s| s.start_unix_ns),
             stop_time_unix_ns: stop_unix_ns,
             config: Arc::clone(&self.capture.config),
-            table: self.capture.table(),
             trace_name: session.and_then(|s| s.trace_name.clone()),
             ..Manifest::default()
         };
         self.writer.submit(Job {
-            session: detached,
+            session: Box::new(KinetoCapture {
+                session: detached,
+                table: self.capture.table(),
+            }),
             time_ns: stop_unix_ns,
             queued: Instant::now(),
             manifest,
@@ -407,7 +409,7 @@ impl Backend for TorchBackend {
         let dir = self.writer.dir().to_path_buf();
         let _ = std::thread::Builder::new()
             .name("stepscope-clean".into())
-            .spawn(move || writer::clean_stale(&dir));
+            .spawn(move || flush::clean_stale(&dir));
         // Kineto runs one session at a time: a start right after a stop waits for the
         // previous session to be finalized (normally well under a second).
         self.writer.wait_finalized()?;

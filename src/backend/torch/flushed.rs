@@ -1,0 +1,80 @@
+//! The torch backend's captures as the flush layer writes them: a detached Kineto session to
+//! finalize, its result to save, and the op table (`{stem}.profiler_out.txt`) beside the trace.
+
+use std::path::Path;
+
+use super::kineto::{Detached, TraceResult};
+use super::summary::{self, SortBy};
+use crate::flush::{self, Trace};
+
+/// A stopped Kineto session, with whether its op table is wanted.
+pub(super) struct KinetoCapture {
+    pub session: Detached,
+    pub table: Option<SortBy>,
+}
+
+impl flush::Capture for KinetoCapture {
+    fn finalize(mut self: Box<Self>) -> Result<Box<dyn Trace>, String> {
+        let result = self
+            .session
+            .finalize()
+            .map_err(|e| format!("Kineto could not finalize the session: {e}"))?;
+        Ok(Box::new(KinetoTrace {
+            result,
+            table: self.table,
+        }))
+    }
+}
+
+struct KinetoTrace {
+    result: TraceResult,
+    table: Option<SortBy>,
+}
+
+impl Trace for KinetoTrace {
+    fn save(&mut self, path: &str) -> Result<(), String> {
+        self.result
+            .save(path)
+            .map_err(|e| format!("Kineto could not save the trace to {path}: {e}"))
+    }
+
+    fn write_extras(&mut self, dir: &Path, stem: &str) -> Result<Option<String>, String> {
+        match self.table {
+            Some(sort) => write_table(dir, &self.result, stem, sort).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// `{stem}.profiler_out.txt`: the top ops by self device (or CPU) time, in torch's layout.
+fn write_table(
+    dir: &Path,
+    result: &TraceResult,
+    stem: &str,
+    sort: SortBy,
+) -> Result<String, String> {
+    let rows = result.events()?;
+    let events: Vec<summary::Event<'_>> = rows
+        .iter()
+        .map(|r| summary::Event {
+            name: &r.name,
+            thread: r.thread,
+            start_ns: r.start_ns,
+            duration_ns: r.duration_ns,
+            device: r.device,
+            is_async: r.is_async,
+        })
+        .collect();
+    let stats = summary::summarize(&events);
+    // Kineto's device activity here is CUDA's (the backend records no other device's).
+    let device = "CUDA";
+    let limit = match sort {
+        SortBy::SelfDevice => 100,
+        SortBy::SelfCpu => 50,
+    };
+    let table = summary::table(&stats, sort, limit, device);
+    let name = format!("{stem}.profiler_out.txt");
+    // vLLM writes the table with print(): one more newline.
+    flush::write_atomic(dir, &name, (table + "\n").as_bytes())?;
+    Ok(name)
+}

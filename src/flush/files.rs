@@ -1,0 +1,263 @@
+//! Files that are only ever whole under their final names: temporaries that name their
+//! process (`.{name}.{pid}.partial…`), fsync and rename, and gzip streamed from a FIFO while the
+//! serializer writes into it.
+
+use std::fs::{self, File};
+use std::io::{self, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::thread;
+
+use crate::error::panic_message;
+
+/// Removes the file on drop unless disarmed: temporaries never outlive a failed write.
+pub(super) struct TempFile(pub(super) Option<PathBuf>);
+
+impl TempFile {
+    pub(super) fn path(&self) -> &Path {
+        self.0.as_deref().unwrap_or(Path::new(""))
+    }
+    pub(super) fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
+/// The marker every temporary name carries: `.{name}.{pid}.partial…`, so the next start in
+/// the directory can tell a dead process's leftovers from a live one's writes
+/// ([`clean_stale`]).
+pub(super) const PARTIAL: &str = "partial";
+
+/// `.{name}.{pid}.partial{suffix}` in `dir`.
+pub(crate) fn temp_path(dir: &Path, name: &str, suffix: &str) -> PathBuf {
+    dir.join(format!(".{name}.{}.{PARTIAL}{suffix}", std::process::id()))
+}
+
+pub(super) fn is_regular_file(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
+}
+
+pub(super) fn suffixed(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Runs `save` (Kineto serializing the trace) with a FIFO at `fifo` (the path Kineto writes
+/// through) and, on a second thread, gzips what comes out of it into `gz`: the JSON never
+/// touches the disk uncompressed, and serializing and compressing overlap.
+///
+/// `Ok(Some(json_bytes))` when the JSON came through the FIFO, complete; `Ok(None)` when
+/// Kineto never opened it (a Kineto that writes the path directly; the caller compresses
+/// that file).
+pub(super) fn stream_gzip(
+    fifo: &Path,
+    gz: &Path,
+    save: impl FnOnce() -> std::result::Result<(), String>,
+) -> std::result::Result<Option<u64>, String> {
+    make_fifo(fifo).map_err(|e| format!("creating the pipe {}: {e}", fifo.display()))?;
+    let (saved, pumped) = thread::scope(|scope| {
+        let pump = thread::Builder::new()
+            .name("stepscope-gzip".into())
+            .spawn_scoped(scope, || pump_gzip(fifo, gz));
+        let pump = match pump {
+            Ok(p) => p,
+            Err(e) => return (Err(format!("cannot start the gzip thread: {e}")), None),
+        };
+        let saved = save();
+        // If Kineto never opened the FIFO, the pump still waits in open(): let it go.
+        release_reader(fifo);
+        let pumped = pump
+            .join()
+            .unwrap_or_else(|p| Err(format!("the gzip thread panicked: {}", panic_message(&*p))));
+        (saved, Some(pumped))
+    });
+    saved?;
+    match pumped {
+        None => Err("the gzip thread did not run".into()),
+        Some(Err(e)) => Err(e),
+        Some(Ok(Pumped { json_bytes: 0, .. })) => Ok(None),
+        Some(Ok(Pumped {
+            complete: false,
+            json_bytes,
+        })) => Err(format!(
+            "the trace was written incomplete ({json_bytes} bytes): the write failed"
+        )),
+        Some(Ok(Pumped { json_bytes, .. })) => Ok(Some(json_bytes)),
+    }
+}
+
+struct Pumped {
+    json_bytes: u64,
+    /// The JSON ended with `}` (Kineto reports no write errors of its own).
+    complete: bool,
+}
+
+/// Reads the FIFO to its end, gzipping into `gz` (fsynced). On a write error it still drains
+/// the FIFO, so Kineto never writes into a closed pipe (SIGPIPE would end a host process that
+/// does not ignore it).
+fn pump_gzip(fifo: &Path, gz: &Path) -> std::result::Result<Pumped, String> {
+    use std::io::Read;
+    let mut input = retry_interrupted(|| File::open(fifo))
+        .map_err(|e| format!("opening the pipe {}: {e}", fifo.display()))?;
+    let mut out = File::create(gz)
+        .map(|f| {
+            // The output is a tenth of the input or less: 256 KiB writes.
+            flate2::write::GzEncoder::new(
+                BufWriter::with_capacity(256 << 10, f),
+                flate2::Compression::new(6),
+            )
+        })
+        .map_err(|e| format!("creating {}: {e}", gz.display()));
+    let mut buf = vec![0u8; 1 << 20];
+    let mut json_bytes = 0u64;
+    let mut last = 0u8;
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                out = Err(format!("reading the pipe {}: {e}", fifo.display()));
+                break;
+            }
+        };
+        json_bytes += n as u64;
+        if let Some(b) = buf[..n].iter().rev().find(|b| !b.is_ascii_whitespace()) {
+            last = *b;
+        }
+        if let Ok(gz_out) = out.as_mut() {
+            if let Err(e) = gz_out.write_all(&buf[..n]) {
+                out = Err(format!("compressing the trace into {}: {e}", gz.display()));
+            }
+        }
+    }
+    let gz_out = out?;
+    gz_out
+        .finish()
+        .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("compressing the trace into {}: {e}", gz.display()))?;
+    Ok(Pumped {
+        json_bytes,
+        complete: last == b'}',
+    })
+}
+
+pub(super) fn retry_interrupted<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match f() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+pub(super) fn make_fifo(path: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))?;
+    let _ = fs::remove_file(path);
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Opens the FIFO's write end without blocking and closes it: a reader still waiting in
+/// open() (no writer ever came) wakes to an empty stream. Harmless when nobody waits.
+pub(super) fn release_reader(fifo: &Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(fifo);
+}
+
+/// The file's size, after checking that its last non-whitespace byte is `}`: Kineto does not
+/// report write errors, so a full disk leaves a truncated JSON behind.
+pub(super) fn check_complete(path: &Path) -> std::result::Result<u64, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let check = || -> io::Result<(u64, bool)> {
+        let mut f = File::open(path)?;
+        let len = f.metadata()?.len();
+        let tail = len.min(64);
+        f.seek(SeekFrom::Start(len - tail))?;
+        let mut buf = Vec::with_capacity(tail as usize);
+        f.read_to_end(&mut buf)?;
+        Ok((
+            len,
+            buf.iter().rev().find(|b| !b.is_ascii_whitespace()) == Some(&b'}'),
+        ))
+    };
+    match check() {
+        Ok((len, true)) => Ok(len),
+        Ok((len, false)) => Err(format!(
+            "the trace was written incomplete ({len} bytes): the disk is full or the write failed"
+        )),
+        Err(e) => Err(format!(
+            "no trace was written at {}: the disk is full or the write failed ({e})",
+            path.display()
+        )),
+    }
+}
+
+/// gzip at level 6 (gzip's own default): a third of the time torch's level-9 export takes, for
+/// a file a few percent larger.
+pub(super) fn compress(src: &Path, dst: &Path) -> io::Result<()> {
+    let mut input = BufReader::with_capacity(1 << 20, File::open(src)?);
+    let out = BufWriter::with_capacity(1 << 20, File::create(dst)?);
+    let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::new(6));
+    io::copy(&mut input, &mut gz)?;
+    let out = gz.finish()?;
+    out.into_inner().map_err(|e| e.into_error())?.sync_all()
+}
+
+/// The pid in a temporary's name, `.{name}.{pid}.partial…`.
+pub(super) fn temp_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix('.')?;
+    let at = rest.rfind(&format!(".{PARTIAL}"))?;
+    let before = &rest[..at];
+    before[before.rfind('.')? + 1..].parse().ok()
+}
+
+pub(super) fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 sends nothing; it only checks that the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Writes `bytes` to `dir/name` atomically (a temporary name, then a rename).
+pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), String> {
+    let path = dir.join(name);
+    let tmp = TempFile(Some(temp_path(dir, name, "")));
+    fs::write(tmp.path(), bytes).map_err(|e| format!("writing {}: {e}", tmp.path().display()))?;
+    fs::rename(tmp.path(), &path).map_err(|e| format!("renaming {}: {e}", path.display()))?;
+    tmp.keep();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temporaries_name_their_process() {
+        let p = temp_path(Path::new("/d"), "w.1.pt.trace.json.gz", ".json");
+        let name = p.file_name().unwrap().to_str().unwrap();
+        assert_eq!(temp_owner(name), Some(std::process::id()));
+        assert_eq!(temp_owner("w.1.pt.trace.json.gz"), None);
+        assert_eq!(temp_owner(".w.1.stepscope.json.x.partial"), None);
+    }
+}

@@ -1,0 +1,502 @@
+//! The writer: two threads that take a stopped capture from the engine thread and put it on
+//! disk. The finalizer runs the backend's expensive half of stopping (Kineto must finish one
+//! session before the next can start, so it never waits behind a save); the saver serializes,
+//! compresses and renames the trace into place, then writes what the backend adds beside it.
+//!
+//! For each capture, in the settings' directory:
+//! - `{worker}.{time_ns}.pt.trace.json.gz` (or `.json`): torch's tensorboard naming, or
+//!   `{name}.trace.json.gz` for a named capture (`WorkerProfiler::set_trace_name`). The
+//!   serializer writes the JSON under a hidden temporary name; with gzip, a serializer that
+//!   writes through `{path}.tmp` (Kineto) writes into a FIFO placed there and a second thread
+//!   compresses as it writes; the final name only ever holds a complete trace;
+//! - what the backend's [`Trace::write_extras`] adds (torch: `{stem}.profiler_out.txt`);
+//! - `{stem}.stepscope.json`: the manifest, written `"writing"` when the job begins and
+//!   `"complete"` or `"failed"` (with the error) when it ends. A job still running when the
+//!   writer is dropped and the flush timeout passes is marked `"unfinished"`.
+
+use std::fs::{self, File};
+use std::io;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+
+use super::files::{
+    check_complete, compress, is_regular_file, stream_gzip, suffixed, temp_path, TempFile,
+};
+use super::in_flight::{in_flight_begin, in_flight_end, publish_in_flight};
+use super::manifest::{write_manifest, Manifest};
+use super::PendingWrites;
+use crate::error::{panic_message, Error, Result};
+
+/// A stopped capture on its way to disk: what a backend hands the writer. `finalize` runs on
+/// the finalizer thread.
+pub(crate) trait Capture: Send {
+    /// Finishes the capture (Kineto: the expensive half of `disableProfiler`); the error says
+    /// what failed.
+    fn finalize(self: Box<Self>) -> std::result::Result<Box<dyn Trace>, String>;
+}
+
+/// A finalized capture, written by the saver thread and dropped there.
+pub(crate) trait Trace: Send {
+    /// Serializes the trace as JSON to `path` (it may write through `{path}.tmp` and rename
+    /// that to `path`, as Kineto does: the writer then streams it through a FIFO).
+    fn save(&mut self, path: &str) -> std::result::Result<(), String>;
+
+    /// Writes what belongs beside the trace once it is in place (files named from `stem` in
+    /// `dir`); returns the file written, if any.
+    fn write_extras(
+        &mut self,
+        _dir: &Path,
+        _stem: &str,
+    ) -> std::result::Result<Option<String>, String> {
+        Ok(None)
+    }
+}
+
+/// How traces are written; fixed for the backend's life.
+pub(crate) struct Settings {
+    pub dir: PathBuf,
+    pub gzip: bool,
+    pub flush_timeout: Duration,
+}
+
+/// One stopped session, on its way to disk.
+pub(crate) struct Job {
+    /// Detached from the engine thread; the finalizer thread finalizes it.
+    pub session: Box<dyn Capture>,
+    /// The trace's time stamp (the stop), in the file names.
+    pub time_ns: u128,
+    pub queued: Instant,
+    pub manifest: Manifest,
+}
+
+/// A finalized capture, ready to save.
+struct Finalized {
+    result: Box<dyn Trace>,
+    manifest_path: PathBuf,
+    manifest: Manifest,
+    queued: Instant,
+}
+
+/// Jobs the writer has not finished, by manifest path: what the backend marks `unfinished`
+/// when it cannot wait any longer.
+type InFlight = Arc<Mutex<Vec<(PathBuf, Manifest)>>>;
+
+/// Two threads: the finalizer runs the expensive half of `disableProfiler` (Kineto must finish
+/// one session before the next can start, so it never waits behind a save), the saver writes
+/// files.
+pub(crate) struct Writer {
+    settings: Arc<Settings>,
+    tx: Option<Sender<(PathBuf, Job)>>,
+    threads: Vec<JoinHandle<()>>,
+    /// Jobs not yet written (finalizing, queued or saving).
+    pending: PendingWrites,
+    /// Jobs not yet finalized.
+    finalizing: PendingWrites,
+    in_flight: InFlight,
+}
+
+impl Writer {
+    pub fn new(settings: Settings) -> Self {
+        Writer {
+            settings: Arc::new(settings),
+            tx: None,
+            threads: Vec::new(),
+            pending: PendingWrites::default(),
+            finalizing: PendingWrites::default(),
+            in_flight: InFlight::default(),
+        }
+    }
+
+    /// The directory traces are written to.
+    pub fn dir(&self) -> &Path {
+        &self.settings.dir
+    }
+
+    pub fn pending(&self) -> PendingWrites {
+        self.pending.clone()
+    }
+
+    /// Waits (up to the flush timeout) until no session is being finalized.
+    pub fn wait_finalized(&self) -> Result<()> {
+        if self.finalizing.count() == 0 {
+            return Ok(());
+        }
+        log::info!("stepscope: waiting for the previous torch session to be finalized");
+        if self.finalizing.wait(self.settings.flush_timeout) {
+            Ok(())
+        } else {
+            Err(Error::Timeout {
+                what: "the previous torch profiling session to be finalized".into(),
+            })
+        }
+    }
+
+    fn spawn(&mut self) -> Result<Sender<(PathBuf, Job)>> {
+        let spawn_err =
+            |e: io::Error| Error::backend("torch", format!("cannot start the trace writer: {e}"));
+        let (tx, rx) = crossbeam_channel::unbounded::<(PathBuf, Job)>();
+        let (save_tx, save_rx) = crossbeam_channel::unbounded::<Finalized>();
+        // Spawned from the engine thread: its CPUs are the ones to keep clear.
+        let cpus = OffEngineCpus::of_this_thread();
+        let (settings, pending, in_flight) = (
+            Arc::clone(&self.settings),
+            self.pending.clone(),
+            Arc::clone(&self.in_flight),
+        );
+        let saver = thread::Builder::new()
+            .name("stepscope-writer".into())
+            .spawn(move || {
+                cpus.apply();
+                save_loop(&settings, &save_rx, &pending, &in_flight)
+            })
+            .map_err(spawn_err)?;
+        self.threads.push(saver);
+        let (pending, finalizing, in_flight) = (
+            self.pending.clone(),
+            self.finalizing.clone(),
+            Arc::clone(&self.in_flight),
+        );
+        let finalizer = thread::Builder::new()
+            .name("stepscope-finalize".into())
+            .spawn(move || {
+                cpus.apply();
+                finalize_loop(&rx, &save_tx, &pending, &finalizing, &in_flight)
+            })
+            .map_err(spawn_err)?;
+        self.threads.push(finalizer);
+        Ok(tx)
+    }
+
+    /// Queues a session for writing. Costs a channel send (the threads start with the first
+    /// job); never blocks on Kineto or I/O.
+    pub fn submit(&mut self, mut job: Job) -> Result<()> {
+        let s = &self.settings;
+        let (stem, ext) = match &job.manifest.trace_name {
+            Some(name) => (name.clone(), "trace.json"),
+            None => (
+                format!("{}.{}", job.manifest.worker_name, job.time_ns),
+                "pt.trace.json",
+            ),
+        };
+        let ext = if s.gzip {
+            format!("{ext}.gz")
+        } else {
+            ext.to_string()
+        };
+        job.manifest.stepscope_version = crate::VERSION;
+        job.manifest.backend = "torch";
+        job.manifest.status = "writing";
+        job.manifest.pid = std::process::id();
+        job.manifest.trace_file = format!("{stem}.{ext}");
+        let manifest_path = s.dir.join(format!("{stem}.stepscope.json"));
+        if self.tx.is_none() {
+            self.tx = Some(self.spawn()?);
+        }
+        self.in_flight
+            .lock()
+            .push((manifest_path.clone(), job.manifest.clone()));
+        self.pending.begin();
+        self.finalizing.begin();
+        in_flight_begin(self.settings.flush_timeout);
+        let sent = self
+            .tx
+            .as_ref()
+            .is_some_and(|tx| tx.send((manifest_path.clone(), job)).is_ok());
+        if !sent {
+            self.pending.finish();
+            self.finalizing.finish();
+            in_flight_end(1);
+            self.in_flight.lock().retain(|(p, _)| *p != manifest_path);
+            return Err(Error::backend("torch", "the trace writer has stopped"));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Writer {
+    /// Waits up to the flush timeout for queued traces; what is still unwritten then is marked
+    /// `unfinished` in its manifest and left to the (detached) threads.
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if self.pending.wait(self.settings.flush_timeout) {
+            for t in self.threads.drain(..) {
+                let _ = t.join();
+            }
+            return;
+        }
+        let mut in_flight = self.in_flight.lock();
+        for (path, manifest) in in_flight.iter_mut() {
+            manifest.status = "unfinished";
+            manifest.error = Some(format!(
+                "the profiler was dropped before this trace was written (waited {:?}, \
+                 stepscope.flush_timeout_s)",
+                self.settings.flush_timeout
+            ));
+            write_manifest(path, manifest);
+        }
+        log::error!(
+            "stepscope: {} trace(s) still being written after {:?}; marked unfinished",
+            in_flight.len(),
+            self.settings.flush_timeout
+        );
+        // Nobody waits for them any longer: no parent should either.
+        in_flight_end(in_flight.len());
+        in_flight.clear();
+    }
+}
+
+/// The CPUs a writer thread may use besides the engine thread's, when the engine thread is
+/// pinned (vLLM's CPU backend binds each worker to its cores; threads inherit the binding):
+/// finalizing and compressing a trace there would take the engine's own core from it, the
+/// stall the writer thread exists to avoid. `None` (keep the inherited CPUs) when the engine
+/// may run anywhere or the mask cannot be read.
+#[derive(Clone, Copy)]
+struct OffEngineCpus(Option<libc::cpu_set_t>);
+
+impl OffEngineCpus {
+    fn of_this_thread() -> Self {
+        // SAFETY: cpu_set_t is plain data (all-zero is the empty set); sched_getaffinity writes
+        // at most size_of::<cpu_set_t>() bytes into it.
+        let mut engine: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; 0 is the calling thread.
+        let rc = unsafe {
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut engine)
+        };
+        if rc != 0 {
+            return OffEngineCpus(None);
+        }
+        // SAFETY: sysconf has no memory effects.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(0) as usize;
+        let online = online.min(libc::CPU_SETSIZE as usize);
+        // SAFETY: as above.
+        let mut others: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let mut pinned = 0;
+        let mut free = 0;
+        for cpu in 0..online {
+            // SAFETY: cpu < CPU_SETSIZE, in range for both sets.
+            if unsafe { libc::CPU_ISSET(cpu, &engine) } {
+                pinned += 1;
+            } else {
+                // SAFETY: as above.
+                unsafe { libc::CPU_SET(cpu, &mut others) };
+                free += 1;
+            }
+        }
+        // The engine may use every CPU (not pinned), or there is no other CPU.
+        OffEngineCpus((free > 0 && pinned < online).then_some(others))
+    }
+
+    /// Moves the calling thread off the engine's CPUs. A cpuset that allows none of them
+    /// refuses it: the thread then keeps the engine's CPUs, as before.
+    fn apply(self) {
+        let Some(set) = self.0 else { return };
+        // SAFETY: `set` is a valid cpu_set_t of the size passed; 0 is the calling thread.
+        let rc =
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+        if rc != 0 {
+            log::debug!(
+                "stepscope: the trace writer stays on the engine's CPUs: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Records a job's end: its final manifest, then its place in the pending count.
+fn conclude(
+    manifest_path: &Path,
+    manifest: &Manifest,
+    pending: &PendingWrites,
+    in_flight: &InFlight,
+) {
+    // Leave the in-flight list first (under its lock), so a concurrent drop cannot mark this
+    // job unfinished after its final manifest is written.
+    let listed = {
+        let mut list = in_flight.lock();
+        let before = list.len();
+        list.retain(|(p, _)| p != manifest_path);
+        write_manifest(manifest_path, manifest);
+        list.len() < before
+    };
+    pending.finish();
+    // A job a drop gave up on was already taken off the process's count.
+    if listed {
+        in_flight_end(1);
+    }
+}
+
+fn finalize_loop(
+    rx: &Receiver<(PathBuf, Job)>,
+    save_tx: &Sender<Finalized>,
+    pending: &PendingWrites,
+    finalizing: &PendingWrites,
+    in_flight: &InFlight,
+) {
+    for (manifest_path, job) in rx.iter() {
+        publish_in_flight();
+        {
+            // Under the lock, and only while still listed: a drop that gave up on this job has
+            // already written it as unfinished, which "writing" must not overwrite.
+            let list = in_flight.lock();
+            if list.iter().any(|(p, _)| *p == manifest_path) {
+                write_manifest(&manifest_path, &job.manifest);
+            }
+        }
+        let began = Instant::now();
+        let outcome = catch_unwind(AssertUnwindSafe(|| job.session.finalize()))
+            .unwrap_or_else(|p| Err(format!("finalizing panicked: {}", panic_message(&*p))));
+        finalizing.finish();
+        let mut manifest = job.manifest;
+        manifest.finalize_seconds = Some(began.elapsed().as_secs_f64());
+        match outcome {
+            Ok(result) => {
+                let next = Finalized {
+                    result,
+                    manifest_path,
+                    manifest,
+                    queued: job.queued,
+                };
+                if let Err(crossbeam_channel::SendError(f)) = save_tx.send(next) {
+                    let mut manifest = f.manifest;
+                    manifest.status = "failed";
+                    manifest.error = Some("the trace writer has stopped".into());
+                    conclude(&f.manifest_path, &manifest, pending, in_flight);
+                }
+            }
+            Err(message) => {
+                log::error!("stepscope: {} failed: {message}", manifest.trace_file);
+                manifest.status = "failed";
+                manifest.error = Some(message);
+                conclude(&manifest_path, &manifest, pending, in_flight);
+            }
+        }
+    }
+}
+
+fn save_loop(
+    settings: &Settings,
+    rx: &Receiver<Finalized>,
+    pending: &PendingWrites,
+    in_flight: &InFlight,
+) {
+    for mut job in rx.iter() {
+        let began = Instant::now();
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            write_job(settings, &mut job.result, &job.manifest)
+        }))
+        .unwrap_or_else(|p| Err(format!("the writer panicked: {}", panic_message(&*p))));
+        let manifest = &mut job.manifest;
+        match outcome {
+            Ok(written) => {
+                manifest.status = "complete";
+                manifest.trace_bytes = Some(written.trace_bytes);
+                manifest.json_bytes = Some(written.json_bytes);
+                manifest.summary_file = written.summary_file;
+                manifest.writer_seconds =
+                    Some(written.renamed.duration_since(job.queued).as_secs_f64());
+                manifest.write_seconds = Some(written.renamed.duration_since(began).as_secs_f64());
+                log::info!(
+                    "stepscope: wrote {} ({} bytes)",
+                    settings.dir.join(&manifest.trace_file).display(),
+                    written.trace_bytes
+                );
+            }
+            Err(message) => {
+                log::error!(
+                    "stepscope: writing {} failed: {message}",
+                    manifest.trace_file
+                );
+                manifest.status = "failed";
+                manifest.error = Some(message);
+            }
+        }
+        // The trace (Kineto's buffers) is freed here, on this thread.
+        drop(job.result);
+        conclude(&job.manifest_path, &job.manifest, pending, in_flight);
+    }
+}
+
+struct Written {
+    trace_bytes: u64,
+    json_bytes: u64,
+    summary_file: Option<String>,
+    renamed: Instant,
+}
+
+fn write_job(
+    settings: &Settings,
+    trace: &mut Box<dyn Trace>,
+    manifest: &Manifest,
+) -> std::result::Result<Written, String> {
+    let dir = &settings.dir;
+    let final_name = &manifest.trace_file;
+    let final_path = dir.join(final_name);
+    // A serializer like Kineto saves to `{json_path}.tmp`, then renames that to `json_path`.
+    let json_path = temp_path(dir, final_name, ".json");
+    let serializer_tmp = TempFile(Some(suffixed(&json_path, ".tmp")));
+    let json_tmp = TempFile(Some(json_path.clone()));
+    let io_err = |what: &str, path: &Path, e: io::Error| format!("{what} {}: {e}", path.display());
+
+    let json_str = json_path
+        .to_str()
+        .ok_or_else(|| format!("{} is not valid UTF-8", json_path.display()))?
+        .to_string();
+    let mut save = || trace.save(&json_str);
+
+    let json_bytes = if settings.gzip {
+        let gz_tmp = TempFile(Some(temp_path(dir, final_name, "")));
+        let pumped = stream_gzip(serializer_tmp.path(), gz_tmp.path(), &mut save)?;
+        let json_bytes = match pumped {
+            Some(json_bytes) => json_bytes,
+            None if !is_regular_file(json_tmp.path()) => {
+                return Err("no trace was written (the write failed)".into())
+            }
+            // This serializer wrote the file itself, not through its `.tmp` (our FIFO):
+            // compress the file it wrote.
+            None => {
+                let tail = check_complete(json_tmp.path())?;
+                compress(json_tmp.path(), gz_tmp.path())
+                    .map_err(|e| io_err("compressing the trace into", gz_tmp.path(), e))?;
+                tail
+            }
+        };
+        fs::rename(gz_tmp.path(), &final_path)
+            .map_err(|e| io_err("renaming the trace to", &final_path, e))?;
+        gz_tmp.keep();
+        drop(json_tmp);
+        json_bytes
+    } else {
+        save()?;
+        let json_bytes = check_complete(json_tmp.path())?;
+        File::open(json_tmp.path())
+            .and_then(|f| f.sync_all())
+            .map_err(|e| io_err("syncing", json_tmp.path(), e))?;
+        fs::rename(json_tmp.path(), &final_path)
+            .map_err(|e| io_err("renaming the trace to", &final_path, e))?;
+        json_tmp.keep();
+        json_bytes
+    };
+    // The FIFO (or the serializer's leftovers) go now; a plain JSON trace was renamed into place.
+    drop(serializer_tmp);
+    let renamed = Instant::now();
+    let trace_bytes = fs::metadata(&final_path)
+        .map_err(|e| io_err("reading the size of", &final_path, e))?
+        .len();
+    let stem = manifest
+        .trace_name
+        .as_deref()
+        .unwrap_or(&manifest.worker_name);
+    let summary_file = trace.write_extras(dir, stem)?;
+    Ok(Written {
+        trace_bytes,
+        json_bytes,
+        summary_file,
+        renamed,
+    })
+}
