@@ -1,0 +1,142 @@
+//! The field walker: takes each key of a JSON object once, checking its type and range, and
+//! names whatever is left over as unknown.
+
+use serde_json::{Map, Value};
+
+use super::types::TorchActivity;
+use crate::error::{Error, Result};
+
+pub(super) fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Takes typed fields out of a JSON object; whatever is left at the end is an unknown key.
+pub(super) struct Fields {
+    map: Map<String, Value>,
+    prefix: &'static str,
+}
+
+impl Fields {
+    pub(super) fn new(map: Map<String, Value>, prefix: &'static str) -> Self {
+        Fields { map, prefix }
+    }
+
+    pub(super) fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    pub(super) fn take(&mut self, key: &str) -> Option<Value> {
+        self.map.remove(key)
+    }
+
+    pub(super) fn bool(&mut self, key: &str, default: bool) -> Result<bool> {
+        match self.take(key) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(b),
+            Some(v) => Err(Error::config(
+                self.name(key),
+                format!("must be true or false, not {}", kind_of(&v)),
+            )),
+        }
+    }
+
+    pub(super) fn string(&mut self, key: &str, default: &str) -> Result<String> {
+        match self.take(key) {
+            None => Ok(default.to_string()),
+            Some(Value::String(s)) => Ok(s),
+            Some(v) => Err(Error::config(
+                self.name(key),
+                format!("must be a string, not {}", kind_of(&v)),
+            )),
+        }
+    }
+
+    /// A non-negative integer count, at least `min`.
+    pub(super) fn count(&mut self, key: &str, default: u64, min: u64) -> Result<u64> {
+        let v = match self.take(key) {
+            None => return Ok(default),
+            Some(v) => v,
+        };
+        let n = match &v {
+            Value::Number(n) => n,
+            other => {
+                return Err(Error::config(
+                    self.name(key),
+                    format!("must be an integer >= {min}, not {}", kind_of(other)),
+                ))
+            }
+        };
+        match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) if u >= min => Ok(u),
+            (Some(_), _) | (None, Some(_)) => Err(Error::config(
+                self.name(key),
+                format!("must be greater than or equal to {min} (got {n})"),
+            )),
+            (None, None) => Err(Error::config(
+                self.name(key),
+                format!("must be an integer >= {min} (got {n})"),
+            )),
+        }
+    }
+
+    pub(super) fn activities(&mut self, key: &str) -> Result<Option<Vec<TorchActivity>>> {
+        let allowed = "\"CPU\", \"CUDA\", \"PrivateUse1\" or \"XPU\"";
+        let items = match self.take(key) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Array(items)) => items,
+            Some(v) => {
+                return Err(Error::config(
+                    self.name(key),
+                    format!("must be a list of {allowed}, not {}", kind_of(&v)),
+                ))
+            }
+        };
+        if items.is_empty() {
+            return Err(Error::config(
+                self.name(key),
+                format!("must not be empty: list at least one of {allowed}"),
+            ));
+        }
+        items
+            .iter()
+            .map(|item| {
+                let found = item
+                    .as_str()
+                    .and_then(|s| TorchActivity::ALL.iter().find(|(n, _)| *n == s));
+                match found {
+                    Some((_, a)) => Ok(*a),
+                    None => Err(Error::config(
+                        self.name(key),
+                        format!("entries must be {allowed}, not {item}"),
+                    )),
+                }
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
+    pub(super) fn finish(self) -> Result<()> {
+        match self.map.keys().next() {
+            None => Ok(()),
+            Some(key) => Err(Error::config(
+                self.name(key),
+                if self.prefix.is_empty() {
+                    "is not a profiler config key (vLLM 0.32's ProfilerConfig fields and the \
+                     \"stepscope\" object are accepted; see the config reference in README.md)"
+                        .to_string()
+                } else {
+                    "is not a stepscope key (see the config reference in README.md for the \
+                     keys the \"stepscope\" object accepts)"
+                        .to_string()
+                },
+            )),
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! Reading a config from JSON text, a file, or `STEPSCOPE_CONFIG`: every key taken by the
+//! field walker, so an unknown or mistyped one is an error naming it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::fields::{kind_of, Fields};
+use super::types::*;
+use super::vllm::{proton_default, PROTON_KEYS};
+use crate::error::{Error, Result};
+use crate::iteration::Stage;
+
+impl ProfilerConfig {
+    /// Parses and validates config JSON (vLLM's `--profiler-config` text).
+    pub fn from_json_str(text: &str) -> Result<Self> {
+        Self::parse_text(text, "config")
+    }
+
+    /// Parses and validates an already-decoded JSON value.
+    pub fn from_value(value: &Value) -> Result<Self> {
+        let Value::Object(map) = value else {
+            return Err(Error::Json {
+                source: "config".into(),
+                message: format!("expected a JSON object, found {}", kind_of(value)),
+            });
+        };
+        Self::from_map(map.clone())
+    }
+
+    /// Reads a JSON config file.
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io(path, format!("cannot read profiler config: {e}"), e))?;
+        Self::parse_text(&text, &path.display().to_string())
+    }
+
+    /// Reads the config from `STEPSCOPE_CONFIG`: JSON text (starting with `{`) or a path to a
+    /// JSON file. `Ok(None)` when the variable is unset or empty.
+    pub fn from_env() -> Result<Option<Self>> {
+        match std::env::var(CONFIG_ENV) {
+            Ok(v) if !v.trim().is_empty() => Self::from_spec(&v, CONFIG_ENV).map(Some),
+            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => Err(Error::Json {
+                source: CONFIG_ENV.into(),
+                message: "the variable is not valid UTF-8".into(),
+            }),
+        }
+    }
+
+    /// JSON text if `spec` starts with `{`, otherwise a path to a JSON file. `origin` names
+    /// where the spec came from in error messages.
+    pub fn from_spec(spec: &str, origin: &str) -> Result<Self> {
+        if spec.trim_start().starts_with('{') {
+            Self::parse_text(spec, origin)
+        } else {
+            Self::from_path(spec.trim())
+        }
+    }
+
+    fn parse_text(text: &str, origin: &str) -> Result<Self> {
+        let value: Value = serde_json::from_str(text).map_err(|e| Error::Json {
+            source: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        match value {
+            Value::Object(map) => Self::from_map(map),
+            other => Err(Error::Json {
+                source: origin.to_string(),
+                message: format!("expected a JSON object, found {}", kind_of(&other)),
+            }),
+        }
+    }
+
+    fn from_map(map: Map<String, Value>) -> Result<Self> {
+        let mut f = Fields::new(map, "");
+        let d = ProfilerConfig::default();
+        let profiler = match f.take("profiler") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(match s.as_str() {
+                "torch" => ProfilerKind::Torch,
+                "cuda" => ProfilerKind::Cuda,
+                "proton" => {
+                    return Err(Error::config(
+                        "profiler",
+                        "is 'proton': stepscope does not drive Triton's Proton profiler; \
+                         use 'torch' or 'cuda', or let vLLM run Proton without stepscope",
+                    ))
+                }
+                other => {
+                    return Err(Error::config(
+                        "profiler",
+                        format!("must be \"torch\", \"cuda\" or null, not {other:?}"),
+                    ))
+                }
+            }),
+            Some(other) => {
+                return Err(Error::config(
+                    "profiler",
+                    format!(
+                        "must be \"torch\", \"cuda\" or null, not {}",
+                        kind_of(&other)
+                    ),
+                ))
+            }
+        };
+        let mut cfg = ProfilerConfig {
+            profiler,
+            torch_profiler_dir: f.string("torch_profiler_dir", "")?,
+            torch_profiler_activities: f.activities("torch_profiler_activities")?,
+            torch_profiler_with_stack: f
+                .bool("torch_profiler_with_stack", d.torch_profiler_with_stack)?,
+            torch_profiler_with_flops: f
+                .bool("torch_profiler_with_flops", d.torch_profiler_with_flops)?,
+            torch_profiler_use_gzip: f
+                .bool("torch_profiler_use_gzip", d.torch_profiler_use_gzip)?,
+            torch_profiler_dump_cuda_time_total: f.bool(
+                "torch_profiler_dump_cuda_time_total",
+                d.torch_profiler_dump_cuda_time_total,
+            )?,
+            torch_profiler_record_shapes: f.bool(
+                "torch_profiler_record_shapes",
+                d.torch_profiler_record_shapes,
+            )?,
+            torch_profiler_with_memory: f
+                .bool("torch_profiler_with_memory", d.torch_profiler_with_memory)?,
+            capture_torch_profiler: f.bool("capture_torch_profiler", d.capture_torch_profiler)?,
+            detailed_trace_annotation: f
+                .bool("detailed_trace_annotation", d.detailed_trace_annotation)?,
+            ignore_frontend: f.bool("ignore_frontend", d.ignore_frontend)?,
+            delay_iterations: f.count("delay_iterations", d.delay_iterations, 0)?,
+            max_iterations: f.count("max_iterations", d.max_iterations, 0)?,
+            warmup_iterations: f.count("warmup_iterations", d.warmup_iterations, 0)?,
+            active_iterations: f.count("active_iterations", d.active_iterations, 1)?,
+            wait_iterations: f.count("wait_iterations", d.wait_iterations, 0)?,
+            stepscope: StepscopeConfig::default(),
+        };
+        let mut proton_set = Vec::new();
+        for key in PROTON_KEYS {
+            if let Some(v) = f.take(key) {
+                if v != proton_default(key) {
+                    proton_set.push(key);
+                }
+            }
+        }
+        if let Some(v) = f.take("stepscope") {
+            cfg.stepscope = StepscopeConfig::from_value(v)?;
+        }
+        f.finish()?;
+
+        if !proton_set.is_empty() {
+            return Err(Error::config(
+                proton_set[0],
+                format!(
+                    "is only applicable when profiler is set to 'proton' ({} set), and \
+                     stepscope does not drive Proton: remove {}",
+                    proton_set.join(", "),
+                    if proton_set.len() == 1 { "it" } else { "them" }
+                ),
+            ));
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+impl StepscopeConfig {
+    fn from_value(value: Value) -> Result<Self> {
+        let Value::Object(map) = value else {
+            return Err(Error::config(
+                "stepscope",
+                format!("must be an object, not {}", kind_of(&value)),
+            ));
+        };
+        let mut f = Fields::new(map, "stepscope.");
+        let d = StepscopeConfig::default();
+        let nvtx_domain = f.string("nvtx_domain", &d.nvtx_domain)?;
+        if nvtx_domain.is_empty() || !nvtx_domain.is_ascii() || nvtx_domain.contains('\0') {
+            return Err(Error::config(
+                "stepscope.nvtx_domain",
+                "must be a non-empty ASCII string without NUL characters",
+            ));
+        }
+        let nvtx = match f.take("nvtx") {
+            None => d.nvtx,
+            Some(Value::String(s)) if s == "running" => NvtxMode::Running,
+            Some(Value::String(s)) if s == "always" => NvtxMode::Always,
+            Some(Value::String(s)) if s == "off" => NvtxMode::Off,
+            Some(v) => {
+                return Err(Error::config(
+                    "stepscope.nvtx",
+                    format!("must be \"running\", \"always\" or \"off\", not {v}"),
+                ))
+            }
+        };
+        let cuda_device = match f.take("cuda_device") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                Some(n) if n <= i32::MAX as u32 => Some(n),
+                _ => {
+                    return Err(Error::config(
+                        "stepscope.cuda_device",
+                        format!("must be a device ordinal (an integer >= 0) or null, not {v}"),
+                    ))
+                }
+            },
+        };
+        let flush_timeout = match f.take("flush_timeout_s") {
+            None => d.flush_timeout,
+            Some(v) => match v.as_f64().and_then(|s| Duration::try_from_secs_f64(s).ok()) {
+                Some(t) => t,
+                None => {
+                    return Err(Error::config(
+                        "stepscope.flush_timeout_s",
+                        format!("must be a number of seconds >= 0, not {v}"),
+                    ))
+                }
+            },
+        };
+        let torch_with_modules = f.bool("torch_with_modules", d.torch_with_modules)?;
+        let capture = CaptureControl::from_fields(&mut f)?;
+        f.finish()?;
+        Ok(StepscopeConfig {
+            nvtx_domain,
+            nvtx,
+            cuda_device,
+            flush_timeout,
+            torch_with_modules,
+            capture,
+        })
+    }
+}
+
+impl CaptureControl {
+    fn from_fields(f: &mut Fields) -> Result<Self> {
+        let ranks = match f.take("ranks") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(items)) if !items.is_empty() => {
+                let mut ranks = Vec::with_capacity(items.len());
+                for v in items {
+                    match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                        Some(r) if !ranks.contains(&r) => ranks.push(r),
+                        Some(r) => {
+                            return Err(Error::config(
+                                "stepscope.ranks",
+                                format!("lists rank {r} twice"),
+                            ))
+                        }
+                        None => {
+                            return Err(Error::config(
+                                "stepscope.ranks",
+                                format!("must list global ranks (integers >= 0), not {v}"),
+                            ))
+                        }
+                    }
+                }
+                Some(ranks)
+            }
+            Some(v) => {
+                return Err(Error::config(
+                    "stepscope.ranks",
+                    format!(
+                        "must be a non-empty list of global ranks (leave it out to profile every \
+                         rank), not {v}"
+                    ),
+                ))
+            }
+        };
+        let start_at_step = match f.take("start_at_step") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64() {
+                Some(n) if n >= 1 => Some(n),
+                _ => {
+                    return Err(Error::config(
+                        "stepscope.start_at_step",
+                        format!("must be a step index >= 1 (the first step() is 1), not {v}"),
+                    ))
+                }
+            },
+        };
+        let stages = match f.take("stages") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(items)) if !items.is_empty() => {
+                let mut stages = Vec::with_capacity(items.len());
+                for v in items {
+                    match v.as_str().and_then(Stage::from_name) {
+                        Some(s) if !stages.contains(&s) => stages.push(s),
+                        Some(s) => {
+                            return Err(Error::config(
+                                "stepscope.stages",
+                                format!("lists {:?} twice", s.as_str()),
+                            ))
+                        }
+                        None => {
+                            return Err(Error::config(
+                                "stepscope.stages",
+                                format!(
+                                "entries must be \"prefill\", \"decode\", \"mixed\" or \"idle\", \
+                                     not {v}"
+                            ),
+                            ))
+                        }
+                    }
+                }
+                Some(stages)
+            }
+            Some(v) => {
+                return Err(Error::config(
+                    "stepscope.stages",
+                    format!("must be a non-empty list of stages, not {v}"),
+                ))
+            }
+        };
+        let min_batch_requests = f.count("min_batch_requests", 0, 0)?;
+        let min_batch_tokens = f.count("min_batch_tokens", 0, 0)?;
+        let repeat = f.count("repeat", 1, 1)?;
+        let repeat_every = f.count("repeat_every", 0, 0)?;
+        let c = CaptureControl {
+            ranks,
+            start_at_step,
+            stages,
+            min_batch_requests,
+            min_batch_tokens,
+            repeat,
+            repeat_every,
+        };
+        if c.start_at_step.is_some() && (c.min_batch_requests > 0 || c.min_batch_tokens > 0) {
+            return Err(Error::config(
+                "stepscope.start_at_step",
+                "cannot be combined with min_batch_requests/min_batch_tokens: a fixed step and \
+                 a batch-size trigger would pick different iterations on different ranks",
+            ));
+        }
+        if c.repeat > 1 && c.repeat_every == 0 {
+            return Err(Error::config(
+                "stepscope.repeat_every",
+                format!(
+                    "must be set (steps between window starts) when repeat is {}",
+                    c.repeat
+                ),
+            ));
+        }
+        Ok(c)
+    }
+}

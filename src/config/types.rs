@@ -1,0 +1,242 @@
+//! The config's types, with vLLM's defaults, and the schedule's policy built from them.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::iteration::Stage;
+use crate::schedule::{stage_bit, Policy, ALL_STAGES};
+
+/// The environment variable read by [`ProfilerConfig::from_env`]: JSON text, or a path to a
+/// JSON file.
+pub const CONFIG_ENV: &str = "STEPSCOPE_CONFIG";
+
+/// Which backend captures the selected iterations (vLLM's `profiler` field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProfilerKind {
+    /// PyTorch's Kineto profiler: Chrome/Perfetto traces in `torch_profiler_dir`.
+    Torch,
+    /// The CUDA profiler API (`cuProfilerStart`/`cuProfilerStop`), for
+    /// `nsys profile --capture-range=cudaProfilerApi`.
+    Cuda,
+}
+
+impl ProfilerKind {
+    /// The name used in the config and in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProfilerKind::Torch => "torch",
+            ProfilerKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// An activity the torch profiler records (vLLM's `torch_profiler_activities` entries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum TorchActivity {
+    /// CPU operators.
+    #[serde(rename = "CPU")]
+    Cpu,
+    /// CUDA kernels, memcpys and memsets (through CUPTI).
+    #[serde(rename = "CUDA")]
+    Cuda,
+    /// Intel GPU activity.
+    #[serde(rename = "XPU")]
+    Xpu,
+    /// A PrivateUse1 out-of-tree device.
+    #[serde(rename = "PrivateUse1")]
+    PrivateUse1,
+}
+
+impl TorchActivity {
+    pub(super) const ALL: [(&'static str, TorchActivity); 4] = [
+        ("CPU", TorchActivity::Cpu),
+        ("CUDA", TorchActivity::Cuda),
+        ("PrivateUse1", TorchActivity::PrivateUse1),
+        ("XPU", TorchActivity::Xpu),
+    ];
+}
+
+/// When iterations get an NVTX range (`"stepscope": {"nvtx": ...}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NvtxMode {
+    /// While the profiler is running (captured iterations only).
+    #[default]
+    Running,
+    /// Every iteration, for NVTX-only users (an nsys run of the whole process).
+    Always,
+    /// Never.
+    Off,
+}
+
+/// stepscope's own settings: the `"stepscope": {...}` object of the config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct StepscopeConfig {
+    /// NVTX domain of the iteration ranges and capture marks (default `"stepscope"`).
+    pub nvtx_domain: String,
+    /// When iterations get an NVTX range (default: while running).
+    pub nvtx: NvtxMode,
+    /// CUDA device whose primary context the `cuda` profiler makes current when the engine
+    /// thread has none. `None`: the worker's local rank.
+    pub cuda_device: Option<u32>,
+    /// How long dropping a profiler waits for traces still being written
+    /// (`flush_timeout_s`, default 600 s). Unfinished traces are marked in their manifests.
+    #[serde(rename = "flush_timeout_s", serialize_with = "seconds")]
+    pub flush_timeout: Duration,
+    /// torch.profiler's `with_modules` (module hierarchy in the trace; TorchScript models
+    /// only), which vLLM's config has no field for: set by `profiler_kwargs` through the
+    /// Python package, or here. Default false.
+    pub torch_with_modules: bool,
+    /// Capture control beyond vLLM's delay and max; all absent by default, which keeps
+    /// vLLM's semantics exact.
+    #[serde(flatten)]
+    pub capture: CaptureControl,
+}
+
+/// stepscope's capture-control keys (`"stepscope": {"ranks": …, "stages": …, …}`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[non_exhaustive]
+pub struct CaptureControl {
+    /// Global ranks that profile; on other ranks start and stop are no-ops. `None`: all.
+    pub ranks: Option<Vec<u32>>,
+    /// The absolute step index (the worker's `step()` count) at which a window begins, in
+    /// place of `delay_iterations`: with one value on every rank, all ranks capture the same
+    /// iterations whenever the start request reaches them.
+    pub start_at_step: Option<u64>,
+    /// Only iterations of these stages count toward delay and max; the backend is paused
+    /// over the others. `None`: every stage.
+    pub stages: Option<Vec<Stage>>,
+    /// The delay starts counting at the first iteration with at least this many requests
+    /// (context + generation). 0: off.
+    pub min_batch_requests: u64,
+    /// … and at least this many scheduled tokens. 0: off.
+    pub min_batch_tokens: u64,
+    /// Windows per start: each captures `max_iterations`, then the next begins
+    /// `repeat_every` steps after the previous one began. 1: vLLM's single window.
+    pub repeat: u64,
+    /// Steps from one window's first step to the next's (with `repeat` > 1).
+    pub repeat_every: u64,
+}
+
+/// The schedule's policy of a config's `"stepscope"` capture keys: the schedule knows nothing of
+/// configs.
+impl From<&CaptureControl> for Policy {
+    fn from(c: &CaptureControl) -> Self {
+        Policy {
+            stages: match c.stages.as_ref() {
+                None => 0,
+                Some(list) => match list.iter().fold(0, |bits, s| bits | stage_bit(*s)) {
+                    ALL_STAGES => 0,
+                    bits => bits,
+                },
+            },
+            min_batch_requests: c.min_batch_requests,
+            min_batch_tokens: c.min_batch_tokens,
+            start_at_step: c.start_at_step,
+            repeat: c.repeat,
+            repeat_every: c.repeat_every,
+        }
+    }
+}
+
+impl CaptureControl {
+    /// Whether any key changes vLLM's schedule.
+    pub fn is_vllm_exact(&self) -> bool {
+        self.start_at_step.is_none()
+            && self.stages.is_none()
+            && self.min_batch_requests == 0
+            && self.min_batch_tokens == 0
+            && self.repeat <= 1
+    }
+}
+
+fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+impl Default for StepscopeConfig {
+    fn default() -> Self {
+        StepscopeConfig {
+            nvtx_domain: "stepscope".into(),
+            nvtx: NvtxMode::Running,
+            cuda_device: None,
+            flush_timeout: Duration::from_secs(600),
+            torch_with_modules: false,
+            capture: CaptureControl {
+                repeat: 1,
+                ..CaptureControl::default()
+            },
+        }
+    }
+}
+
+/// A validated profiler config. Field names, defaults and rules are vLLM 0.32's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ProfilerConfig {
+    /// Which backend to drive; `None` profiles nothing (steps are still counted).
+    pub profiler: Option<ProfilerKind>,
+    /// Where torch traces go. Absolute after validation (`~` expanded), or a URI kept as is.
+    pub torch_profiler_dir: String,
+    /// Activities for the torch profiler; `None` means the platform default.
+    pub torch_profiler_activities: Option<Vec<TorchActivity>>,
+    /// Record Python/C++ stacks (default true).
+    pub torch_profiler_with_stack: bool,
+    /// Estimate FLOPs of matmuls and convolutions.
+    pub torch_profiler_with_flops: bool,
+    /// Write `.json.gz` instead of `.json` (default true).
+    pub torch_profiler_use_gzip: bool,
+    /// Write the top-ops table by device time next to the trace (default true).
+    pub torch_profiler_dump_cuda_time_total: bool,
+    /// Record operator input shapes.
+    pub torch_profiler_record_shapes: bool,
+    /// Record tensor memory allocations.
+    pub torch_profiler_with_memory: bool,
+    /// Profile CUDA graph capture on rank 0 (torch only).
+    pub capture_torch_profiler: bool,
+    /// Name iterations with roofline sums (`sk`, `sqsq`, `sqsk`), as vLLM's detailed names.
+    pub detailed_trace_annotation: bool,
+    /// Do not profile vLLM's front-end process (only meaningful inside vLLM).
+    pub ignore_frontend: bool,
+    /// Iterations to let pass after a start before the backend starts (0: at once).
+    pub delay_iterations: u64,
+    /// Iterations to capture before stopping by itself (0: until stop). The profiler stops in
+    /// the step whose count exceeds this (`> N`), as vLLM does.
+    pub max_iterations: u64,
+    /// Torch schedule: iterations recorded and discarded before the active ones.
+    pub warmup_iterations: u64,
+    /// Torch schedule: iterations recorded after wait and warmup (default 5, at least 1).
+    pub active_iterations: u64,
+    /// Torch schedule: iterations skipped with the profiler off before warmup.
+    pub wait_iterations: u64,
+    /// stepscope's own keys.
+    pub stepscope: StepscopeConfig,
+}
+
+impl Default for ProfilerConfig {
+    fn default() -> Self {
+        ProfilerConfig {
+            profiler: None,
+            torch_profiler_dir: String::new(),
+            torch_profiler_activities: None,
+            torch_profiler_with_stack: true,
+            torch_profiler_with_flops: false,
+            torch_profiler_use_gzip: true,
+            torch_profiler_dump_cuda_time_total: true,
+            torch_profiler_record_shapes: false,
+            torch_profiler_with_memory: false,
+            capture_torch_profiler: false,
+            detailed_trace_annotation: false,
+            ignore_frontend: false,
+            delay_iterations: 0,
+            max_iterations: 0,
+            warmup_iterations: 0,
+            active_iterations: 5,
+            wait_iterations: 0,
+            stepscope: StepscopeConfig::default(),
+        }
+    }
+}
