@@ -19,15 +19,28 @@
 //! counter's increment (a relaxed load and store, no read-modify-write): no lock, no allocation,
 //! no formatting. Everything else lives in `#[cold]` functions. `benches/step.rs` measures it.
 
-use std::marker::PhantomData;
+//!
+//! Layout: the handle, its gate and the engine-thread fast path here; what the slow paths do to
+//! the schedule and the backend in `driver.rs`; the start overrides and outcomes in
+//! `options.rs`; `status.rs`; the per-iteration guard in `iteration.rs`.
+
+mod driver;
+mod iteration;
+mod options;
+mod status;
+
+pub use iteration::Iteration;
+pub use options::{StartOutcome, StopOutcome};
+pub use status::Status;
+
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
-use std::thread::{self, ThreadId};
+use std::thread;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use crate::backend::nvtx::Nvtx;
-use crate::backend::{self, Backend, CaptureStart};
+use crate::backend::{self, Backend};
 use crate::config::{NvtxMode, ProfilerConfig};
 use crate::error::{Error, Result};
 use crate::iteration::IterationInfo;
@@ -35,88 +48,13 @@ use crate::schedule::{
     Limits, Phase, Policy, Schedule, StartDecision, StartOptions, StepBegin, StepInfo, StopDecision,
 };
 
+use driver::{rank_from_env, Inner};
+
 /// Gate bit: a session is active, backend work is pending, a range is open, or every iteration
 /// gets an NVTX range (`nvtx: "always"` with a tool attached). `step()` must take the slow path.
 const GATE_ARMED: u8 = 1;
 /// Gate bit: no engine thread is known yet; the first `step()` registers it.
 const GATE_UNREGISTERED: u8 = 2;
-
-/// Constructors from the signed values the C ABI and Python pass.
-impl StartOptions {
-    /// From signed values, as the C ABI and Python pass them: a negative value is an
-    /// [`Error::InvalidArgument`] naming the field.
-    pub fn from_signed(delay_iterations: Option<i64>, max_iterations: Option<i64>) -> Result<Self> {
-        fn check(name: &str, v: Option<i64>) -> Result<Option<u64>> {
-            match v {
-                None => Ok(None),
-                Some(v) => u64::try_from(v)
-                    .map(Some)
-                    .map_err(|_| Error::InvalidArgument {
-                        name: name.into(),
-                        message: format!("must be greater than or equal to 0 (got {v})"),
-                    }),
-            }
-        }
-        Ok(StartOptions {
-            delay_iterations: check("delay_iterations", delay_iterations)?,
-            max_iterations: check("max_iterations", max_iterations)?,
-            start_at_step: None,
-        })
-    }
-
-    /// The same options starting at an absolute step (signed, as the C ABI and Python pass
-    /// it): a value below 1 is an [`Error::InvalidArgument`] naming `start_at_step`.
-    pub fn at_step(mut self, start_at_step: Option<i64>) -> Result<Self> {
-        self.start_at_step = match start_at_step {
-            None => None,
-            Some(v) => Some(u64::try_from(v).ok().filter(|s| *s >= 1).ok_or_else(|| {
-                Error::InvalidArgument {
-                    name: "start_at_step".into(),
-                    message: format!("must be a step index >= 1 (got {v})"),
-                }
-            })?),
-        };
-        Ok(self)
-    }
-}
-
-/// What [`WorkerProfiler::start_with`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StartOutcome {
-    /// The backend started.
-    Started,
-    /// The backend starts in the step whose count since now equals `delay`.
-    Armed {
-        /// The session's delay.
-        delay: u64,
-    },
-    /// The engine thread starts the backend at its next `step()`.
-    Deferred,
-    /// The backend starts in the step with this index (`start_at_step`).
-    ArmedAt {
-        /// The session's start step.
-        step: u64,
-    },
-    /// A session was already active; the request was ignored (as vLLM does).
-    AlreadyActive,
-    /// This worker's rank is not in `stepscope.ranks`: nothing starts here.
-    NotSelected,
-}
-
-/// What [`WorkerProfiler::stop`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopOutcome {
-    /// The backend stopped.
-    Stopped,
-    /// The session ended before its backend started; the backend was not touched.
-    Disarmed,
-    /// The session ended; the engine thread stops the backend at its next `step()`.
-    Deferred,
-    /// No session was active; the request was ignored (as vLLM does).
-    NotActive,
-    /// This worker's rank is not in `stepscope.ranks`: nothing to stop here.
-    NotSelected,
-}
 
 /// The engine-side profiler of one worker: vLLM's `WorkerProfiler`, driven by one `step()`
 /// per engine iteration.
@@ -142,31 +80,6 @@ pub struct WorkerProfiler {
     gate: AtomicU8,
     steps: AtomicU64,
     inner: Mutex<Inner>,
-}
-
-struct Inner {
-    worker_name: String,
-    schedule: Schedule,
-    backend: Box<dyn Backend>,
-    engine_thread: Option<ThreadId>,
-    pending_stop: bool,
-    pending_start: bool,
-    /// The backend's annotation of the current iteration is open.
-    backend_range_open: bool,
-    /// Present only while an NVTX tool listens and NVTX is not off.
-    nvtx: Option<Nvtx>,
-    nvtx_always: bool,
-    detailed_names: bool,
-    /// The current iteration's name, reused so naming allocates only until it has grown.
-    name: String,
-    last_error: Option<Error>,
-    /// The worker's global rank, for `stepscope.ranks`.
-    rank: Option<u32>,
-    /// `stepscope.ranks`: only these ranks profile.
-    ranks: Option<Vec<u32>>,
-    /// The file stem of the next capture's trace ([`WorkerProfiler::set_trace_name`]), taken
-    /// by the backend start that uses it.
-    trace_name: Option<String>,
 }
 
 impl WorkerProfiler {
@@ -395,11 +308,7 @@ impl WorkerProfiler {
         let captured = g.schedule.is_running();
         let open = g.open_iteration(index, info, captured);
         self.sync_gate(&g);
-        Iteration {
-            profiler: open.then_some(self),
-            captured,
-            _not_send: PhantomData,
-        }
+        Iteration::new(open.then_some(self), captured)
     }
 
     /// Closes the current iteration's annotation, if one is open. The guard returned by
@@ -474,34 +383,6 @@ impl WorkerProfiler {
     /// `RANK` environment variable (torchrun's, read when the profiler is made) is used.
     pub fn set_rank(&self, rank: u32) {
         self.inner.lock().rank = Some(rank);
-    }
-
-    /// The profiler's state, for `stepscope ctl status` and logs.
-    pub fn status(&self) -> Status {
-        let g = self.inner.lock();
-        let s = &g.schedule;
-        let limits = s.limits();
-        Status {
-            worker_name: g.worker_name.clone(),
-            backend: g.backend.name().to_string(),
-            rank: g.rank,
-            selected: g.selected().unwrap_or(false),
-            phase: s.phase().as_str(),
-            active: s.is_active(),
-            running: s.is_running(),
-            step_index: self.step_index(),
-            steps_since_start: s.steps_since_start(),
-            delay_iterations: limits.delay,
-            max_iterations: limits.max,
-            start_at_step: s.target_step(),
-            window_first_step: s.window_start(),
-            iterations_captured: s.captured_steps(),
-            windows: s.windows(),
-            windows_done: s.windows_done(),
-            next_window_at: s.next_window_at(),
-            pending_writes: g.pending_writes(),
-            last_error: g.last_error.as_ref().map(Error::to_string),
-        }
     }
 
     /// Adds `key` to the header of the traces written from now on (the torch backend's; other
@@ -622,230 +503,5 @@ impl std::fmt::Debug for WorkerProfiler {
             .field("phase", &g.schedule.phase())
             .field("step_index", &self.step_index())
             .finish()
-    }
-}
-
-impl Inner {
-    fn pending_writes(&self) -> usize {
-        self.backend.pending_writes().map_or(0, |p| p.count())
-    }
-
-    /// Whether this worker profiles under `stepscope.ranks`; an error when the list is set
-    /// and the worker's rank is unknown.
-    fn selected(&self) -> Result<bool> {
-        match (&self.ranks, self.rank) {
-            (None, _) => Ok(true),
-            (Some(ranks), Some(rank)) => Ok(ranks.contains(&rank)),
-            (Some(_), None) => Err(Error::config(
-                "stepscope.ranks",
-                "needs this worker's global rank: pass it (Rust: set_rank; Python: rank=) or \
-                 set the RANK environment variable",
-            )),
-        }
-    }
-
-    fn pause_backend(&mut self, step: u64) -> Result<()> {
-        if let Some(nvtx) = &self.nvtx {
-            nvtx.mark(c"capture pause", step);
-        }
-        let result = self.backend.pause();
-        if let Err(e) = &result {
-            log::warn!("stepscope: failed to pause the profiler: {e}");
-        }
-        result
-    }
-
-    fn resume_backend(&mut self, step: u64) -> Result<()> {
-        let result = self.backend.resume();
-        match &result {
-            Ok(()) => {
-                if let Some(nvtx) = &self.nvtx {
-                    nvtx.mark(c"capture resume", step);
-                }
-            }
-            Err(e) => log::warn!("stepscope: failed to resume the profiler: {e}"),
-        }
-        result
-    }
-
-    fn is_engine_thread(&self) -> bool {
-        self.engine_thread
-            .is_none_or(|id| id == thread::current().id())
-    }
-
-    /// Carries out backend work that other threads asked for, in the order it was asked: a
-    /// stop always precedes a start (a start can only follow once the stop ended the session).
-    /// Their errors cannot reach the threads that asked, so they are kept in `last_error`.
-    fn run_pending(&mut self, next_step: u64) {
-        if self.pending_stop {
-            self.pending_stop = false;
-            if let Err(e) = self.stop_backend(next_step) {
-                self.last_error = Some(e);
-            }
-        }
-        if self.pending_start {
-            self.pending_start = false;
-            if let Err(e) = self.start_backend(next_step) {
-                self.last_error = Some(e);
-            }
-        }
-    }
-
-    fn start_backend(&mut self, first_step: u64) -> Result<()> {
-        let capture = CaptureStart {
-            worker_name: &self.worker_name,
-            first_step,
-            trace_name: self.trace_name.as_deref(),
-        };
-        let result = self.backend.start(&capture);
-        self.schedule.start_result(result.is_ok());
-        match &result {
-            Ok(()) => {
-                self.trace_name = None;
-                if let Some(nvtx) = &self.nvtx {
-                    nvtx.mark(c"capture start", first_step);
-                }
-            }
-            Err(e) => log::warn!("stepscope: failed to start the profiler: {e}"),
-        }
-        result
-    }
-
-    /// Stops the backend; `step` is the step it stops in (for the NVTX mark).
-    fn stop_backend(&mut self, step: u64) -> Result<()> {
-        self.close_range();
-        if let Some(nvtx) = &self.nvtx {
-            nvtx.mark(c"capture stop", step);
-        }
-        let result = self.backend.stop();
-        if let Err(e) = &result {
-            log::warn!("stepscope: failed to stop the profiler: {e}");
-        }
-        result
-    }
-
-    /// Opens the iteration's annotations: the backend's while capturing, NVTX's while
-    /// capturing or always. The name is formatted only when one of them will use it.
-    /// Returns whether anything was opened.
-    fn open_iteration(&mut self, step: u64, info: &IterationInfo, captured: bool) -> bool {
-        let nvtx = self.nvtx.is_some() && (captured || self.nvtx_always);
-        if !captured && !nvtx {
-            return false;
-        }
-        if nvtx || self.backend.uses_names() {
-            info.write_name(self.detailed_names, &mut self.name);
-        } else {
-            self.name.clear();
-        }
-        if let Some(n) = self.nvtx.as_mut().filter(|_| nvtx) {
-            n.push_iteration(step, info, &self.name);
-        }
-        if captured {
-            self.backend.begin_iteration(step, info, &self.name);
-            self.backend_range_open = true;
-        }
-        true
-    }
-
-    fn iteration_open(&self) -> bool {
-        self.backend_range_open || self.nvtx.as_ref().is_some_and(Nvtx::is_open)
-    }
-
-    /// Closes what `open_iteration` opened, innermost first.
-    fn close_range(&mut self) {
-        if self.backend_range_open {
-            self.backend_range_open = false;
-            self.backend.end_iteration();
-        }
-        if let Some(n) = self.nvtx.as_mut() {
-            n.pop_iteration();
-        }
-    }
-}
-
-/// The rank in torchrun's `RANK` variable, if set and a number.
-fn rank_from_env() -> Option<u32> {
-    std::env::var("RANK").ok()?.trim().parse().ok()
-}
-
-/// A profiler's state ([`WorkerProfiler::status`]); serializes to the JSON that
-/// `stepscope_status_json` and Python's `status()` return.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[non_exhaustive]
-pub struct Status {
-    /// The name the next (or current) session's traces carry.
-    pub worker_name: String,
-    /// `cuda`, `torch`, `none`, or a user backend's name.
-    pub backend: String,
-    /// The worker's global rank, when known.
-    pub rank: Option<u32>,
-    /// Whether this worker profiles under `stepscope.ranks`.
-    pub selected: bool,
-    /// The session's state (see [`Phase::as_str`]).
-    pub phase: &'static str,
-    /// A session is active.
-    pub active: bool,
-    /// The backend captures.
-    pub running: bool,
-    /// The worker's step count.
-    pub step_index: u64,
-    /// Steps since the session's start.
-    pub steps_since_start: u64,
-    /// The session's delay.
-    pub delay_iterations: u64,
-    /// The session's max per window (0: until stop).
-    pub max_iterations: u64,
-    /// The session's absolute start step, if it has one.
-    pub start_at_step: Option<u64>,
-    /// The step the current window's capture started in.
-    pub window_first_step: Option<u64>,
-    /// Iterations captured in the current window, or in the last one after it ended (by its
-    /// max or by a stop).
-    pub iterations_captured: u64,
-    /// Windows per session (`stepscope.repeat`).
-    pub windows: u64,
-    /// Windows completed in this (or the last) session, a window ended by a stop included.
-    pub windows_done: u64,
-    /// The step the next window is due in, between windows.
-    pub next_window_at: Option<u64>,
-    /// Stopped sessions whose traces are still being written.
-    pub pending_writes: usize,
-    /// The last backend error not returned to a caller, if any.
-    pub last_error: Option<String>,
-}
-
-/// One engine iteration, from `step()` to the guard's drop. While capturing, the iteration's
-/// annotation is open for the guard's life.
-///
-/// `!Send`: the annotation is a push/pop range on the engine thread, so it must close there.
-#[must_use = "the iteration's annotation closes when this guard drops; bind it with `let _iteration = ...`"]
-pub struct Iteration<'a> {
-    profiler: Option<&'a WorkerProfiler>,
-    captured: bool,
-    _not_send: PhantomData<*const ()>,
-}
-
-impl Iteration<'_> {
-    #[inline]
-    fn idle() -> Self {
-        Iteration {
-            profiler: None,
-            captured: false,
-            _not_send: PhantomData,
-        }
-    }
-
-    /// Whether this iteration is being captured (the backend runs).
-    pub fn is_captured(&self) -> bool {
-        self.captured
-    }
-}
-
-impl Drop for Iteration<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        if let Some(p) = self.profiler {
-            p.step_end();
-        }
     }
 }

@@ -1,0 +1,184 @@
+//! The profiler's state behind its lock, and what the slow paths do with it: backend starts
+//! and stops (on the engine thread), pauses for stages, pending work from other threads, the
+//! iteration's annotations.
+
+use std::thread::{self, ThreadId};
+
+use crate::backend::nvtx::Nvtx;
+use crate::backend::{Backend, CaptureStart};
+use crate::error::{Error, Result};
+use crate::iteration::IterationInfo;
+use crate::schedule::Schedule;
+
+pub(super) struct Inner {
+    pub(super) worker_name: String,
+    pub(super) schedule: Schedule,
+    pub(super) backend: Box<dyn Backend>,
+    pub(super) engine_thread: Option<ThreadId>,
+    pub(super) pending_stop: bool,
+    pub(super) pending_start: bool,
+    /// The backend's annotation of the current iteration is open.
+    pub(super) backend_range_open: bool,
+    /// Present only while an NVTX tool listens and NVTX is not off.
+    pub(super) nvtx: Option<Nvtx>,
+    pub(super) nvtx_always: bool,
+    pub(super) detailed_names: bool,
+    /// The current iteration's name, reused so naming allocates only until it has grown.
+    pub(super) name: String,
+    pub(super) last_error: Option<Error>,
+    /// The worker's global rank, for `stepscope.ranks`.
+    pub(super) rank: Option<u32>,
+    /// `stepscope.ranks`: only these ranks profile.
+    pub(super) ranks: Option<Vec<u32>>,
+    /// The file stem of the next capture's trace ([`WorkerProfiler::set_trace_name`]), taken
+    /// by the backend start that uses it.
+    pub(super) trace_name: Option<String>,
+}
+
+impl Inner {
+    pub(super) fn pending_writes(&self) -> usize {
+        self.backend.pending_writes().map_or(0, |p| p.count())
+    }
+
+    /// Whether this worker profiles under `stepscope.ranks`; an error when the list is set
+    /// and the worker's rank is unknown.
+    pub(super) fn selected(&self) -> Result<bool> {
+        match (&self.ranks, self.rank) {
+            (None, _) => Ok(true),
+            (Some(ranks), Some(rank)) => Ok(ranks.contains(&rank)),
+            (Some(_), None) => Err(Error::config(
+                "stepscope.ranks",
+                "needs this worker's global rank: pass it (Rust: set_rank; Python: rank=) or \
+                 set the RANK environment variable",
+            )),
+        }
+    }
+
+    pub(super) fn pause_backend(&mut self, step: u64) -> Result<()> {
+        if let Some(nvtx) = &self.nvtx {
+            nvtx.mark(c"capture pause", step);
+        }
+        let result = self.backend.pause();
+        if let Err(e) = &result {
+            log::warn!("stepscope: failed to pause the profiler: {e}");
+        }
+        result
+    }
+
+    pub(super) fn resume_backend(&mut self, step: u64) -> Result<()> {
+        let result = self.backend.resume();
+        match &result {
+            Ok(()) => {
+                if let Some(nvtx) = &self.nvtx {
+                    nvtx.mark(c"capture resume", step);
+                }
+            }
+            Err(e) => log::warn!("stepscope: failed to resume the profiler: {e}"),
+        }
+        result
+    }
+
+    pub(super) fn is_engine_thread(&self) -> bool {
+        self.engine_thread
+            .is_none_or(|id| id == thread::current().id())
+    }
+
+    /// Carries out backend work that other threads asked for, in the order it was asked: a
+    /// stop always precedes a start (a start can only follow once the stop ended the session).
+    /// Their errors cannot reach the threads that asked, so they are kept in `last_error`.
+    pub(super) fn run_pending(&mut self, next_step: u64) {
+        if self.pending_stop {
+            self.pending_stop = false;
+            if let Err(e) = self.stop_backend(next_step) {
+                self.last_error = Some(e);
+            }
+        }
+        if self.pending_start {
+            self.pending_start = false;
+            if let Err(e) = self.start_backend(next_step) {
+                self.last_error = Some(e);
+            }
+        }
+    }
+
+    pub(super) fn start_backend(&mut self, first_step: u64) -> Result<()> {
+        let capture = CaptureStart {
+            worker_name: &self.worker_name,
+            first_step,
+            trace_name: self.trace_name.as_deref(),
+        };
+        let result = self.backend.start(&capture);
+        self.schedule.start_result(result.is_ok());
+        match &result {
+            Ok(()) => {
+                self.trace_name = None;
+                if let Some(nvtx) = &self.nvtx {
+                    nvtx.mark(c"capture start", first_step);
+                }
+            }
+            Err(e) => log::warn!("stepscope: failed to start the profiler: {e}"),
+        }
+        result
+    }
+
+    /// Stops the backend; `step` is the step it stops in (for the NVTX mark).
+    pub(super) fn stop_backend(&mut self, step: u64) -> Result<()> {
+        self.close_range();
+        if let Some(nvtx) = &self.nvtx {
+            nvtx.mark(c"capture stop", step);
+        }
+        let result = self.backend.stop();
+        if let Err(e) = &result {
+            log::warn!("stepscope: failed to stop the profiler: {e}");
+        }
+        result
+    }
+
+    /// Opens the iteration's annotations: the backend's while capturing, NVTX's while
+    /// capturing or always. The name is formatted only when one of them will use it.
+    /// Returns whether anything was opened.
+    pub(super) fn open_iteration(
+        &mut self,
+        step: u64,
+        info: &IterationInfo,
+        captured: bool,
+    ) -> bool {
+        let nvtx = self.nvtx.is_some() && (captured || self.nvtx_always);
+        if !captured && !nvtx {
+            return false;
+        }
+        if nvtx || self.backend.uses_names() {
+            info.write_name(self.detailed_names, &mut self.name);
+        } else {
+            self.name.clear();
+        }
+        if let Some(n) = self.nvtx.as_mut().filter(|_| nvtx) {
+            n.push_iteration(step, info, &self.name);
+        }
+        if captured {
+            self.backend.begin_iteration(step, info, &self.name);
+            self.backend_range_open = true;
+        }
+        true
+    }
+
+    pub(super) fn iteration_open(&self) -> bool {
+        self.backend_range_open || self.nvtx.as_ref().is_some_and(Nvtx::is_open)
+    }
+
+    /// Closes what `open_iteration` opened, innermost first.
+    pub(super) fn close_range(&mut self) {
+        if self.backend_range_open {
+            self.backend_range_open = false;
+            self.backend.end_iteration();
+        }
+        if let Some(n) = self.nvtx.as_mut() {
+            n.pop_iteration();
+        }
+    }
+}
+
+/// The rank in torchrun's `RANK` variable, if set and a number.
+pub(super) fn rank_from_env() -> Option<u32> {
+    std::env::var("RANK").ok()?.trim().parse().ok()
+}
