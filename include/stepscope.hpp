@@ -3,13 +3,13 @@
 //   stepscope::Profiler profiler(R"({"profiler": "cuda", "delay_iterations": 10, "max_iterations": 3})", "rank0");
 //   profiler.start();                      // from any thread; throws stepscope::Error on failure
 //   for (;;) {                             // the engine loop
-//     stepscope::Iteration it = profiler.step({prefill_reqs, prefill_tokens, decode_reqs, decode_tokens});
+//     stepscope::IterationGuard it = profiler.step({prefill_reqs, prefill_tokens, decode_reqs, decode_tokens});
 //     run_model();                         // annotated while captured; the range closes with `it`
 //   }
 //
 // Construction, start, stop, shutdown and flush throw stepscope::Error (with the C error code and
 // message). step() never throws: a profiler must not break the engine loop; a backend failure in
-// a step is available from Iteration::status() and stepscope::last_error().
+// a step is available from IterationGuard::status() and stepscope::last_error().
 #ifndef STEPSCOPE_HPP
 #define STEPSCOPE_HPP
 
@@ -48,11 +48,11 @@ inline void check(int code) {
 
 // One engine iteration, from Profiler::step() to destruction: closes the iteration's range.
 // Movable, not copyable; keep it on the engine thread.
-class Iteration {
+class IterationGuard {
  public:
-  Iteration(Iteration &&other) noexcept
+  IterationGuard(IterationGuard &&other) noexcept
       : profiler_(std::exchange(other.profiler_, nullptr)), status_(other.status_) {}
-  Iteration &operator=(Iteration &&other) noexcept {
+  IterationGuard &operator=(IterationGuard &&other) noexcept {
     if (this != &other) {
       end();
       profiler_ = std::exchange(other.profiler_, nullptr);
@@ -60,9 +60,9 @@ class Iteration {
     }
     return *this;
   }
-  Iteration(const Iteration &) = delete;
-  Iteration &operator=(const Iteration &) = delete;
-  ~Iteration() { end(); }
+  IterationGuard(const IterationGuard &) = delete;
+  IterationGuard &operator=(const IterationGuard &) = delete;
+  ~IterationGuard() { end(); }
 
   // STEPSCOPE_OK, or the code stepscope_step returned (e.g. STEPSCOPE_ERR_BACKEND).
   int status() const noexcept { return status_; }
@@ -74,10 +74,13 @@ class Iteration {
 
  private:
   friend class Profiler;
-  Iteration(stepscope_profiler *p, int status) noexcept : profiler_(p), status_(status) {}
+  IterationGuard(stepscope_profiler *p, int status) noexcept : profiler_(p), status_(status) {}
   stepscope_profiler *profiler_;
   int status_;
 };
+
+// The former name of IterationGuard (in C and Python, an "iteration" is the counts).
+using Iteration = IterationGuard;
 
 // The profiler of one worker. Move-only; destruction stops a running capture and waits for
 // trace writing.
@@ -133,12 +136,12 @@ class Profiler {
   void stop() { detail::check(stepscope_stop(p_)); }
   void shutdown() { detail::check(stepscope_shutdown(p_)); }
 
-  // One engine iteration begins; its range closes when the returned Iteration does.
-  [[nodiscard]] Iteration step(const stepscope_iteration &counts) noexcept {
-    return Iteration(p_, stepscope_step(p_, &counts));
+  // One engine iteration begins; its range closes when the returned IterationGuard does.
+  [[nodiscard]] IterationGuard step(const stepscope_iteration &counts) noexcept {
+    return IterationGuard(p_, stepscope_step(p_, &counts));
   }
   // The same with unknown counts.
-  [[nodiscard]] Iteration step() noexcept { return Iteration(p_, stepscope_step(p_, nullptr)); }
+  [[nodiscard]] IterationGuard step() noexcept { return IterationGuard(p_, stepscope_step(p_, nullptr)); }
 
   bool is_active() const noexcept { return stepscope_is_active(p_) == 1; }
   bool is_running() const noexcept { return stepscope_is_running(p_) == 1; }

@@ -43,7 +43,9 @@ pub mod schedule;
 pub use config::ProfilerConfig;
 pub use error::{Error, IoSource, Result};
 pub use iteration::{IterationDetail, IterationInfo, PhaseSums, Stage};
-pub use profiler::{Iteration, StartOutcome, Status, StopOutcome, WorkerProfiler};
+#[allow(deprecated)]
+pub use profiler::Iteration;
+pub use profiler::{IterationGuard, StartOutcome, Status, StopOutcome, WorkerProfiler};
 pub use schedule::StartOptions;
 
 /// This library's version.

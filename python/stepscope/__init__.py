@@ -42,6 +42,9 @@ from stepscope._native import BackendError, ConfigError, Iteration, __version__,
 from stepscope._native import WorkerProfiler as _NativeWorkerProfiler
 from stepscope._native import _add_kineto_glue_dir
 
+#: Rust's name for an iteration's counts (``stepscope::IterationInfo``; C: ``stepscope_iteration``).
+IterationInfo = Iteration
+
 if not os.environ.get("STEPSCOPE_KINETO_GLUE_DIR"):  # set: it replaces these
     for _dir in _glue.default_dirs():
         _add_kineto_glue_dir(str(_dir))
@@ -50,6 +53,7 @@ __all__ = [
     "BackendError",
     "ConfigError",
     "Iteration",
+    "IterationInfo",
     "WorkerProfiler",
     "__version__",
     "kineto_glue",

@@ -103,7 +103,7 @@ struct Session {
 
 /// The torch (Kineto) backend. See the module docs.
 pub struct TorchBackend {
-    capture: Capture,
+    recording: SessionOptions,
     step_num: u64,
     action: Action,
     kineto: KinetoState,
@@ -134,7 +134,7 @@ impl std::fmt::Debug for TorchBackend {
 
 /// What a session records, from the config: changeable between sessions
 /// ([`Backend::reconfigure`]), unlike where traces go.
-struct Capture {
+struct SessionOptions {
     /// `torch_profiler_activities`; `None`: CPU, and CUDA when libtorch sees a device.
     activities: Option<Vec<TorchActivity>>,
     /// The options with the activities as configured (CUDA added at start when defaulted).
@@ -145,7 +145,7 @@ struct Capture {
     config: Arc<serde_json::Value>,
 }
 
-impl Capture {
+impl SessionOptions {
     fn from_config(config: &ProfilerConfig) -> Self {
         let schedule =
             (config.warmup_iterations > 0 || config.wait_iterations > 0).then_some(TorchSchedule {
@@ -170,7 +170,7 @@ impl Capture {
             with_flops: config.torch_profiler_with_flops,
             with_modules: config.stepscope.torch_with_modules,
         };
-        Capture {
+        SessionOptions {
             activities,
             options,
             dump_device_time_total: config.torch_profiler_dump_cuda_time_total,
@@ -212,10 +212,10 @@ impl TorchBackend {
             gzip: config.torch_profiler_use_gzip,
             flush_timeout: config.stepscope.flush_timeout,
         });
-        let capture = Capture::from_config(config);
+        let recording = SessionOptions::from_config(config);
         Ok(TorchBackend {
-            annotate: capture.options.cpu,
-            capture,
+            annotate: recording.options.cpu,
+            recording,
             step_num: 0,
             action: Action::None,
             kineto: KinetoState::Off,
@@ -270,14 +270,14 @@ impl TorchBackend {
 
     fn prepare(&mut self) -> Result<()> {
         self.glue()?
-            .prepare(&self.capture.options)
+            .prepare(&self.recording.options)
             .map_err(|e| kineto_error("prepareProfiler", &e))?;
         self.kineto = KinetoState::Prepared;
         Ok(())
     }
 
     fn enable(&mut self) -> Result<()> {
-        let id = self.glue()?.enable(&self.capture.options).map_err(|e| {
+        let id = self.glue()?.enable(&self.recording.options).map_err(|e| {
             self.kineto = KinetoState::Off;
             kineto_error("enableProfiler", &e)
         })?;
@@ -330,7 +330,7 @@ impl TorchBackend {
         // Metadata only enters the trace while the profiler is live, so before disabling.
         // torch.profiler's own keys first (a fresh trace id, the options recorded), then the
         // engine's (vLLM's version, torch.distributed's rank), then stepscope's.
-        let o = &self.capture.options;
+        let o = &self.recording.options;
         let flags = [
             ("profile_memory", o.profile_memory),
             ("with_stack", o.with_stack),
@@ -360,14 +360,14 @@ impl TorchBackend {
             iterations,
             start_time_unix_ns: session.map_or(0, |s| s.start_unix_ns),
             stop_time_unix_ns: stop_unix_ns,
-            config: Arc::clone(&self.capture.config),
+            config: Arc::clone(&self.recording.config),
             trace_name: session.and_then(|s| s.trace_name.clone()),
             ..Manifest::default()
         };
         self.writer.submit(Job {
             session: Box::new(KinetoCapture {
                 session: detached,
-                table: self.capture.table(),
+                table: self.recording.table(),
             }),
             time_ns: stop_unix_ns,
             queued: Instant::now(),
@@ -380,7 +380,7 @@ impl TorchBackend {
             return Ok(());
         }
         self.glue()?
-            .toggle(enable, &self.capture.options)
+            .toggle(enable, &self.recording.options)
             .map_err(|e| kineto_error("toggleCollectionDynamic", &e))
     }
 
@@ -414,7 +414,7 @@ impl Backend for TorchBackend {
         // previous session to be finalized (normally well under a second).
         self.writer.wait_finalized()?;
         let glue = self.glue()?;
-        self.capture.resolve(glue.cuda_available());
+        self.recording.resolve(glue.cuda_available());
         self.session = Some(Session {
             worker_name: capture.worker_name.to_string(),
             trace_name: capture.trace_name.map(str::to_string),
@@ -426,7 +426,7 @@ impl Backend for TorchBackend {
         self.step_num = 0;
         self.action = Action::None;
         let first = self
-            .capture
+            .recording
             .schedule
             .map_or(Action::Record, |s| s.action(0));
         let result = self.transit(first);
@@ -447,7 +447,7 @@ impl Backend for TorchBackend {
     }
 
     fn advance(&mut self) {
-        let Some(schedule) = self.capture.schedule else {
+        let Some(schedule) = self.recording.schedule else {
             return;
         };
         self.step_num += 1;
@@ -521,10 +521,10 @@ impl Backend for TorchBackend {
     }
 
     fn reconfigure(&mut self, config: &ProfilerConfig) -> Result<()> {
-        self.capture = Capture::from_config(config);
-        self.annotate = self.capture.options.cpu;
+        self.recording = SessionOptions::from_config(config);
+        self.annotate = self.recording.options.cpu;
         if let Some(glue) = self.glue {
-            self.capture.resolve(glue.cuda_available());
+            self.recording.resolve(glue.cuda_available());
         }
         Ok(())
     }

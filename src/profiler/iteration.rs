@@ -9,16 +9,16 @@ use super::WorkerProfiler;
 ///
 /// `!Send`: the annotation is a push/pop range on the engine thread, so it must close there.
 #[must_use = "the iteration's annotation closes when this guard drops; bind it with `let _iteration = ...`"]
-pub struct Iteration<'a> {
+pub struct IterationGuard<'a> {
     profiler: Option<&'a WorkerProfiler>,
     captured: bool,
     _not_send: PhantomData<*const ()>,
 }
 
-impl<'a> Iteration<'a> {
+impl<'a> IterationGuard<'a> {
     #[inline]
     pub(super) fn idle() -> Self {
-        Iteration {
+        IterationGuard {
             profiler: None,
             captured: false,
             _not_send: PhantomData,
@@ -27,8 +27,8 @@ impl<'a> Iteration<'a> {
 
     /// A guard closing `profiler`'s iteration (if any) when it drops.
     #[inline]
-    pub(super) fn new(profiler: Option<&'a WorkerProfiler>, captured: bool) -> Iteration<'a> {
-        Iteration {
+    pub(super) fn new(profiler: Option<&'a WorkerProfiler>, captured: bool) -> IterationGuard<'a> {
+        IterationGuard {
             profiler,
             captured,
             _not_send: PhantomData,
@@ -41,7 +41,7 @@ impl<'a> Iteration<'a> {
     }
 }
 
-impl Drop for Iteration<'_> {
+impl Drop for IterationGuard<'_> {
     #[inline]
     fn drop(&mut self) {
         if let Some(p) = self.profiler {

@@ -29,7 +29,14 @@ mod iteration;
 mod options;
 mod status;
 
-pub use iteration::Iteration;
+pub use iteration::IterationGuard;
+
+/// The former name of [`IterationGuard`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed IterationGuard: `Iteration` names an iteration's counts in C and Python"
+)]
+pub type Iteration<'a> = IterationGuard<'a>;
 pub use options::{StartOutcome, StopOutcome};
 pub use status::Status;
 
@@ -253,13 +260,13 @@ impl WorkerProfiler {
     /// Never fails into the engine: a backend error is logged and kept for
     /// [`WorkerProfiler::take_last_error`].
     #[inline]
-    pub fn step(&self, info: &IterationInfo) -> Iteration<'_> {
+    pub fn step(&self, info: &IterationInfo) -> IterationGuard<'_> {
         // The engine thread is the only writer of the counter, so a plain load and store
         // suffices: no locked read-modify-write on the per-iteration path.
         let index = self.steps.load(Relaxed) + 1;
         self.steps.store(index, Relaxed);
         if self.gate.load(Relaxed) == 0 {
-            return Iteration::idle();
+            return IterationGuard::idle();
         }
         self.step_slow(index, info)
     }
@@ -279,7 +286,7 @@ impl WorkerProfiler {
 
     #[cold]
     #[inline(never)]
-    fn step_slow(&self, index: u64, info: &IterationInfo) -> Iteration<'_> {
+    fn step_slow(&self, index: u64, info: &IterationInfo) -> IterationGuard<'_> {
         let mut g = self.inner.lock();
         if g.engine_thread.is_none() {
             g.engine_thread = Some(thread::current().id());
@@ -308,7 +315,7 @@ impl WorkerProfiler {
         let captured = g.schedule.is_running();
         let open = g.open_iteration(index, info, captured);
         self.sync_gate(&g);
-        Iteration::new(open.then_some(self), captured)
+        IterationGuard::new(open.then_some(self), captured)
     }
 
     /// Closes the current iteration's annotation, if one is open. The guard returned by
