@@ -74,6 +74,8 @@ REQUEST_FIELDS = (
 )  # fmt: skip
 #: SGLang's activities stepscope serves, and the Kineto activity of each.
 KINETO_ACTIVITIES = {"CPU": "CPU", "GPU": "CUDA", "XPU": "XPU"}
+#: What SGLang records when a request names no activities.
+DEFAULT_ACTIVITIES = ("CPU", "GPU")
 #: SGLang's stages, in the order SGLang names them.
 STAGES = ("prefill", "decode")
 
@@ -217,12 +219,12 @@ def _state_of(manager: Any) -> _SchedulerProfiler:
 class _Request:
     """One start request, as stepscope runs it."""
 
-    def __init__(self, req: Any, *, stem: str, output_dir: Path, activities: list[str]) -> None:
-        self.stem = stem
-        self.output_dir = output_dir
-        self.activities = activities
+    def __init__(self, req: Any, *, output_dir: Path) -> None:
+        #: ``[prefix-]{profile_id}``: what every rank's files of this profile begin with.
+        self.profile = profile_name(req.profile_prefix, req.profile_id)
         self.profile_id = str(req.profile_id)
-        self.prefix = req.profile_prefix or ""
+        self.stem = trace_stem(self.profile)
+        self.output_dir = output_dir
         self.num_steps = req.num_steps or 0
         self.by_stage = bool(req.profile_by_stage)
         self.stages_left = list(req.profile_stages or STAGES)
@@ -274,18 +276,12 @@ class _SchedulerProfiler:
         output_dir = Path(
             req.output_dir or os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
         ).expanduser()
-        activities = list(req.activities or ["CPU", "GPU"])
         try:
-            self._make_profilers(req, output_dir, activities)
+            self._make_profilers(req, output_dir, activities_of(req))
         except Exception as e:  # noqa: BLE001 - a bad config or a torch without glue
             logger.error("stepscope: cannot profile this request: %s", e)
             return ProfileReqOutput(success=False, message=f"stepscope: {e}")
-        request = _Request(
-            req,
-            stem=trace_stem(req.profile_prefix, req.profile_id),
-            output_dir=output_dir,
-            activities=activities,
-        )
+        request = _Request(req, output_dir=output_dir)
         forward_ct = int(self.manager.get_forward_ct())
         if request.by_stage:
             if req.start_step:
@@ -326,7 +322,7 @@ class _SchedulerProfiler:
     def _cannot_serve(self, req: Any) -> str | None:
         import stepscope
 
-        activities = list(req.activities or ["CPU", "GPU"])
+        activities = activities_of(req)
         others = [a for a in activities if a not in KINETO_ACTIVITIES and a != "CUDA_PROFILER"]
         if others:
             known = ", ".join([*KINETO_ACTIVITIES, "CUDA_PROFILER"])
@@ -473,14 +469,10 @@ class _SchedulerProfiler:
             request.windows += 1
 
     def stop(self, *, why: str) -> str:
-        """Ends the request (``/stop_profile``); returns the reply's message."""
+        """Ends the running request (``/stop_profile``); returns the reply's message."""
         request = self.request
-        if request is None:
-            return "Succeeded."
         for p in self.profilers:
             p.stop()
-        if request.by_stage and request.stage is not None:
-            request.stage = None
         self._finish(request)
         logger.info("stepscope: %s: profiling of %s stopped", why, request.stem)
         return (
@@ -504,11 +496,20 @@ class _SchedulerProfiler:
 # --- SGLang's names and counts --------------------------------------------------------------------
 
 
-def trace_stem(prefix: str | None, profile_id: Any) -> str:
-    """SGLang's trace file stem for this rank: ``[prefix-]{profile_id}-TP-{n}`` plus ``-DP-``,
-    ``-PP-`` and ``-EP-`` parts where that parallelism is on."""
-    parts = [str(profile_id)] + rank_parts()
-    return (f"{prefix}-" if prefix else "") + "-".join(parts)
+def activities_of(req: Any) -> list[str]:
+    """The activities a request asks for (SGLang's default when it names none)."""
+    return list(req.activities or DEFAULT_ACTIVITIES)
+
+
+def profile_name(prefix: str | None, profile_id: Any) -> str:
+    """``[prefix-]{profile_id}``: how every rank's file names of one profile begin."""
+    return (f"{prefix}-" if prefix else "") + str(profile_id)
+
+
+def trace_stem(profile: str) -> str:
+    """SGLang's trace file stem for this rank: ``{profile}-TP-{n}`` plus ``-DP-``, ``-PP-`` and
+    ``-EP-`` parts where that parallelism is on."""
+    return "-".join([profile, *rank_parts()])
 
 
 def rank_parts() -> list[str]:
@@ -644,15 +645,7 @@ def merge_when_written(
     for p in profilers:
         timeout = float(p.config.get("stepscope", {}).get("flush_timeout_s", timeout))
         p.flush(timeout)
-    pattern = (
-        str(
-            request.output_dir
-            / glob.escape(
-                f"{(request.prefix + '-') if request.prefix else ''}{request.profile_id}-"
-            )
-        )
-        + "*.stepscope.json"
-    )
+    pattern = str(request.output_dir / glob.escape(request.profile + "-")) + "*.stepscope.json"
     deadline = time.monotonic() + timeout
     while True:
         manifests = [_read_json(m) for m in sorted(glob.glob(pattern))]

@@ -135,6 +135,12 @@ def test_set_output_name_names_the_next_trace(tmp_path):
     only(list(tmp_path.glob("profile_rank0.*.pt.trace.json.gz")))
 
 
+def read_manifests(directory, worker, *, by):
+    """The manifests of `worker`'s traces in `directory`, ordered by the field `by`."""
+    found = (json.loads(m.read_text()) for m in directory.glob(f"{worker}.*.stepscope.json"))
+    return sorted(found, key=lambda m: m[by])
+
+
 def test_set_profiler_kwargs_apply_to_the_next_session(tmp_path):
     p = stepscope.WorkerProfiler(config(tmp_path, torch_profiler_use_gzip=False), "kw")
     p.start()
@@ -146,10 +152,7 @@ def test_set_profiler_kwargs_apply_to_the_next_session(tmp_path):
     engine(p, 1)
     p.stop()
     assert p.flush(120)
-    manifests = sorted(
-        (json.loads(m.read_text()) for m in tmp_path.glob("kw.*.stepscope.json")),
-        key=lambda m: m["first_step"],
-    )
+    manifests = read_manifests(tmp_path, "kw", by="first_step")
     assert [m["config"]["torch_profiler_record_shapes"] for m in manifests] == [False, True]
     assert manifests[1]["config"]["torch_profiler_activities"] == ["CPU"]
     shapes = []
@@ -191,10 +194,7 @@ def test_profiler_kwargs_follow_vllm_0_33(tmp_path, caplog):
     engine(p, 1)
     p.stop()
     assert p.flush(120)
-    manifests = sorted(
-        (json.loads(m.read_text()) for m in tmp_path.glob("kw33.*.stepscope.json")),
-        key=lambda m: m["start_time_unix_ns"],
-    )
+    manifests = read_manifests(tmp_path, "kw33", by="start_time_unix_ns")
     assert [m["status"] for m in manifests] == ["complete", "complete"]
     assert [m["config"]["torch_profiler_record_shapes"] for m in manifests] == [True, False]
 
