@@ -2,6 +2,7 @@
 // catch every exception, so that the Rust library can call it linked in or loaded at run time.
 #include "stepscope_kineto.h"
 
+#include <ATen/core/List.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/profiler/kineto_shim.h>
@@ -254,13 +255,28 @@ int stepscope_kineto_range_new(stepscope_kineto_range** out, char* err, size_t e
 }
 
 int stepscope_kineto_range_begin(stepscope_kineto_range* range, const char* name,
-                                 size_t name_len, char* err, size_t err_len) {
+                                 size_t name_len, uint64_t step, const char* const* ids,
+                                 const size_t* id_lens, size_t n_ids, char* err, size_t err_len) {
   return guarded(err, err_len, [&] {
     range->end();
     range->current = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
-    if (range->current->isActive()) {
-      range->current->before(std::string_view(name, name_len));
+    // Kineto writes the handle as "Record function id": the annotation names its step.
+    range->current->setHandle(step);
+    if (!range->current->isActive()) {
+      return;
     }
+    if (n_ids == 0) {
+      range->current->before(std::string_view(name, name_len));
+      return;
+    }
+    c10::List<std::string> requests;
+    requests.reserve(n_ids);
+    for (size_t i = 0; i < n_ids; ++i) {
+      requests.push_back(std::string(ids[i], id_lens[i]));
+    }
+    std::unordered_map<std::string, c10::IValue> kwargs;
+    kwargs.emplace("requests", c10::IValue(std::move(requests)));
+    range->current->before(std::string_view(name, name_len), &kwargs);
   });
 }
 

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define STEPSCOPE_KINETO_ABI 1
+#define STEPSCOPE_KINETO_ABI 2
 
 /* Exported from the shared glue even when built with -fvisibility=hidden. */
 #define STEPSCOPE_KINETO_API __attribute__((visibility("default")))
@@ -89,10 +89,14 @@ STEPSCOPE_KINETO_API int stepscope_kineto_event_at(const stepscope_kineto_result
                               size_t err_len);
 STEPSCOPE_KINETO_API void stepscope_kineto_result_free(stepscope_kineto_result* result);
 
-/* A reusable USER_SCOPE RecordFunction range: one iteration's annotation at a time. */
+/* A reusable USER_SCOPE RecordFunction range: one iteration's annotation at a time. Its
+ * handle is `step`, which Kineto writes as the event's "Record function id"; `n_ids` request
+ * ids (pointer and length each) go into its kwinputs as "requests", which Kineto writes into
+ * the event's args when the session records shapes. */
 STEPSCOPE_KINETO_API int stepscope_kineto_range_new(stepscope_kineto_range** out, char* err, size_t err_len);
 STEPSCOPE_KINETO_API int stepscope_kineto_range_begin(stepscope_kineto_range* range, const char* name,
-                                 size_t name_len, char* err, size_t err_len);
+                                 size_t name_len, uint64_t step, const char* const* ids,
+                                 const size_t* id_lens, size_t n_ids, char* err, size_t err_len);
 STEPSCOPE_KINETO_API int stepscope_kineto_range_end(stepscope_kineto_range* range, char* err, size_t err_len);
 STEPSCOPE_KINETO_API void stepscope_kineto_range_free(stepscope_kineto_range* range);
 

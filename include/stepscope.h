@@ -74,6 +74,15 @@ int  stepscope_stop(stepscope_profiler *p);
  * stepscope_step_end (or the next step). STEPSCOPE_ERR_BACKEND: the backend failed in this step;
  * the engine can go on. */
 int  stepscope_step(stepscope_profiler *p, const stepscope_iteration *iteration);
+/* stepscope_step for an iteration serving n_ids requests. With "stepscope": {"request_ids": true}
+ * a captured iteration records their ids (trace, manifest, an NVTX marker in its range); they
+ * are read only then, during the call. ids: n_ids NUL-terminated strings (NULL entries skipped),
+ * or NULL when n_ids is 0. */
+int  stepscope_step_with_requests(stepscope_profiler *p, const stepscope_iteration *iteration,
+                                  const char *const *ids, size_t n_ids);
+/* 1 when the next step can record request ids (request_ids on, a session armed): collect them
+ * only then. 0 otherwise (0 for NULL). */
+int  stepscope_wants_request_ids(const stepscope_profiler *p);
 /* Closes the iteration's range. */
 int  stepscope_step_end(stepscope_profiler *p);
 /* Stops a running session on the calling thread (vLLM's shutdown). */

@@ -20,6 +20,8 @@
 #include <string>
 #include <utility>
 
+#include <vector>
+
 #include "stepscope.h"
 
 namespace stepscope {
@@ -142,6 +144,24 @@ class Profiler {
   }
   // The same with unknown counts.
   [[nodiscard]] IterationGuard step() noexcept { return IterationGuard(p_, stepscope_step(p_, nullptr)); }
+  // The same for an iteration serving these requests (read only when it is captured, with
+  // "stepscope": {"request_ids": true}). Collect ids only while wants_request_ids().
+  [[nodiscard]] IterationGuard step(const stepscope_iteration &counts, const char *const *ids,
+                                    std::size_t n_ids) noexcept {
+    return IterationGuard(p_, stepscope_step_with_requests(p_, &counts, ids, n_ids));
+  }
+  [[nodiscard]] IterationGuard step(const stepscope_iteration &counts,
+                                    const std::vector<std::string> &ids) noexcept {
+    try {
+      std::vector<const char *> ptrs;
+      ptrs.reserve(ids.size());
+      for (const auto &id : ids) ptrs.push_back(id.c_str());
+      return step(counts, ptrs.data(), ptrs.size());
+    } catch (...) {
+      return step(counts);  // out of memory for the pointers: the step still counts
+    }
+  }
+  bool wants_request_ids() const noexcept { return stepscope_wants_request_ids(p_) == 1; }
 
   bool is_active() const noexcept { return stepscope_is_active(p_) == 1; }
   bool is_running() const noexcept { return stepscope_is_running(p_) == 1; }

@@ -345,23 +345,100 @@ pub unsafe extern "C" fn stepscope_step(
     // SAFETY: per the contract.
     unsafe {
         with_profiler("stepscope_step", p, |p| {
-            let info = if iteration.is_null() {
-                IterationInfo::default()
-            } else {
-                // SAFETY: non-null and valid per the contract.
-                let it = *iteration;
-                IterationInfo::new(
-                    it.num_ctx_reqs,
-                    it.num_ctx_tokens,
-                    it.num_gen_reqs,
-                    it.num_gen_tokens,
-                )
-            };
+            let info = iteration_info(iteration);
             // The range stays open past this call: the C caller closes it with step_end.
             std::mem::forget(p.step(&info));
             p.take_last_error().map_or(Ok(()), Err)
         })
     }
+}
+
+/// Request ids as a C caller holds them: `n` pointers to NUL-terminated strings (NULL entries
+/// skipped, invalid UTF-8 replaced), read only if the iteration is captured.
+struct CRequestIds {
+    ids: *const *const c_char,
+    n: usize,
+}
+
+impl crate::RequestIds for CRequestIds {
+    fn count(&self) -> usize {
+        self.n
+    }
+
+    fn for_each_id(&self, f: &mut dyn FnMut(&str)) {
+        if self.ids.is_null() {
+            return;
+        }
+        for i in 0..self.n {
+            // SAFETY: `ids` holds `n` pointers, valid for the call (the caller's contract).
+            let ptr = unsafe { *self.ids.add(i) };
+            if ptr.is_null() {
+                continue;
+            }
+            // SAFETY: non-null and NUL-terminated per the contract.
+            f(&unsafe { CStr::from_ptr(ptr) }.to_string_lossy());
+        }
+    }
+}
+
+/// `stepscope_step` for an iteration serving `n_ids` requests: with `"stepscope":
+/// {"request_ids": true}`, a captured iteration records their ids. `ids` may be NULL when
+/// `n_ids` is 0.
+///
+/// # Safety
+/// `p` is a live handle; `iteration` is NULL or valid; `ids` is NULL or holds `n_ids` pointers,
+/// each NULL or a NUL-terminated string, valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_step_with_requests(
+    p: *mut stepscope_profiler,
+    iteration: *const stepscope_iteration,
+    ids: *const *const c_char,
+    n_ids: usize,
+) -> c_int {
+    // SAFETY: per the contract.
+    unsafe {
+        with_profiler("stepscope_step_with_requests", p, |p| {
+            let info = iteration_info(iteration);
+            let requests = CRequestIds { ids, n: n_ids };
+            std::mem::forget(p.step_with_requests(&info, &requests));
+            p.take_last_error().map_or(Ok(()), Err)
+        })
+    }
+}
+
+/// 1 when the next step can record request ids (`request_ids` on and a session armed): collect
+/// them only then. 0 otherwise, and for NULL.
+///
+/// # Safety
+/// `p` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_wants_request_ids(p: *const stepscope_profiler) -> c_int {
+    // SAFETY: per the contract.
+    unsafe {
+        flag(
+            "stepscope_wants_request_ids",
+            p,
+            WorkerProfiler::wants_request_ids,
+        )
+    }
+}
+
+/// The counts behind a C iteration pointer; NULL: unknown.
+///
+/// # Safety
+/// `iteration` is NULL or valid for the call.
+unsafe fn iteration_info(iteration: *const stepscope_iteration) -> IterationInfo {
+    if iteration.is_null() {
+        return IterationInfo::default();
+    }
+    // SAFETY: non-null and valid per the contract.
+    let it = unsafe { *iteration };
+    IterationInfo::new(
+        it.num_ctx_reqs,
+        it.num_ctx_tokens,
+        it.num_gen_reqs,
+        it.num_gen_tokens,
+    )
 }
 
 /// Closes the current iteration's range, if one is open.
@@ -466,6 +543,13 @@ mod tests {
         let _: unsafe extern "C" fn(*mut P) -> c_int = stepscope_shutdown;
         let _: unsafe extern "C" fn(*const P) -> c_int = stepscope_is_active;
         let _: unsafe extern "C" fn(*const P) -> c_int = stepscope_is_running;
+        let _: unsafe extern "C" fn(*const P) -> c_int = stepscope_wants_request_ids;
+        let _: unsafe extern "C" fn(
+            *mut P,
+            *const stepscope_iteration,
+            *const *const c_char,
+            usize,
+        ) -> c_int = stepscope_step_with_requests;
         let _: unsafe extern "C" fn(*mut P, u32) -> c_int = stepscope_flush;
         let _: extern "C" fn() -> *const c_char = stepscope_last_error;
         let _: extern "C" fn() -> *const c_char = stepscope_version;

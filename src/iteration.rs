@@ -149,6 +149,39 @@ fn push_u64(out: &mut String, mut n: u64) {
     }
 }
 
+/// The ids of the requests one iteration served (`stepscope.request_ids`), as an engine
+/// holds them: read only when the iteration is captured, so an engine can pass them without
+/// copying.
+pub trait RequestIds {
+    /// How many ids there are.
+    fn count(&self) -> usize;
+
+    /// Calls `f` with each id, in order.
+    fn for_each_id(&self, f: &mut dyn FnMut(&str));
+}
+
+impl<S: AsRef<str>> RequestIds for [S] {
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn for_each_id(&self, f: &mut dyn FnMut(&str)) {
+        for id in self {
+            f(id.as_ref());
+        }
+    }
+}
+
+impl<S: AsRef<str>> RequestIds for Vec<S> {
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn for_each_id(&self, f: &mut dyn FnMut(&str)) {
+        self.as_slice().for_each_id(f);
+    }
+}
+
 /// The kind of work an iteration did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -42,11 +42,11 @@ pub mod schedule;
 
 pub use config::ProfilerConfig;
 pub use error::{Error, IoSource, Result};
-pub use iteration::{IterationDetail, IterationInfo, PhaseSums, Stage};
+pub use iteration::{IterationDetail, IterationInfo, PhaseSums, RequestIds, Stage};
 #[allow(deprecated)]
 pub use profiler::Iteration;
-pub use profiler::{IterationGuard, StartOutcome, Status, StopOutcome, WorkerProfiler};
-pub use schedule::StartOptions;
+pub use profiler::{IterationGuard, StartOutcome, Status, StepTime, StopOutcome, WorkerProfiler};
+pub use schedule::{SlowStepSeen, StartOptions};
 
 /// This library's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

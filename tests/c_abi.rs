@@ -135,6 +135,9 @@ fn summary(events: &[Event]) -> Vec<String> {
             ("cuda", "cuProfilerStart") => Some("failed-start".to_string()),
             ("cuda", "cuProfilerStop") => Some("stop".to_string()),
             ("nvtx", "push") => Some(format!("push {}", e.arg(2))),
+            ("nvtx", "mark") if e.arg(1).starts_with("requests:") || e.arg(1) == "slow step" => {
+                Some(format!("{} @{}", e.arg(1), e.arg(2)))
+            }
             _ => None,
         })
         .collect()
@@ -197,6 +200,24 @@ fn every_worker_profiler_case_through_the_c_abi() {
     assert_eq!(unknown.arg(1), "execute_context_0(0)_generation_0(0)");
     assert_eq!(unknown.arg(3), "4", "unknown counts are the idle stage");
     assert!(s("bad_arguments").is_empty());
+    // Only the captured iteration's ids are read and marked; with request_ids off, none.
+    assert_eq!(
+        s("request_ids"),
+        [
+            "start",
+            "push 2",
+            "requests: req-a,req-b @2",
+            "stop",
+            "start",
+            "push 1",
+            "stop"
+        ]
+    );
+    // The window begins in the step after the slow one, marked with the slow step's index.
+    assert_eq!(
+        s("slow_step"),
+        ["start", "slow step @4", "push 5", "push 6", "stop"]
+    );
 
     // The NVTX window of delay 2 / max 3 names iterations as vLLM does.
     let names: Vec<&str> = cases["delay_max"]
@@ -247,7 +268,7 @@ fn the_header_declares_exactly_the_exported_functions() {
         .collect();
     exported.sort();
     assert_eq!(declared, exported);
-    assert_eq!(declared.len(), 15, "the ABI has fifteen functions");
+    assert_eq!(declared.len(), 17, "the ABI has seventeen functions");
 }
 
 #[test]

@@ -80,6 +80,38 @@ fn each_key_is_validated_with_an_error_naming_it() {
             r#"{"stepscope": {"start_at_step": 100, "min_batch_requests": 8}}"#,
             "stepscope.start_at_step",
         ),
+        (
+            r#"{"max_iterations": 2, "stepscope": {"slow_step_ms": 0}}"#,
+            "stepscope.slow_step_ms",
+        ),
+        (
+            r#"{"max_iterations": 2, "stepscope": {"slow_step_ms": "5"}}"#,
+            "stepscope.slow_step_ms",
+        ),
+        (
+            r#"{"stepscope": {"slow_step_ms": 5}}"#,
+            "stepscope.slow_step_ms",
+        ),
+        (
+            r#"{"max_iterations": 2, "stepscope": {"slow_step_factor": 1}}"#,
+            "stepscope.slow_step_factor",
+        ),
+        (
+            r#"{"stepscope": {"slow_step_factor": 3}}"#,
+            "stepscope.slow_step_factor",
+        ),
+        (
+            r#"{"max_iterations": 2, "stepscope": {"slow_step_ms": 5, "start_at_step": 9}}"#,
+            "stepscope.slow_step_ms",
+        ),
+        (
+            r#"{"max_iterations": 2, "stepscope": {"slow_step_ms": 5, "repeat": 2, "repeat_every": 9}}"#,
+            "stepscope.repeat_every",
+        ),
+        (
+            r#"{"stepscope": {"request_ids": 1}}"#,
+            "stepscope.request_ids",
+        ),
     ];
     for (json, field) in cases {
         let e = config_error(json);
@@ -674,4 +706,105 @@ proptest! {
             prop_assert_eq!(imp.is_running(), model.collecting, "is_running after op {} {:?}", i, op);
         }
     }
+}
+
+/// A toy engine: one step per entry, each lasting about that many milliseconds inside its
+/// guard. Returns the captured steps.
+fn engine(p: &WorkerProfiler, step_ms: &[u64]) -> Vec<u64> {
+    step_ms
+        .iter()
+        .filter_map(|ms| {
+            let it = p.step(&DECODE);
+            std::thread::sleep(std::time::Duration::from_millis(*ms));
+            it.is_captured().then(|| p.step_index())
+        })
+        .collect()
+}
+
+#[test]
+fn a_slow_step_starts_the_window_in_the_next_iteration() {
+    // Steps of 0 ms against a 100 ms threshold; step 4 takes 300 ms, step 9 too.
+    let (p, rec) = profiler(r#"{"max_iterations": 3, "stepscope": {"slow_step_ms": 100}}"#);
+    assert!(matches!(p.start(), Ok(StartOutcome::Armed { delay: 0 })));
+    assert_eq!(p.status().phase, "watching");
+    let mut steps = [0u64; 12];
+    steps[3] = 300;
+    steps[8] = 300;
+    assert_eq!(engine(&p, &steps), [5, 6, 7]);
+    assert_eq!(rec.captured_steps(), [5, 6, 7]);
+    let trigger = rec.triggers.lock()[0].expect("the start names its slow step");
+    assert_eq!(trigger.step, 4);
+    assert!(trigger.duration_ns >= 300_000_000);
+    let status = p.status();
+    assert_eq!(status.trigger_step.map(|t| t.step), Some(4));
+    assert_eq!(status.slowest_step.map(|t| t.step), Some(4));
+    assert_eq!(status.slow_step_ms, Some(100.0));
+    // One window: a later slow step starts nothing.
+    assert!(!p.is_active());
+}
+
+#[test]
+fn a_factor_trigger_ignores_a_uniformly_slow_run_then_fires_on_an_outlier() {
+    let (p, rec) = profiler(r#"{"max_iterations": 2, "stepscope": {"slow_step_factor": 10}}"#);
+    p.start().unwrap();
+    // 30 steps of 5 ms: the median is 5 ms, no step is 10x slower.
+    assert!(engine(&p, &[5; 30]).is_empty());
+    assert_eq!(p.status().phase, "watching");
+    let median = p.status().median_step_ms.expect("a median after 30 steps");
+    assert!(median >= 5.0, "median {median} ms");
+    // Step 32 takes 400 ms: the window is 33 and 34.
+    let mut steps = [5u64; 8];
+    steps[1] = 400;
+    assert_eq!(engine(&p, &steps), [33, 34]);
+    assert_eq!(rec.triggers.lock()[0].map(|t| t.step), Some(32));
+}
+
+/// Request ids that count how often they are read.
+struct CountedIds(Vec<String>, std::cell::Cell<usize>);
+
+impl stepscope::RequestIds for CountedIds {
+    fn count(&self) -> usize {
+        self.0.len()
+    }
+    fn for_each_id(&self, f: &mut dyn FnMut(&str)) {
+        self.1.set(self.1.get() + 1);
+        self.0.as_slice().for_each_id(f);
+    }
+}
+
+#[test]
+fn request_ids_are_read_only_for_captured_iterations_and_only_when_asked_for() {
+    let ids = |step: u64| CountedIds(vec![format!("r{step}"), "shared".into()], 0.into());
+    let (p, rec) = profiler(
+        r#"{"delay_iterations": 2, "max_iterations": 2, "stepscope": {"request_ids": true}}"#,
+    );
+    assert!(!p.wants_request_ids(), "nothing armed");
+    p.start().unwrap();
+    assert!(p.wants_request_ids());
+    let mut reads = Vec::new();
+    for step in 1..=5 {
+        let r = ids(step);
+        drop(p.step_with_requests(&DECODE, &r));
+        reads.push(r.1.get());
+    }
+    // Steps 2 and 3 are captured (delay 2, max 2): only their ids are read.
+    assert_eq!(reads, [0, 1, 1, 0, 0]);
+    assert_eq!(
+        *rec.requests.lock(),
+        [
+            (2, vec!["r2".to_string(), "shared".into()]),
+            (3, vec!["r3".to_string(), "shared".into()])
+        ]
+    );
+    assert!(!p.wants_request_ids(), "the session ended");
+
+    // Off (the default): ids passed anyway are never read.
+    let (p, rec) = profiler(r#"{"max_iterations": 2}"#);
+    p.start().unwrap();
+    assert!(!p.wants_request_ids());
+    let r = ids(1);
+    drop(p.step_with_requests(&DECODE, &r));
+    assert_eq!(r.1.get(), 0);
+    assert!(rec.requests.lock().is_empty());
+    assert_eq!(rec.captured_steps(), [1]);
 }

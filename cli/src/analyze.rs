@@ -65,6 +65,12 @@ pub struct Gap {
 pub struct Step {
     /// `ProfilerStep#N` or the iteration's `execute_…` annotation.
     pub name: String,
+    /// The engine's step index, when stepscope annotated the iteration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    /// The ids of the requests the iteration served (stepscope's `request_ids`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub requests: Vec<String>,
     /// Start, µs from the trace's start.
     pub start_us: f64,
     /// Wall time, µs.
@@ -108,6 +114,9 @@ pub struct TraceReport {
     pub idle_gaps: Vec<Gap>,
     /// The iterations found.
     pub steps: Vec<Step>,
+    /// What started the capture, from stepscope's header (e.g. `{"slow_step": …}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<serde_json::Value>,
 }
 
 /// HTA's classification of a GPU event by name.
@@ -133,6 +142,9 @@ struct Annot<'a> {
     name: Cow<'a, str>,
     ts: f64,
     end: f64,
+    /// The step index stepscope gave an iteration annotation, and its requests, if any.
+    step: Option<u64>,
+    requests: Vec<String>,
 }
 
 /// Reads and analyzes one trace. `top`: kernel names kept (0: all).
@@ -221,6 +233,8 @@ pub fn analyze_bytes(path: &Path, bytes: &[u8], top: usize) -> Result<TraceRepor
                 name: name_cow.clone(),
                 ts,
                 end: ts + dur,
+                step: None,
+                requests: Vec::new(),
             }),
             _ => {}
         }
@@ -229,12 +243,17 @@ pub fn analyze_bytes(path: &Path, bytes: &[u8], top: usize) -> Result<TraceRepor
                 name: name_cow.clone(),
                 ts,
                 end: ts + dur,
+                step: None,
+                requests: Vec::new(),
             });
         } else if name.starts_with("execute_") && !matches!(cat, "kernel" | "gpu_user_annotation") {
+            let args = e.args();
             execute_steps.push(Annot {
                 name: name_cow.clone(),
                 ts,
                 end: ts + dur,
+                step: args.record_function_id.filter(|id| *id > 0),
+                requests: args.requests.unwrap_or_default(),
             });
         }
     })?;
@@ -296,10 +315,26 @@ pub fn analyze_bytes(path: &Path, bytes: &[u8], top: usize) -> Result<TraceRepor
         execute_steps
     };
     step_annots.sort_by(|a, b| a.ts.total_cmp(&b.ts));
+    // Requests from the header, for annotations whose args lack them (Kineto writes an
+    // annotation's requests only when the capture records shapes).
+    let header_requests: HashMap<u64, &Vec<String>> = meta
+        .stepscope
+        .steps
+        .iter()
+        .map(|s| (s.step, &s.requests))
+        .collect();
     let mut steps: Vec<Step> = step_annots
         .iter()
         .map(|a| Step {
             name: a.name.to_string(),
+            step: a.step,
+            requests: match (a.requests.is_empty(), a.step) {
+                (true, Some(i)) => header_requests
+                    .get(&i)
+                    .map(|r| r.to_vec())
+                    .unwrap_or_default(),
+                _ => a.requests.clone(),
+            },
             start_us: a.ts - first,
             dur_us: a.end - a.ts,
             kernel_us: 0.0,
@@ -364,6 +399,7 @@ pub fn analyze_bytes(path: &Path, bytes: &[u8], top: usize) -> Result<TraceRepor
         },
         idle_gaps,
         steps,
+        trigger: meta.stepscope.trigger,
     })
 }
 
@@ -456,6 +492,18 @@ fn short(name: &str, n: usize) -> String {
     }
 }
 
+/// Steps listed with their requests in the report.
+const SLOWEST_STEPS: usize = 5;
+
+/// The first `n` ids, then how many more.
+fn id_list(ids: &[String], n: usize) -> String {
+    let mut out = ids.iter().take(n).cloned().collect::<Vec<_>>().join(", ");
+    if ids.len() > n {
+        out.push_str(&format!(", … (+{} more)", ids.len() - n));
+    }
+    out
+}
+
 /// The human-readable report of one trace.
 pub fn render(r: &TraceReport) -> String {
     let mut o = String::new();
@@ -528,6 +576,31 @@ pub fn render(r: &TraceReport) -> String {
                 ms(s.dur_us),
                 ms(s.kernel_us),
                 s.kernel_count
+            ));
+        }
+    }
+    if let Some(slow) = r.trigger.as_ref().and_then(|t| t.get("slow_step")) {
+        let step = slow.get("step").and_then(|v| v.as_u64()).unwrap_or(0);
+        let ns = slow
+            .get("duration_ns")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(0.0);
+        o.push_str(&format!(
+            "\n  captured after slow step {step} ({})\n",
+            ms(ns / 1e3)
+        ));
+    }
+    if r.steps.iter().any(|s| !s.requests.is_empty()) {
+        let mut slowest: Vec<&Step> = r.steps.iter().collect();
+        slowest.sort_by(|a, b| b.dur_us.total_cmp(&a.dur_us));
+        o.push_str("\n  slowest steps and the requests they served\n");
+        for s in slowest.iter().take(SLOWEST_STEPS) {
+            let step = s.step.map_or_else(|| "?".into(), |i| i.to_string());
+            o.push_str(&format!(
+                "  step {step:<8} {:>10}  {} request(s): {}\n",
+                ms(s.dur_us),
+                s.requests.len(),
+                id_list(&s.requests, 8)
             ));
         }
     }

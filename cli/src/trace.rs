@@ -153,6 +153,14 @@ pub struct Args {
     /// The GPU of a device event.
     #[serde(default)]
     pub device: Option<u64>,
+    /// A RecordFunction's handle: stepscope sets it to the step index of its iteration
+    /// annotations (0 elsewhere).
+    #[serde(default, rename = "Record function id")]
+    pub record_function_id: Option<u64>,
+    /// The ids of the requests an iteration served (stepscope's `request_ids`; Kineto writes
+    /// them when the capture records shapes).
+    #[serde(default)]
+    pub requests: Option<Vec<String>>,
 }
 
 /// One trace event, with the fields analysis reads.
@@ -200,8 +208,31 @@ pub struct Meta {
     pub world_size: Option<i64>,
     /// `deviceProperties`.
     pub devices: Vec<DeviceProperties>,
+    /// stepscope's header (`stepscope`): the captured steps' requests and the trigger.
+    pub stepscope: StepscopeHeader,
     /// Whether a `traceEvents` array was found.
     pub has_events: bool,
+}
+
+/// The parts of stepscope's trace header (`"stepscope": {...}`) analysis reads.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StepscopeHeader {
+    /// Each captured iteration's requests (`request_ids`).
+    #[serde(default)]
+    pub steps: Vec<HeaderStep>,
+    /// What started the capture (`{"slow_step": {"step", "duration_ns", …}}`).
+    #[serde(default)]
+    pub trigger: Option<serde_json::Value>,
+}
+
+/// One entry of the header's `steps`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct HeaderStep {
+    /// The step index.
+    pub step: u64,
+    /// The requests it served.
+    #[serde(default)]
+    pub requests: Vec<String>,
 }
 
 /// One entry of `deviceProperties`.
@@ -303,6 +334,10 @@ impl<'de, 'm, T: Deserialize<'de>, F: FnMut(T)> Visitor<'de> for TopLevel<'m, T,
                 }
                 "deviceProperties" => {
                     self.meta.devices = map.next_value().unwrap_or_default();
+                }
+                "stepscope" => {
+                    let header: Option<StepscopeHeader> = map.next_value().unwrap_or_default();
+                    self.meta.stepscope = header.unwrap_or_default();
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;

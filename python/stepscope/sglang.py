@@ -423,7 +423,9 @@ class _SchedulerProfiler:
         if request is None:
             return
         armed = request.by_stage or any(p.is_armed for p in self.profilers)
-        iteration = iteration_of(batch) if armed else None
+        # Request ids are read only when stepscope.request_ids asks for them.
+        ids = [str(r.rid) for r in batch.reqs] if self._wants_ids() else None
+        iteration = iteration_of(batch, ids) if armed else None
         if request.by_stage:
             self._stage_windows(request, batch)
         for p in self.profilers:
@@ -435,6 +437,9 @@ class _SchedulerProfiler:
                 self._finish(request)
         elif not any(p.is_active for p in self.profilers):
             self._finish(request)  # num_steps reached: the profilers stopped by themselves
+
+    def _wants_ids(self) -> bool:
+        return any(p.wants_request_ids for p in self.profilers)
 
     def _stage_windows(self, request: _Request, batch: Any) -> None:
         """Ends the running stage window at its count or at a batch of another stage, and
@@ -550,16 +555,16 @@ def stage_of(forward_mode: Any) -> str | None:
     return None
 
 
-def iteration_of(batch: Any) -> Any:
+def iteration_of(batch: Any, request_ids: list[str] | None = None) -> Any:
     """The batch's counts as a :class:`stepscope.Iteration`: extend requests and tokens as the
     context part, decoding requests (one token each) as the generation part; a mixed batch has
-    both. None for a batch with no model forward."""
+    both; with the requests' ``rid`` s when given. None for a batch with no model forward."""
     import stepscope
 
     mode = batch.forward_mode
     reqs = len(batch.reqs)
     if mode.is_decode():
-        return stepscope.Iteration(num_gen_reqs=reqs, num_gen_tokens=reqs)
+        return stepscope.Iteration(num_gen_reqs=reqs, num_gen_tokens=reqs, request_ids=request_ids)
     if not mode.is_extend():
         return None
     decoding = len(batch.decoding_reqs or ()) if mode.is_mixed() else 0
@@ -569,6 +574,7 @@ def iteration_of(batch: Any) -> Any:
         num_ctx_tokens=max(tokens - decoding, 0),
         num_gen_reqs=decoding,
         num_gen_tokens=decoding,
+        request_ids=request_ids,
     )
 
 

@@ -606,7 +606,9 @@ def _make_annotate(original: Callable[..., Any], compute_iteration_details: Any)
             profiler.step()
             return _IDLE
         detailed = bool(getattr(self.vllm_config.profiler_config, "detailed_trace_annotation", False))
-        profiler.step(iteration_of(scheduler_output, compute_iteration_details, detailed))
+        # Request ids are read only when stepscope.request_ids asks for them.
+        ids = request_ids_of(scheduler_output) if profiler.wants_request_ids else None
+        profiler.step(iteration_of(scheduler_output, compute_iteration_details, detailed, ids))
         return _IterationScope(profiler)
 
     annotate_profile.__doc__ = original.__doc__
@@ -687,10 +689,21 @@ class _IterationScope:
         self._profiler.step_end()
 
 
-def iteration_of(scheduler_output: Any, compute_iteration_details: Any, detailed: bool) -> Any:
+def request_ids_of(scheduler_output: Any) -> list[str]:
+    """The ids of the requests one ``SchedulerOutput`` schedules, in its order: the keys of
+    ``num_scheduled_tokens`` (new and cached requests alike)."""
+    return [str(r) for r in scheduler_output.num_scheduled_tokens]
+
+
+def iteration_of(
+    scheduler_output: Any,
+    compute_iteration_details: Any,
+    detailed: bool,
+    request_ids: list[str] | None = None,
+) -> Any:
     """The :class:`stepscope.Iteration` of one ``SchedulerOutput``: vLLM's own
     ``compute_iteration_details`` counts (context = a new request or one still in its context
-    phase), and with ``detailed`` vLLM's per-phase roofline sums."""
+    phase), with ``detailed`` vLLM's per-phase roofline sums, and the request ids if given."""
     import stepscope
 
     d = compute_iteration_details(scheduler_output)
@@ -701,7 +714,7 @@ def iteration_of(scheduler_output: Any, compute_iteration_details: Any, detailed
         d.num_generation_tokens,
     )
     if not detailed:
-        return stepscope.Iteration(*counts)
+        return stepscope.Iteration(*counts, request_ids=request_ids)
     new_ids = {r.req_id for r in scheduler_output.scheduled_new_reqs}
     computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
     cached = scheduler_output.scheduled_cached_reqs
@@ -722,6 +735,7 @@ def iteration_of(scheduler_output: Any, compute_iteration_details: Any, detailed
         gen_seq_len_sum=gen[0],
         gen_qq_compute=gen[1],
         gen_qk_compute=gen[2],
+        request_ids=request_ids,
     )
 
 

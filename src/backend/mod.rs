@@ -12,6 +12,8 @@ mod torch;
 
 pub use cuda::CudaBackend;
 #[cfg(feature = "torch-dynamic")]
+pub(crate) use torch::StepRequests;
+#[cfg(feature = "torch-dynamic")]
 pub use torch::{add_glue_dir, glue_info, GlueInfo, TorchBackend};
 
 use crate::config::{ProfilerConfig, ProfilerKind};
@@ -19,7 +21,8 @@ use crate::config::{ProfilerConfig, ProfilerKind};
 use crate::error::Error;
 use crate::error::Result;
 use crate::flush::PendingWrites;
-use crate::iteration::IterationInfo;
+use crate::iteration::{IterationInfo, RequestIds};
+use crate::schedule::SlowStepSeen;
 
 /// What a backend learns when a capture starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +35,8 @@ pub struct CaptureStart<'a> {
     /// The exact file stem of this capture's trace (see
     /// [`crate::WorkerProfiler::set_trace_name`]); `None`: `{worker}.{time_ns}.pt`.
     pub trace_name: Option<&'a str>,
+    /// The slow step this capture follows, when a slow-step trigger started it.
+    pub trigger: Option<SlowStepSeen>,
 }
 
 /// A profiling backend.
@@ -58,6 +63,10 @@ pub trait Backend: Send {
     /// `name` is vLLM's annotation name for it (see [`IterationInfo::write_name`]). The NVTX
     /// range is the profiler's, not the backend's.
     fn begin_iteration(&mut self, _step: u64, _info: &IterationInfo, _name: &str) {}
+
+    /// The requests the captured iteration `step` serves (`stepscope.request_ids`), told just
+    /// before its `begin_iteration`. Backends that record nothing per request ignore them.
+    fn record_requests(&mut self, _step: u64, _requests: &dyn RequestIds) {}
 
     /// Stops recording over an iteration of a stage the session does not capture
     /// (`stepscope.stages`), keeping the session. Backends that cannot pause record through

@@ -110,6 +110,20 @@ impl Nvtx {
     }
 }
 
+impl Nvtx {
+    /// An instant marker whose text is built by `write` into the reused message buffer
+    /// (`requests: …` inside a captured iteration's range), with the step index.
+    pub(crate) fn mark_with(&mut self, step: u64, write: impl FnOnce(&mut Vec<u8>)) {
+        self.message.clear();
+        write(&mut self.message);
+        self.message.retain(|b| *b != 0);
+        self.message.push(0);
+        let attributes = attributes(self.message.as_ptr().cast(), 0, MARK_COLOR, Some(step));
+        // SAFETY: `domain` is live; the message stays unchanged for the call.
+        unsafe { ffi::nvtxDomainMarkEx(self.domain, &attributes) };
+    }
+}
+
 impl Drop for Nvtx {
     fn drop(&mut self) {
         self.pop_iteration();

@@ -32,7 +32,8 @@ use super::{Backend, CaptureStart};
 use crate::config::{is_uri_path, ProfilerConfig, TorchActivity};
 use crate::error::{Error, Result};
 use crate::flush::{self, Job, Manifest, PendingWrites, Writer};
-use crate::iteration::IterationInfo;
+use crate::iteration::{IterationInfo, RequestIds};
+use crate::schedule::SlowStepSeen;
 
 use flushed::KinetoCapture;
 use kineto::{Kineto, Options, Range};
@@ -99,6 +100,17 @@ struct Session {
     first_step: Option<u64>,
     last_step: Option<u64>,
     iterations: u64,
+    /// The slow step this capture follows.
+    trigger: Option<SlowStepSeen>,
+    /// The requests of each captured iteration (`stepscope.request_ids`), in step order.
+    steps: Vec<StepRequests>,
+}
+
+/// One captured iteration's requests, as the manifest and the trace header list them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct StepRequests {
+    pub step: u64,
+    pub requests: Vec<String>,
 }
 
 /// The torch (Kineto) backend. See the module docs.
@@ -319,7 +331,13 @@ impl TorchBackend {
         let (first_step, last_step, iterations) = session.map_or((None, None, 0), |s| {
             (s.first_step, s.last_step, s.iterations)
         });
-        let metadata = json!({
+        let trigger = session.and_then(|s| s.trigger);
+        let steps = self
+            .session
+            .as_mut()
+            .map(|s| std::mem::take(&mut s.steps))
+            .filter(|s| !s.is_empty());
+        let mut metadata = json!({
             "version": crate::VERSION,
             "worker_name": worker_name,
             "local_rank": self.local_rank,
@@ -327,6 +345,13 @@ impl TorchBackend {
             "last_step": last_step,
             "iterations": iterations,
         });
+        if let Some(t) = trigger {
+            metadata["trigger"] = json!({ "slow_step": t });
+        }
+        if let Some(steps) = &steps {
+            metadata["steps"] = json!(steps);
+        }
+        let session = self.session.as_ref();
         // Metadata only enters the trace while the profiler is live, so before disabling.
         // torch.profiler's own keys first (a fresh trace id, the options recorded), then the
         // engine's (vLLM's version, torch.distributed's rank), then stepscope's.
@@ -362,6 +387,8 @@ impl TorchBackend {
             stop_time_unix_ns: stop_unix_ns,
             config: Arc::clone(&self.recording.config),
             trace_name: session.and_then(|s| s.trace_name.clone()),
+            trigger,
+            steps,
             ..Manifest::default()
         };
         self.writer.submit(Job {
@@ -422,6 +449,8 @@ impl Backend for TorchBackend {
             first_step: None,
             last_step: None,
             iterations: 0,
+            trigger: capture.trigger,
+            steps: Vec::new(),
         });
         self.step_num = 0;
         self.action = Action::None;
@@ -481,11 +510,31 @@ impl Backend for TorchBackend {
                 }
             }
         }
+        let requests = self
+            .session
+            .as_ref()
+            .and_then(|s| s.steps.last())
+            .filter(|r| r.step == step)
+            .map_or(&[][..], |r| r.requests.as_slice());
         if let Some(range) = self.range.as_mut() {
-            match range.begin(name) {
+            match range.begin(name, step, requests) {
                 Ok(()) => self.range_open = true,
                 Err(e) => log::warn!("stepscope: {}", kineto_error("RecordFunction begin", &e)),
             }
+        }
+    }
+
+    fn record_requests(&mut self, step: u64, requests: &dyn RequestIds) {
+        if self.kineto != KinetoState::Enabled {
+            return;
+        }
+        if let Some(s) = self.session.as_mut() {
+            let mut ids = Vec::with_capacity(requests.count());
+            requests.for_each_id(&mut |id| ids.push(id.to_string()));
+            s.steps.push(StepRequests {
+                step,
+                requests: ids,
+            });
         }
     }
 

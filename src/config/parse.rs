@@ -220,6 +220,7 @@ impl StepscopeConfig {
             },
         };
         let torch_with_modules = f.bool("torch_with_modules", d.torch_with_modules)?;
+        let request_ids = f.bool("request_ids", d.request_ids)?;
         let capture = CaptureControl::from_fields(&mut f)?;
         f.finish()?;
         Ok(StepscopeConfig {
@@ -229,6 +230,7 @@ impl StepscopeConfig {
             flush_timeout,
             torch_with_modules,
             capture,
+            request_ids,
         })
     }
 }
@@ -317,6 +319,37 @@ impl CaptureControl {
         let min_batch_tokens = f.count("min_batch_tokens", 0, 0)?;
         let repeat = f.count("repeat", 1, 1)?;
         let repeat_every = f.count("repeat_every", 0, 0)?;
+        let slow_step = match f.take("slow_step_ms") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v
+                .as_f64()
+                .filter(|ms| *ms > 0.0)
+                .and_then(|ms| Duration::try_from_secs_f64(ms / 1e3).ok())
+            {
+                Some(d) => Some(d),
+                None => {
+                    return Err(Error::config(
+                        "stepscope.slow_step_ms",
+                        format!("must be a number of milliseconds > 0, not {v}"),
+                    ))
+                }
+            },
+        };
+        let slow_step_factor = match f.take("slow_step_factor") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_f64().and_then(Factor::new) {
+                Some(k) => Some(k),
+                None => {
+                    return Err(Error::config(
+                        "stepscope.slow_step_factor",
+                        format!(
+                            "must be a number > 1 (a step slower than that many times the \
+                             running median triggers), not {v}"
+                        ),
+                    ))
+                }
+            },
+        };
         let c = CaptureControl {
             ranks,
             start_at_step,
@@ -325,7 +358,30 @@ impl CaptureControl {
             min_batch_tokens,
             repeat,
             repeat_every,
+            slow_step,
+            slow_step_factor,
         };
+        let trigger_key = if c.slow_step.is_some() {
+            "stepscope.slow_step_ms"
+        } else {
+            "stepscope.slow_step_factor"
+        };
+        if c.slow_step_trigger().is_some() {
+            if c.start_at_step.is_some() {
+                return Err(Error::config(
+                    trigger_key,
+                    "cannot be combined with start_at_step: the window begins after a slow \
+                     step, not at a fixed one",
+                ));
+            }
+            if c.repeat_every > 0 {
+                return Err(Error::config(
+                    "stepscope.repeat_every",
+                    "does not apply with a slow-step trigger: each window of a repeat waits \
+                     for a new slow step; leave repeat_every out",
+                ));
+            }
+        }
         if c.start_at_step.is_some() && (c.min_batch_requests > 0 || c.min_batch_tokens > 0) {
             return Err(Error::config(
                 "stepscope.start_at_step",
@@ -333,7 +389,7 @@ impl CaptureControl {
                  a batch-size trigger would pick different iterations on different ranks",
             ));
         }
-        if c.repeat > 1 && c.repeat_every == 0 {
+        if c.repeat > 1 && c.repeat_every == 0 && c.slow_step_trigger().is_none() {
             return Err(Error::config(
                 "stepscope.repeat_every",
                 format!(

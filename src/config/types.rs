@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::iteration::Stage;
-use crate::schedule::{stage_bit, Policy, ALL_STAGES};
+use crate::schedule::{stage_bit, Policy, SlowStep, ALL_STAGES};
 
 /// The environment variable read by [`ProfilerConfig::from_env`]: JSON text, or a path to a
 /// JSON file.
@@ -94,6 +94,28 @@ pub struct StepscopeConfig {
     /// vLLM's semantics exact.
     #[serde(flatten)]
     pub capture: CaptureControl,
+    /// Captured iterations carry the ids of the requests they served (in the trace and the
+    /// manifest); engines pass them to `step()` only while this is on. Default false.
+    pub request_ids: bool,
+}
+
+/// A positive, finite factor (`stepscope.slow_step_factor`): never NaN, so equality is total.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize)]
+#[serde(transparent)]
+pub struct Factor(f64);
+
+impl Eq for Factor {}
+
+impl Factor {
+    /// `value` when it is finite and greater than 1.
+    pub fn new(value: f64) -> Option<Factor> {
+        (value.is_finite() && value > 1.0).then_some(Factor(value))
+    }
+
+    /// The factor.
+    pub fn get(self) -> f64 {
+        self.0
+    }
 }
 
 /// stepscope's capture-control keys (`"stepscope": {"ranks": …, "stages": …, …}`).
@@ -119,6 +141,13 @@ pub struct CaptureControl {
     pub repeat: u64,
     /// Steps from one window's first step to the next's (with `repeat` > 1).
     pub repeat_every: u64,
+    /// The slow-step trigger's absolute threshold: after `start()`, a window begins in the
+    /// iteration after the first one slower than this (`slow_step_ms`).
+    #[serde(rename = "slow_step_ms", serialize_with = "millis_opt")]
+    pub slow_step: Option<Duration>,
+    /// The relative threshold: slower than this many times the running median of the last
+    /// 256 timed steps (`slow_step_factor`). With both, a step must exceed both.
+    pub slow_step_factor: Option<Factor>,
 }
 
 /// The schedule's policy of a config's `"stepscope"` capture keys: the schedule knows nothing of
@@ -138,6 +167,7 @@ impl From<&CaptureControl> for Policy {
             start_at_step: c.start_at_step,
             repeat: c.repeat,
             repeat_every: c.repeat_every,
+            slow: c.slow_step_trigger(),
         }
     }
 }
@@ -150,6 +180,30 @@ impl CaptureControl {
             && self.min_batch_requests == 0
             && self.min_batch_tokens == 0
             && self.repeat <= 1
+            && self.slow_step_trigger().is_none()
+    }
+
+    /// The slow-step trigger the keys ask for, if any.
+    pub fn slow_step_trigger(&self) -> Option<SlowStep> {
+        if self.slow_step.is_none() && self.slow_step_factor.is_none() {
+            return None;
+        }
+        Some(SlowStep {
+            min_ns: self
+                .slow_step
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+            factor: self.slow_step_factor.map_or(0.0, Factor::get),
+        })
+    }
+}
+
+fn millis_opt<S: serde::Serializer>(
+    d: &Option<Duration>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_f64(d.as_secs_f64() * 1e3),
+        None => s.serialize_none(),
     }
 }
 
@@ -165,6 +219,7 @@ impl Default for StepscopeConfig {
             cuda_device: None,
             flush_timeout: Duration::from_secs(600),
             torch_with_modules: false,
+            request_ids: false,
             capture: CaptureControl {
                 repeat: 1,
                 ..CaptureControl::default()

@@ -76,7 +76,18 @@ impl ProfilerConfig {
                 "takes the place of delay_iterations: set one of them",
             ));
         }
-        if capture.repeat > 1 {
+        if capture.slow_step_trigger().is_some() && self.max_iterations == 0 {
+            return Err(Error::config(
+                if capture.slow_step.is_some() {
+                    "stepscope.slow_step_ms"
+                } else {
+                    "stepscope.slow_step_factor"
+                },
+                "needs max_iterations > 0: the window after a slow step captures \
+                 max_iterations iterations",
+            ));
+        }
+        if capture.repeat > 1 && capture.slow_step_trigger().is_none() {
             if self.max_iterations == 0 {
                 return Err(Error::config(
                     "stepscope.repeat",

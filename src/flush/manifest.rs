@@ -38,6 +38,12 @@ pub(crate) struct Manifest {
     pub finalize_seconds: Option<f64>,
     /// Of which serializing, compressing and renaming the trace.
     pub write_seconds: Option<f64>,
+    /// The slow step the capture follows, when a slow-step trigger started it.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "slow_step")]
+    pub trigger: Option<crate::schedule::SlowStepSeen>,
+    /// Each captured iteration's requests (`stepscope.request_ids`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps: Option<Vec<crate::backend::StepRequests>>,
     /// The session's config, written after the fields (shared with the backend, serialized
     /// on the writer threads, never copied on the engine thread).
     #[serde(skip)]
@@ -46,6 +52,21 @@ pub(crate) struct Manifest {
     /// `{worker}.{time_ns}.pt`.
     #[serde(skip)]
     pub trace_name: Option<String>,
+}
+
+/// `"trigger": {"slow_step": {"step", "duration_ns", "median_ns"}}`.
+fn slow_step<S: serde::Serializer>(
+    t: &Option<crate::schedule::SlowStepSeen>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Trigger<'a> {
+        slow_step: &'a crate::schedule::SlowStepSeen,
+    }
+    match t {
+        Some(t) => Trigger { slow_step: t }.serialize(s),
+        None => s.serialize_none(),
+    }
 }
 
 /// The manifest file: the manifest's fields, then the config.

@@ -3,11 +3,12 @@
 //! iteration's annotations.
 
 use std::thread::{self, ThreadId};
+use std::time::Instant;
 
 use crate::backend::nvtx::Nvtx;
 use crate::backend::{Backend, CaptureStart};
 use crate::error::{Error, Result};
-use crate::iteration::IterationInfo;
+use crate::iteration::{IterationInfo, RequestIds};
 use crate::schedule::Schedule;
 
 pub(super) struct Inner {
@@ -33,6 +34,10 @@ pub(super) struct Inner {
     /// The file stem of the next capture's trace ([`WorkerProfiler::set_trace_name`]), taken
     /// by the backend start that uses it.
     pub(super) trace_name: Option<String>,
+    /// When the step being timed began (only while a slow-step trigger watches).
+    pub(super) step_began: Option<Instant>,
+    /// When that step ended, if `step_end()` said so; else the next step's begin ends it.
+    pub(super) step_ended: Option<Instant>,
 }
 
 impl Inner {
@@ -106,13 +111,18 @@ impl Inner {
             worker_name: &self.worker_name,
             first_step,
             trace_name: self.trace_name.as_deref(),
+            trigger: self.schedule.window_trigger(),
         };
+        let trigger = capture.trigger;
         let result = self.backend.start(&capture);
         self.schedule.start_result(result.is_ok());
         match &result {
             Ok(()) => {
                 self.trace_name = None;
                 if let Some(nvtx) = &self.nvtx {
+                    if let Some(slow) = trigger {
+                        nvtx.mark(c"slow step", slow.step);
+                    }
                     nvtx.mark(c"capture start", first_step);
                 }
             }
@@ -142,6 +152,7 @@ impl Inner {
         step: u64,
         info: &IterationInfo,
         captured: bool,
+        requests: Option<&dyn RequestIds>,
     ) -> bool {
         let nvtx = self.nvtx.is_some() && (captured || self.nvtx_always);
         if !captured && !nvtx {
@@ -156,10 +167,36 @@ impl Inner {
             n.push_iteration(step, info, &self.name);
         }
         if captured {
+            if let Some(ids) = requests {
+                self.backend.record_requests(step, ids);
+            }
             self.backend.begin_iteration(step, info, &self.name);
             self.backend_range_open = true;
         }
+        if let (Some(n), Some(ids)) = (self.nvtx.as_mut().filter(|_| captured), requests) {
+            n.mark_with(step, |text| {
+                text.extend_from_slice(b"requests: ");
+                let mut first = true;
+                ids.for_each_id(&mut |id| {
+                    if !first {
+                        text.push(b',');
+                    }
+                    first = false;
+                    text.extend_from_slice(id.as_bytes());
+                });
+            });
+        }
         true
+    }
+
+    /// How long the step being timed took, ending at `now` unless `step_end()` ended it; clears
+    /// the timing. `None` when no step was being timed or `now` is not given.
+    pub(super) fn take_step_time(&mut self, now: Option<Instant>) -> Option<u64> {
+        let began = self.step_began.take();
+        let ended = self.step_ended.take();
+        let end = ended.or(now)?;
+        let ns = end.saturating_duration_since(began?).as_nanos();
+        Some(u64::try_from(ns).unwrap_or(u64::MAX))
     }
 
     pub(super) fn iteration_open(&self) -> bool {

@@ -38,11 +38,11 @@ pub use iteration::IterationGuard;
 )]
 pub type Iteration<'a> = IterationGuard<'a>;
 pub use options::{StartOutcome, StopOutcome};
-pub use status::Status;
+pub use status::{Status, StepTime};
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -50,7 +50,7 @@ use crate::backend::nvtx::Nvtx;
 use crate::backend::{self, Backend};
 use crate::config::{NvtxMode, ProfilerConfig};
 use crate::error::{Error, Result};
-use crate::iteration::IterationInfo;
+use crate::iteration::{IterationInfo, RequestIds};
 use crate::schedule::{
     Limits, Phase, Policy, Schedule, StartDecision, StartOptions, StepBegin, StepInfo, StopDecision,
 };
@@ -86,6 +86,8 @@ const GATE_UNREGISTERED: u8 = 2;
 pub struct WorkerProfiler {
     gate: AtomicU8,
     steps: AtomicU64,
+    /// `stepscope.request_ids`: captured iterations record the ids `step_with_requests` gets.
+    request_ids: bool,
     inner: Mutex<Inner>,
 }
 
@@ -125,6 +127,7 @@ impl WorkerProfiler {
         let profiler = WorkerProfiler {
             gate: AtomicU8::new(GATE_UNREGISTERED),
             steps: AtomicU64::new(0),
+            request_ids: config.stepscope.request_ids,
             inner: Mutex::new(Inner {
                 worker_name: worker_name.to_string(),
                 trace_name: None,
@@ -145,6 +148,8 @@ impl WorkerProfiler {
                 last_error: None,
                 rank: rank_from_env(),
                 ranks: config.stepscope.capture.ranks.clone(),
+                step_began: None,
+                step_ended: None,
             }),
         };
         profiler.sync_gate(&profiler.inner.lock());
@@ -174,6 +179,11 @@ impl WorkerProfiler {
         let here = g.is_engine_thread();
         if here {
             g.run_pending(self.next_step());
+        }
+        if !g.schedule.is_active() {
+            // A step timed in an earlier session must not span the gap to this one.
+            g.step_began = None;
+            g.step_ended = None;
         }
         let result = match g.schedule.start(options, self.step_index()) {
             StartDecision::Passed { step, now } => Err(Error::InvalidArgument {
@@ -268,7 +278,34 @@ impl WorkerProfiler {
         if self.gate.load(Relaxed) == 0 {
             return IterationGuard::idle();
         }
-        self.step_slow(index, info)
+        self.step_slow(index, info, None)
+    }
+
+    /// [`WorkerProfiler::step`] for an iteration serving these requests: with
+    /// `stepscope.request_ids` on, a captured iteration records their ids (in the trace's
+    /// annotation and header, the manifest, and an NVTX marker inside the iteration's range).
+    /// The ids are read only when the iteration is captured; pass them only while
+    /// [`WorkerProfiler::wants_request_ids`] is true, which spares the engine collecting them.
+    #[inline]
+    pub fn step_with_requests(
+        &self,
+        info: &IterationInfo,
+        requests: &dyn RequestIds,
+    ) -> IterationGuard<'_> {
+        let index = self.steps.load(Relaxed) + 1;
+        self.steps.store(index, Relaxed);
+        if self.gate.load(Relaxed) == 0 {
+            return IterationGuard::idle();
+        }
+        let requests = self.request_ids.then_some(requests);
+        self.step_slow(index, info, requests)
+    }
+
+    /// Whether the next step could record request ids: `stepscope.request_ids` is on and a
+    /// session is armed. One relaxed load; engines collect ids only while it is true.
+    #[inline]
+    pub fn wants_request_ids(&self) -> bool {
+        self.request_ids && self.is_armed()
     }
 
     /// `step()` when it has nothing to do: with nothing armed (and the engine thread known),
@@ -286,14 +323,23 @@ impl WorkerProfiler {
 
     #[cold]
     #[inline(never)]
-    fn step_slow(&self, index: u64, info: &IterationInfo) -> IterationGuard<'_> {
+    fn step_slow(
+        &self,
+        index: u64,
+        info: &IterationInfo,
+        requests: Option<&dyn RequestIds>,
+    ) -> IterationGuard<'_> {
         let mut g = self.inner.lock();
         if g.engine_thread.is_none() {
             g.engine_thread = Some(thread::current().id());
         }
         g.close_range();
         g.run_pending(index);
-        let outcome = match g.schedule.begin_step(StepInfo::of(index, info)) {
+        // A slow-step trigger watches: the clock is read once per step, and only then.
+        let now = g.schedule.times_steps().then(Instant::now);
+        let previous = g.take_step_time(now);
+        let step = StepInfo::of(index, info).after(previous);
+        let outcome = match g.schedule.begin_step(step) {
             // On failure the session stays active, not running; the error is kept.
             StepBegin::StartBackend => g.start_backend(index),
             StepBegin::PauseBackend => g.pause_backend(index),
@@ -312,10 +358,15 @@ impl WorkerProfiler {
                 g.last_error = Some(e);
             }
         }
+        let timed = g.schedule.times_steps();
+        if timed {
+            g.step_began = Some(now.unwrap_or_else(Instant::now));
+        }
         let captured = g.schedule.is_running();
-        let open = g.open_iteration(index, info, captured);
+        let open = g.open_iteration(index, info, captured, requests);
         self.sync_gate(&g);
-        IterationGuard::new(open.then_some(self), captured)
+        // While timed, the guard's drop (step_end) ends the step's own span.
+        IterationGuard::new((open || timed).then_some(self), captured)
     }
 
     /// Closes the current iteration's annotation, if one is open. The guard returned by
@@ -331,6 +382,9 @@ impl WorkerProfiler {
     #[inline(never)]
     fn step_end_slow(&self) {
         let mut g = self.inner.lock();
+        if g.step_began.is_some() && g.step_ended.is_none() {
+            g.step_ended = Some(Instant::now());
+        }
         g.close_range();
         self.sync_gate(&g);
     }

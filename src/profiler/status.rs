@@ -2,10 +2,33 @@
 
 use super::WorkerProfiler;
 use crate::error::Error;
+use crate::schedule::SlowStepSeen;
+
+/// A step's index and duration, as status reports the slow-step trigger's steps.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct StepTime {
+    /// The step's index.
+    pub step: u64,
+    /// Its duration, ms.
+    pub ms: f64,
+}
+
+impl From<SlowStepSeen> for StepTime {
+    fn from(s: SlowStepSeen) -> Self {
+        StepTime {
+            step: s.step,
+            ms: ns_to_ms(s.duration_ns),
+        }
+    }
+}
+
+fn ns_to_ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
 
 /// A profiler's state ([`WorkerProfiler::status`]); serializes to the JSON that
 /// `stepscope_status_json` and Python's `status()` return.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[non_exhaustive]
 pub struct Status {
     /// The name the next (or current) session's traces carry.
@@ -43,6 +66,18 @@ pub struct Status {
     pub windows_done: u64,
     /// The step the next window is due in, between windows.
     pub next_window_at: Option<u64>,
+    /// The slow-step trigger's absolute threshold, ms (`stepscope.slow_step_ms`).
+    pub slow_step_ms: Option<f64>,
+    /// The trigger's relative threshold (`stepscope.slow_step_factor`).
+    pub slow_step_factor: Option<f64>,
+    /// The running median of the steps the trigger timed, ms (with a factor).
+    pub median_step_ms: Option<f64>,
+    /// The slowest step the trigger timed in this (or the last) session.
+    pub slowest_step: Option<StepTime>,
+    /// The slow step the current (or last) window follows.
+    pub trigger_step: Option<StepTime>,
+    /// Captured iterations record their request ids (`stepscope.request_ids`).
+    pub request_ids: bool,
     /// Stopped sessions whose traces are still being written.
     pub pending_writes: usize,
     /// The last backend error not returned to a caller, if any.
@@ -73,6 +108,15 @@ impl WorkerProfiler {
             windows: s.windows(),
             windows_done: s.windows_done(),
             next_window_at: s.next_window_at(),
+            slow_step_ms: s
+                .slow_step()
+                .filter(|t| t.min_ns > 0)
+                .map(|t| ns_to_ms(t.min_ns)),
+            slow_step_factor: s.slow_step().map(|t| t.factor).filter(|k| *k > 0.0),
+            median_step_ms: s.median_step_ns().map(ns_to_ms),
+            slowest_step: s.slowest_step().map(StepTime::from),
+            trigger_step: s.window_trigger().map(StepTime::from),
+            request_ids: self.request_ids,
             pending_writes: g.pending_writes(),
             last_error: g.last_error.as_ref().map(Error::to_string),
         }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "stepscope.h"
@@ -215,6 +216,57 @@ static void cases(void) {
   CHECK_CODE(stepscope_stop(p), STEPSCOPE_OK);
   stepscope_profiler_free(p);
 
+  mark_case("request_ids");
+  p = make("{\"profiler\": \"cuda\", \"max_iterations\": 1, \"stepscope\": {\"request_ids\": true}}");
+  CHECK(stepscope_wants_request_ids(p) == 0); /* nothing armed: no ids to collect */
+  CHECK_CODE(stepscope_start(p, 2, -1), STEPSCOPE_OK);
+  CHECK(stepscope_wants_request_ids(p) == 1);
+  {
+    const char *ids1[] = {"req-skip"};
+    const char *ids2[] = {"req-a", NULL, "req-b"};
+    stepscope_iteration it = {1, 8, 1, 1};
+    /* Step 1 is in the delay: its ids are not read. */
+    CHECK_CODE(stepscope_step_with_requests(p, &it, ids1, 1), STEPSCOPE_OK);
+    CHECK_CODE(stepscope_step_end(p), STEPSCOPE_OK);
+    CHECK_CODE(stepscope_step_with_requests(p, &it, ids2, 3), STEPSCOPE_OK);
+    CHECK_CODE(stepscope_step_end(p), STEPSCOPE_OK);
+    CHECK_CODE(stepscope_step_with_requests(p, &it, NULL, 0), STEPSCOPE_OK); /* past max */
+  }
+  CHECK(stepscope_is_active(p) == 0 && stepscope_wants_request_ids(p) == 0);
+  stepscope_profiler_free(p);
+  p = make("{\"profiler\": \"cuda\"}"); /* request_ids off: ids ignored */
+  CHECK_CODE(stepscope_start(p, -1, -1), STEPSCOPE_OK);
+  CHECK(stepscope_wants_request_ids(p) == 0);
+  {
+    const char *ids[] = {"req-off"};
+    stepscope_iteration it = {0, 0, 1, 1};
+    CHECK_CODE(stepscope_step_with_requests(p, &it, ids, 1), STEPSCOPE_OK);
+  }
+  stepscope_profiler_free(p);
+
+  /* The slow-step trigger: step 4 spans 400 ms between step and step_end (the others
+   * microseconds, against a 150 ms threshold); the window of 2 begins in step 5. */
+  mark_case("slow_step");
+  p = make("{\"profiler\": \"cuda\", \"max_iterations\": 2, \"stepscope\": {\"slow_step_ms\": 150}}");
+  CHECK_CODE(stepscope_start(p, -1, -1), STEPSCOPE_OK);
+  for (uint32_t i = 1; i <= 8; i++) {
+    stepscope_iteration it = {0, 0, i, i};
+    CHECK_CODE(stepscope_step(p, &it), STEPSCOPE_OK);
+    if (i == 4) {
+      struct timespec slow = {0, 400 * 1000 * 1000};
+      nanosleep(&slow, NULL);
+    }
+    CHECK_CODE(stepscope_step_end(p), STEPSCOPE_OK);
+  }
+  {
+    char status[4096];
+    size_t needed = 0;
+    CHECK_CODE(stepscope_status_json(p, status, sizeof status, &needed), STEPSCOPE_OK);
+    CHECK(strstr(status, "\"trigger_step\":{\"step\":4,") != NULL);
+    CHECK(strstr(status, "\"slow_step_ms\":150.0") != NULL);
+  }
+  stepscope_profiler_free(p);
+
   mark_case("unknown_counts_and_free_stops");
   p = make("{\"profiler\": \"cuda\"}");
   CHECK_CODE(stepscope_start(p, -1, -1), STEPSCOPE_OK);
@@ -276,6 +328,8 @@ static void bad_arguments(void) {
   (void)sig_new; (void)sig_free; (void)sig_start; (void)sig_stop; (void)sig_step; (void)sig_step_end;
   (void)sig_shutdown; (void)sig_is_active; (void)sig_is_running; (void)sig_flush;
   (void)sig_start_at; (void)sig_set_rank; (void)sig_status_json;
+  CHECK_CODE(stepscope_step_with_requests(NULL, NULL, NULL, 0), STEPSCOPE_ERR_INVALID_ARGUMENT);
+  CHECK(stepscope_wants_request_ids(NULL) == 0);
 }
 
 int main(void) {

@@ -30,6 +30,10 @@ pub struct Recording {
     pub fail_stops: Arc<Mutex<bool>>,
     /// The annotation name of each `Begin`, in order.
     pub names: Arc<Mutex<Vec<String>>>,
+    /// The slow step each start followed (`None` for starts no trigger made).
+    pub triggers: Arc<Mutex<Vec<Option<stepscope::SlowStepSeen>>>>,
+    /// The requests each captured step was told, in order.
+    pub requests: Arc<Mutex<Vec<(u64, Vec<String>)>>>,
 }
 
 impl Recording {
@@ -100,6 +104,7 @@ impl Backend for Recording {
         self.push(Call::Start {
             first_step: capture.first_step,
         });
+        self.triggers.lock().push(capture.trigger);
         if self.start_plan.lock().pop_front() == Some(false) {
             return Err(Error::backend("recording", "start failed on request"));
         }
@@ -129,6 +134,11 @@ impl Backend for Recording {
     }
     fn end_iteration(&mut self) {
         self.push(Call::End);
+    }
+    fn record_requests(&mut self, step: u64, requests: &dyn stepscope::RequestIds) {
+        let mut ids = Vec::new();
+        requests.for_each_id(&mut |id| ids.push(id.to_string()));
+        self.requests.lock().push((step, ids));
     }
 }
 

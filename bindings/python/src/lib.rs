@@ -132,6 +132,8 @@ fn sum(name: &str, value: Option<i64>) -> PyResult<u64> {
 #[derive(Clone, PartialEq)]
 struct PyIteration {
     info: IterationInfo,
+    /// The ids of the requests the iteration serves (`stepscope.request_ids`).
+    request_ids: Option<Vec<String>>,
 }
 
 #[pymethods]
@@ -141,6 +143,7 @@ impl PyIteration {
         num_ctx_reqs = 0, num_ctx_tokens = 0, num_gen_reqs = 0, num_gen_tokens = 0, *,
         ctx_seq_len_sum = None, ctx_qq_compute = None, ctx_qk_compute = None,
         gen_seq_len_sum = None, gen_qq_compute = None, gen_qk_compute = None,
+        request_ids = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -154,6 +157,7 @@ impl PyIteration {
         gen_seq_len_sum: Option<i64>,
         gen_qq_compute: Option<i64>,
         gen_qk_compute: Option<i64>,
+        request_ids: Option<Vec<String>>,
     ) -> PyResult<Self> {
         let mut info = IterationInfo::new(
             count("num_ctx_reqs", num_ctx_reqs)?,
@@ -183,7 +187,14 @@ impl PyIteration {
                 },
             });
         }
-        Ok(PyIteration { info })
+        Ok(PyIteration { info, request_ids })
+    }
+
+    /// The ids of the requests this iteration serves, if given: recorded for captured
+    /// iterations with `"stepscope": {"request_ids": true}`.
+    #[getter]
+    fn request_ids(&self) -> Option<Vec<String>> {
+        self.request_ids.clone()
     }
 
     #[getter]
@@ -317,10 +328,14 @@ impl PyWorkerProfiler {
         if p.try_step_idle() {
             return;
         }
-        let info = iteration.map(|i| i.info).unwrap_or_default();
+        let info = iteration.as_ref().map(|i| i.info).unwrap_or_default();
+        let requests = iteration.as_ref().and_then(|i| i.request_ids.as_ref());
         py.detach(|| {
             // The annotation outlives this call: step_end() or the next step() closes it.
-            std::mem::forget(p.step(&info));
+            match requests {
+                Some(ids) => std::mem::forget(p.step_with_requests(&info, ids)),
+                None => std::mem::forget(p.step(&info)),
+            }
             // Already logged by the library; the engine loop goes on.
             let _ = p.take_last_error();
         });
@@ -441,13 +456,21 @@ impl PyWorkerProfiler {
         self.inner.is_armed()
     }
 
+    /// Whether the next `step()` can record request ids: `"stepscope": {"request_ids": true}`
+    /// and a session armed. Collect ids for `Iteration(request_ids=...)` only when true.
+    #[getter]
+    fn wants_request_ids(&self) -> bool {
+        self.inner.wants_request_ids()
+    }
+
     /// Stopped sessions whose traces are still being written in the background.
     #[getter]
     fn pending_writes(&self) -> usize {
         self.inner.pending_writes()
     }
 
-    /// `idle`, `delaying`, `starting`, `running` or `start_failed`.
+    /// `idle`, `delaying`, `watching`, `starting`, `running`, `paused`, `between` or
+    /// `start_failed`.
     #[getter]
     fn phase(&self) -> &'static str {
         self.inner.phase().as_str()

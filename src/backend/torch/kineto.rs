@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::error::Result;
 
 /// The glue's C ABI version this crate speaks (`STEPSCOPE_KINETO_ABI`).
-const ABI: u32 = 1;
+const ABI: u32 = 2;
 
 /// What Kineto records (`stepscope_kineto_options`).
 #[repr(C)]
@@ -133,7 +133,7 @@ glue! {
     event_at = stepscope_kineto_event_at(r: *const RawResult, index: usize, out: *mut RawEvent, name: *mut c_char, name_cap: usize, err: Err, err_len: usize) -> c_int;
     result_free = stepscope_kineto_result_free(r: *mut RawResult);
     range_new = stepscope_kineto_range_new(out: *mut *mut RawRange, err: Err, err_len: usize) -> c_int;
-    range_begin = stepscope_kineto_range_begin(r: *mut RawRange, name: *const c_char, name_len: usize, err: Err, err_len: usize) -> c_int;
+    range_begin = stepscope_kineto_range_begin(r: *mut RawRange, name: *const c_char, name_len: usize, step: u64, ids: *const *const c_char, id_lens: *const usize, n_ids: usize, err: Err, err_len: usize) -> c_int;
     range_end = stepscope_kineto_range_end(r: *mut RawRange, err: Err, err_len: usize) -> c_int;
     range_free = stepscope_kineto_range_free(r: *mut RawRange);
 }
@@ -342,13 +342,26 @@ pub(crate) struct Range {
 unsafe impl Send for Range {}
 
 impl Range {
-    pub(crate) fn begin(&mut self, name: &str) -> std::result::Result<(), String> {
-        // SAFETY: ptr is live; name is a live (pointer, length) pair.
+    /// Opens the annotation `name` of step `step`, with the ids of the requests it serves.
+    pub(crate) fn begin(
+        &mut self,
+        name: &str,
+        step: u64,
+        requests: &[String],
+    ) -> std::result::Result<(), String> {
+        let ptrs: Vec<*const c_char> = requests.iter().map(|r| r.as_ptr().cast()).collect();
+        let lens: Vec<usize> = requests.iter().map(String::len).collect();
+        // SAFETY: ptr is live; name is a live (pointer, length) pair; `ptrs` and `lens` hold
+        // `requests.len()` (pointer, length) pairs of strings alive for the call.
         call(|err, len| unsafe {
             (self.api.range_begin)(
                 self.ptr.as_ptr(),
                 name.as_ptr().cast(),
                 name.len(),
+                step,
+                ptrs.as_ptr(),
+                lens.as_ptr(),
+                requests.len(),
                 err,
                 len,
             )

@@ -28,6 +28,14 @@
 //! - `repeat`: after a window ends by its max, the session waits ([`Phase::Between`]) and the
 //!   next window starts `repeat_every` steps after the previous one started (or at the first
 //!   qualifying step after that).
+//! - `slow_step_ms` / `slow_step_factor`: after the start (and its delay, if any), the session
+//!   watches ([`Phase::Watching`]) the durations the caller measures ([`StepInfo::previous_ns`])
+//!   and the window begins in the first qualifying step after a slow one ([`slow`]). With
+//!   `repeat`, each later window waits for a new slow step.
+
+mod slow;
+
+pub use slow::{Detector, SlowStep, SlowStepSeen, MIN_SAMPLES, WINDOW};
 
 use crate::iteration::{IterationInfo, Stage};
 
@@ -59,6 +67,8 @@ pub enum Phase {
     Paused,
     /// Between two windows of a repeated session (`repeat`): the backend is stopped.
     Between,
+    /// A session with a slow-step trigger waits for a slow step; the backend is untouched.
+    Watching,
 }
 
 impl Phase {
@@ -73,6 +83,7 @@ impl Phase {
             Phase::StartFailed => "start_failed",
             Phase::Paused => "paused",
             Phase::Between => "between",
+            Phase::Watching => "watching",
         }
     }
 }
@@ -80,6 +91,8 @@ impl Phase {
 /// stepscope's capture control, beyond vLLM's delay and max. `Policy::default()` is vLLM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Policy {
+    /// The slow-step trigger, if any.
+    pub slow: Option<SlowStep>,
     /// Stages that count (bit `1 << stage index` in [`Stage::ALL`] order); 0: every stage.
     pub stages: u8,
     /// The delay counts from the first iteration with at least this many requests.
@@ -129,6 +142,9 @@ pub struct StepInfo {
     pub requests: u64,
     /// Tokens scheduled.
     pub tokens: u64,
+    /// How long the previous step took, when the caller timed it (it does while
+    /// [`Schedule::times_steps`]).
+    pub previous_ns: Option<u64>,
 }
 
 impl StepInfo {
@@ -139,7 +155,14 @@ impl StepInfo {
             stage: info.stage(),
             requests: u64::from(info.num_ctx_reqs) + u64::from(info.num_gen_reqs),
             tokens: u64::from(info.num_ctx_tokens) + u64::from(info.num_gen_tokens),
+            previous_ns: None,
         }
+    }
+
+    /// The same step, told how long the one before it took.
+    pub fn after(mut self, previous_ns: Option<u64>) -> Self {
+        self.previous_ns = previous_ns;
+        self
     }
 }
 
@@ -235,6 +258,12 @@ pub struct Schedule {
     /// Steps captured in the current (or, after a stop, the last) window: kept for status
     /// after the stop resets vLLM's counters.
     captured: u64,
+    /// The slow-step detector, with a trigger in the policy.
+    detector: Option<Detector>,
+    /// This session waits for slow steps (the policy has a trigger and no start step overrode it).
+    watching: bool,
+    /// The slow step that the current (or last) window follows.
+    fired: Option<SlowStepSeen>,
 }
 
 /// One session's start request: vLLM's per-session overrides (`None` keeps the config's value)
@@ -277,6 +306,9 @@ impl Schedule {
             window_start: 0,
             windows_done: 0,
             captured: 0,
+            detector: policy.slow.map(Detector::new),
+            watching: false,
+            fired: None,
         }
     }
 
@@ -335,6 +367,32 @@ impl Schedule {
         .then_some(self.window_start)
     }
 
+    /// The session waits for a slow step: the caller times each step and passes the previous
+    /// one's duration to [`Schedule::begin_step`].
+    pub fn times_steps(&self) -> bool {
+        self.phase == Phase::Watching && self.fired.is_none()
+    }
+
+    /// The slow-step trigger of the policy, if any.
+    pub fn slow_step(&self) -> Option<SlowStep> {
+        self.detector.as_ref().map(Detector::trigger)
+    }
+
+    /// The slow step the current (or last) window follows.
+    pub fn window_trigger(&self) -> Option<SlowStepSeen> {
+        self.fired
+    }
+
+    /// The slowest step timed in this (or the last) session.
+    pub fn slowest_step(&self) -> Option<SlowStepSeen> {
+        self.detector.as_ref().and_then(Detector::slowest)
+    }
+
+    /// The running median of the steps timed, once there are enough of them.
+    pub fn median_step_ns(&self) -> Option<u64> {
+        self.detector.as_ref().and_then(Detector::median_ns)
+    }
+
     /// Windows per session under the policy.
     pub fn windows(&self) -> u64 {
         self.policy.repeat.max(1)
@@ -378,6 +436,15 @@ impl Schedule {
         self.captured = 0;
         self.qualified = self.policy.min_batch_requests == 0 && self.policy.min_batch_tokens == 0;
         self.target_step = target;
+        self.fired = None;
+        self.watching = self.detector.is_some() && target.is_none();
+        if let Some(d) = self.detector.as_mut() {
+            d.reset();
+        }
+        if self.watching && self.limits.delay == 0 {
+            self.phase = Phase::Watching;
+            return StartDecision::Armed { delay: 0 };
+        }
         if let Some(step) = target {
             self.phase = Phase::Delaying;
             return StartDecision::ArmedAt { step };
@@ -412,7 +479,9 @@ impl Schedule {
     pub fn stop(&mut self) -> StopDecision {
         let decision = match self.phase {
             Phase::Idle => return StopDecision::NotActive,
-            Phase::Delaying | Phase::StartFailed | Phase::Between => StopDecision::Disarmed,
+            Phase::Delaying | Phase::StartFailed | Phase::Between | Phase::Watching => {
+                StopDecision::Disarmed
+            }
             Phase::Starting => StopDecision::CancelStart,
             Phase::Running | Phase::Paused => {
                 // A window cut short by the stop still counts as done.
@@ -463,10 +532,36 @@ impl Schedule {
                         self.qualified && counts && self.delay_counted >= self.limits.delay.max(1)
                     }
                 };
-                if due {
+                if due && self.watching {
+                    // The delay is over: the steps from this one on are timed.
+                    self.phase = Phase::Watching;
+                    StepBegin::Counted
+                } else if due {
                     self.phase = Phase::Starting;
                     self.first_window_step = step.index;
                     self.window_start = step.index;
+                    self.captured = 0;
+                    StepBegin::StartBackend
+                } else {
+                    StepBegin::Counted
+                }
+            }
+            Phase::Watching => {
+                if self.fired.is_none() {
+                    let previous = step.index.saturating_sub(1);
+                    if let (Some(ns), Some(d)) = (step.previous_ns, self.detector.as_mut()) {
+                        self.fired = d.observe(previous, ns);
+                    }
+                }
+                if !self.qualified && self.policy.batch_qualifies(&step) {
+                    self.qualified = true;
+                }
+                if self.fired.is_some() && self.qualified && counts {
+                    self.phase = Phase::Starting;
+                    self.window_start = step.index;
+                    if self.windows_done == 0 {
+                        self.first_window_step = step.index;
+                    }
                     self.captured = 0;
                     StepBegin::StartBackend
                 } else {
@@ -514,7 +609,15 @@ impl Schedule {
             self.windows_done += 1;
             end.stop_backend = true;
             if self.windows_done < self.policy.repeat {
-                self.phase = Phase::Between;
+                // A triggered session's next window waits for a new slow step.
+                self.phase = if self.watching {
+                    Phase::Watching
+                } else {
+                    Phase::Between
+                };
+                if self.watching {
+                    self.fired = None;
+                }
                 self.profiled = 0;
             } else {
                 self.end_session();
@@ -568,5 +671,136 @@ mod tests {
         s.start(StartOptions::default(), 0);
         s.start_result(true);
         assert_eq!(s.phase(), Phase::Delaying);
+    }
+
+    /// Drives a schedule over steps of the given durations (ms) and stages, as the profiler
+    /// does (the previous step's duration only when it was timed); returns the captured steps.
+    fn captured_with(s: &mut Schedule, steps: &[(u64, Stage)]) -> Vec<u64> {
+        let mut captured = Vec::new();
+        let mut previous: Option<u64> = None;
+        for (i, (ms, stage)) in steps.iter().enumerate() {
+            let index = i as u64 + 1;
+            let timed = s.times_steps();
+            let info = StepInfo {
+                index,
+                stage: *stage,
+                requests: 1,
+                tokens: 1,
+                previous_ns: None,
+            }
+            .after(if timed { previous } else { None });
+            if s.begin_step(info) == StepBegin::StartBackend {
+                s.start_result(true);
+            }
+            s.end_step();
+            if s.is_running() {
+                captured.push(index);
+            }
+            previous = s.times_steps().then_some(ms * 1_000_000);
+        }
+        captured
+    }
+
+    fn triggered(max: u64, slow: SlowStep, repeat: u64, stages: u8) -> Schedule {
+        Schedule::with_policy(
+            Limits { delay: 0, max },
+            0,
+            Policy {
+                slow: Some(slow),
+                repeat,
+                stages,
+                ..Policy::default()
+            },
+        )
+    }
+
+    const ABS_10MS: SlowStep = SlowStep {
+        min_ns: 10_000_000,
+        factor: 0.0,
+    };
+
+    #[test]
+    fn slow_step_window_begins_in_the_step_after_the_first_slow_one() {
+        let mut s = triggered(3, ABS_10MS, 1, 0);
+        assert_eq!(
+            s.start(StartOptions::default(), 0),
+            StartDecision::Armed { delay: 0 }
+        );
+        assert_eq!(s.phase(), Phase::Watching);
+        // Step 5 takes 25 ms; 9 too, after the window.
+        let mut steps = vec![(1, Stage::Decode); 12];
+        steps[4].0 = 25;
+        steps[8].0 = 25;
+        assert_eq!(captured_with(&mut s, &steps), [6, 7, 8]);
+        let fired = s.window_trigger().expect("fired");
+        assert_eq!((fired.step, fired.duration_ns), (5, 25_000_000));
+        // One window: the session ended at its max, the later slow step starts nothing.
+        assert_eq!(s.phase(), Phase::Idle);
+    }
+
+    #[test]
+    fn repeated_slow_step_windows_each_wait_for_a_new_slow_step() {
+        let mut s = triggered(2, ABS_10MS, 2, 0);
+        s.start(StartOptions::default(), 0);
+        let mut steps = vec![(1, Stage::Decode); 20];
+        steps[2].0 = 30; // step 3: window 4, 5 (6 ends it)
+        steps[4].0 = 30; // step 5 is captured: not timed, does not count
+        steps[11].0 = 30; // step 12: window 13, 14
+        assert_eq!(captured_with(&mut s, &steps), [4, 5, 13, 14]);
+        assert_eq!(s.windows_done(), 2);
+        assert_eq!(s.phase(), Phase::Idle);
+    }
+
+    #[test]
+    fn slow_step_window_waits_for_a_chosen_stage() {
+        let decode = stage_bit(Stage::Decode);
+        let mut s = triggered(2, ABS_10MS, 1, decode);
+        s.start(StartOptions::default(), 0);
+        let mut steps = vec![(1, Stage::Decode); 10];
+        steps[2] = (40, Stage::Decode);
+        steps[3] = (1, Stage::Prefill);
+        assert_eq!(captured_with(&mut s, &steps), [5, 6]);
+    }
+
+    #[test]
+    fn relative_trigger_ignores_a_uniformly_slow_run_and_fires_on_an_outlier() {
+        let factor = SlowStep {
+            min_ns: 0,
+            factor: 3.0,
+        };
+        let mut s = triggered(2, factor, 1, 0);
+        s.start(StartOptions::default(), 0);
+        let uniform = vec![(50, Stage::Decode); 400];
+        assert_eq!(captured_with(&mut s, &uniform), Vec::<u64>::new());
+        assert_eq!(s.phase(), Phase::Watching);
+        assert_eq!(s.median_step_ns(), Some(50_000_000));
+
+        let mut s = triggered(2, factor, 1, 0);
+        s.start(StartOptions::default(), 0);
+        let mut steps = vec![(50, Stage::Decode); 100];
+        steps[59].0 = 200;
+        assert_eq!(captured_with(&mut s, &steps), [61, 62]);
+        assert_eq!(s.slowest_step().map(|x| x.step), Some(60));
+    }
+
+    #[test]
+    fn slow_step_delay_comes_before_watching_and_stop_disarms() {
+        let mut s = Schedule::with_policy(
+            Limits { delay: 3, max: 1 },
+            0,
+            Policy {
+                slow: Some(ABS_10MS),
+                ..Policy::default()
+            },
+        );
+        s.start(StartOptions::default(), 0);
+        assert_eq!(s.phase(), Phase::Delaying);
+        // Step 2 is slow but within the delay: not timed.
+        let mut steps = vec![(1, Stage::Decode); 8];
+        steps[1].0 = 50;
+        steps[4].0 = 50;
+        assert_eq!(captured_with(&mut s, &steps), [6]);
+        s.start(StartOptions::default(), 8);
+        assert_eq!(s.stop(), StopDecision::Disarmed);
     }
 }
