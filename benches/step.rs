@@ -3,6 +3,9 @@
 //!
 //! - idle: no session (the engine's normal state): one relaxed load + the step counter.
 //! - armed: a session in its delay (counting toward the backend start).
+//! - watching: a session armed with a slow-step trigger that never fires: two clock reads per
+//!   step (its begin, and its end when the guard drops) and, for the relative form, the
+//!   running median's update; measured against armed_in_delay.
 //! - running: a session capturing with a backend that does nothing (the profiler's own cost,
 //!   without a tool's): schedule, iteration name, backend calls.
 //! - nvtx "always" with no NVTX tool attached, beside a raw NVTX push/pop baseline: stepscope
@@ -51,6 +54,27 @@ fn bench_step(c: &mut Criterion) {
     g.bench_function("armed_in_delay", |b| {
         b.iter(|| drop(armed.step(black_box(&info))))
     });
+
+    for (name, trigger) in [
+        ("armed_watching_slow_step_ms", r#""slow_step_ms": 1e12"#),
+        (
+            "armed_watching_slow_step_factor",
+            r#""slow_step_factor": 1e12"#,
+        ),
+    ] {
+        let json = format!(r#"{{"max_iterations": 1, "stepscope": {{{trigger}}}}}"#);
+        let cfg = ProfilerConfig::from_json_str(&json).expect("config");
+        let watching = WorkerProfiler::with_backend(&cfg, "bench", Box::new(NoBackend));
+        drop(watching.step(&info));
+        watching.start().expect("start");
+        assert_eq!(watching.status().phase, "watching");
+        g.bench_function(name, |b| b.iter(|| drop(watching.step(black_box(&info)))));
+        assert_eq!(
+            watching.status().phase,
+            "watching",
+            "{name}: the trigger never fires"
+        );
+    }
 
     let running = profiler();
     running

@@ -294,6 +294,63 @@ fn engine_iterations_get_their_kernels_by_correlation_and_stragglers_are_named()
 }
 
 #[test]
+fn a_stepscope_capture_names_its_trigger_and_the_requests_of_its_slowest_steps() {
+    // As the torch backend writes it: each annotation's "Record function id" is its step; the
+    // header lists the steps' requests; one annotation carries its own (shapes recorded).
+    let mut t = synthetic_vllm_trace(400.0);
+    let events = t["traceEvents"].as_array_mut().unwrap();
+    let mut steps = events.iter_mut().filter(|e| e["cat"] == "user_annotation");
+    let first = steps.next().unwrap();
+    first["args"] = serde_json::json!({"External id": 1, "Record function id": 41});
+    first["dur"] = serde_json::json!(900.0);
+    let second = steps.next().unwrap();
+    second["args"] =
+        serde_json::json!({"Record function id": 42, "requests": ["own-1"], "Ev Idx": 3});
+    t["stepscope"] = serde_json::json!({
+        "first_step": 41,
+        "trigger": {"slow_step": {"step": 40, "duration_ns": 52_000_000, "median_ns": 9_000_000}},
+        "steps": [{"step": 41, "requests": ["cmpl-a-0", "cmpl-b-0"]},
+                  {"step": 42, "requests": ["header-ignored"]}],
+    });
+    let dir = scratch("requests");
+    let path = dir.join("rank0.pt.trace.json");
+    std::fs::write(&path, t.to_string()).unwrap();
+    let doc = analyze_json(&[path.to_str().unwrap()]);
+    let steps = doc["traces"][0]["steps"].as_array().unwrap();
+    assert_eq!(
+        (steps[0]["step"].as_u64(), steps[1]["step"].as_u64()),
+        (Some(41), Some(42))
+    );
+    assert_eq!(
+        steps[0]["requests"],
+        serde_json::json!(["cmpl-a-0", "cmpl-b-0"])
+    );
+    assert_eq!(steps[1]["requests"], serde_json::json!(["own-1"]));
+    assert_eq!(doc["traces"][0]["trigger"]["slow_step"]["step"], 40);
+
+    let out = stepscope(&["analyze", path.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("captured after slow step 40 (52.000 ms)"),
+        "{text}"
+    );
+    let listed: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.contains("slowest steps and the requests they served"))
+        .skip(1)
+        .take(2)
+        .collect();
+    assert!(
+        listed[0].contains("step 41") && listed[0].contains("cmpl-a-0, cmpl-b-0"),
+        "{text}"
+    );
+    assert!(
+        listed[1].contains("step 42") && listed[1].contains("own-1"),
+        "{text}"
+    );
+}
+
+#[test]
 fn merging_a_rank_pair_keeps_every_event_with_rank_labels() {
     let dir = scratch("merge");
     let input = dir.join("in");

@@ -74,18 +74,20 @@ class VllmServer:
         workdir: Path,
         profiler_config: dict[str, Any],
         env: dict[str, str] | None = None,
+        model_config: dict[str, Any] | None = None,
     ) -> None:
         self.workdir = workdir
         self.model = workdir / "model"
         self.log_path = workdir / "server.log"
         self.profiler_config = profiler_config
         self.env = env or {}
+        self.model_config = {**MODEL_CONFIG, **(model_config or {})}
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 600) -> VllmServer:
         self.model.mkdir(parents=True, exist_ok=True)
-        (self.model / "config.json").write_text(json.dumps(MODEL_CONFIG))
+        (self.model / "config.json").write_text(json.dumps(self.model_config))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("STEPSCOPE_", "VLLM_"))}
         env.update(
             {
@@ -155,6 +157,21 @@ class VllmServer:
 
     def post(self, path: str, body: Any = None, timeout: float = 600) -> tuple[int, Any, float]:
         return self.request("POST", path, body, timeout=timeout)
+
+    def completion(self, prompt_len: int, max_tokens: int, seed: int = 0) -> tuple[str, float]:
+        """One completion of `max_tokens` tokens (EOS ignored) of a `prompt_len`-token prompt;
+        returns its response id and latency in seconds."""
+        body = {
+            "model": str(self.model),
+            "prompt": [3 + (seed + k) % 500 for k in range(prompt_len)],
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+        }
+        status, answer, seconds = self.post("/v1/completions", body)
+        if status != 200:
+            raise RuntimeError(f"completion failed: {status}: {answer}")
+        return answer["id"], seconds
 
     def complete(self, n: int, max_tokens: int, prompt_len: int = 8) -> list[float]:
         """`n` concurrent completions of `max_tokens` tokens each (EOS ignored); returns their

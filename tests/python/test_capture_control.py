@@ -186,3 +186,41 @@ def test_a_stop_while_paused_makes_no_second_driver_stop(engine_script):
     assert r.result["captured"] == [True, True, False]
     assert r.result["phase"] == "paused"
     assert r.driver() == [("cuProfilerStart", "0"), ("cuProfilerStop", "0")]
+
+
+def test_a_slow_step_starts_a_window_whose_iterations_name_their_requests(tmp_path):
+    import time
+
+    cfg = {
+        "profiler": "torch",
+        "torch_profiler_dir": str(tmp_path),
+        "max_iterations": 2,
+        "stepscope": {"slow_step_ms": 100, "request_ids": True},
+    }
+    p = stepscope.WorkerProfiler(cfg, worker_name="w0")
+    assert not p.wants_request_ids
+    p.start()
+    assert (p.phase, p.wants_request_ids) == ("watching", True)
+    captured = []
+    for i in range(1, 9):
+        ids = [f"req-{i}", "shared"] if p.wants_request_ids else None
+        p.step(stepscope.Iteration(0, 0, 2, 2, request_ids=ids))
+        if p.is_running:
+            captured.append(p.step_index)
+        if i == 3:
+            time.sleep(0.3)  # the slow step: 300 ms against 100
+        p.step_end()
+    assert captured == [4, 5]
+    status = p.status()
+    assert (status["trigger_step"]["step"], status["slowest_step"]["step"]) == (3, 3)
+    assert p.flush(120)
+    (manifest,) = tmp_path.glob("w0.*.stepscope.json")
+    m = json.loads(manifest.read_text())
+    assert m["trigger"]["slow_step"]["step"] == 3
+    assert m["trigger"]["slow_step"]["duration_ns"] >= 300_000_000
+    assert m["steps"] == [
+        {"step": 4, "requests": ["req-4", "shared"]},
+        {"step": 5, "requests": ["req-5", "shared"]},
+    ]
+    it = stepscope.Iteration(1, 2, 3, 4, request_ids=["x"])
+    assert it.request_ids == ["x"] and stepscope.Iteration().request_ids is None

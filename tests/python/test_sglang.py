@@ -97,12 +97,13 @@ class Scheduler:
 
     def run(self, mode, reqs=2, tokens=None, decoding=0):
         """One forward batch; a prefill's token count defaults to 100 + its forward count,
-        so each captured batch can be told from the others by its annotation."""
+        so each captured batch can be told from the others by its annotation. Its requests'
+        ``rid`` s are ``f"{forward count}.{i}"``."""
         self.forward_ct += 1
         tokens = 100 + self.forward_ct if tokens is None else tokens
         batch = SimpleNamespace(
             forward_mode=mode,
-            reqs=[object()] * reqs,
+            reqs=[SimpleNamespace(rid=f"{self.forward_ct}.{i}") for i in range(reqs)],
             extend_num_tokens=tokens if mode.is_extend() else None,
             decoding_reqs=[object()] * decoding if decoding else None,
             batch_size=lambda: reqs,
@@ -174,6 +175,23 @@ def test_start_step_and_num_steps_capture_exactly_those_forward_passes(tmp_path)
     assert s.manager.torch_profiler is None and not s.manager.profile_in_progress
     assert s.profile(**profile_req(tmp_path, "again", num_steps=1)).success
     assert s.stop().success
+
+
+def test_with_request_ids_each_captured_batch_names_its_rids(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEPSCOPE_CONFIG", '{"stepscope": {"request_ids": true}}')
+    s = Scheduler()
+    s.run(P)
+    assert s.profile(**profile_req(tmp_path, "rids", num_steps=2)).success
+    s.run(P, reqs=2)  # 2
+    s.run(D, reqs=3)  # 3
+    s.run(D, reqs=1)  # 4: past the window
+    m = wait_complete(tmp_path / "rids-TP-0.stepscope.json")
+    # Steps count from the profiler's creation at the request; the rids are forward pass 2's
+    # and 3's.
+    assert m["steps"] == [
+        {"step": 1, "requests": ["2.0", "2.1"]},
+        {"step": 2, "requests": ["3.0", "3.1", "3.2"]},
+    ]
 
 
 def test_a_start_step_already_passed_is_refused_naming_it(tmp_path):

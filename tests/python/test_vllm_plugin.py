@@ -511,3 +511,37 @@ def test_check_reports_the_versions_the_patches_and_the_backends(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "vLLM's own:" in proc.stdout
     assert f"no Kineto glue for torch {torch.__version__}" in proc.stdout
+
+
+@pytest.mark.parametrize("record_shapes", [False, True])
+def test_captured_iterations_name_the_scheduler_outputs_requests(
+    vllm_loaded, tmp_path, monkeypatch, record_shapes
+):
+    from vllm.config import ProfilerConfig
+
+    monkeypatch.setenv("STEPSCOPE_CONFIG", '{"stepscope": {"request_ids": true}}')
+    monkeypatch.setattr(plugin, "_stepscope_keys", None)
+    cfg = ProfilerConfig(
+        profiler="torch",
+        torch_profiler_dir=str(tmp_path),
+        torch_profiler_record_shapes=record_shapes,
+        max_iterations=1,
+    )
+    worker = bare_worker(vllm_loaded, cfg)
+    worker.profile(True)
+    assert worker.profiler.wants_request_ids
+    for _ in range(2):  # the second is past max: the session stops by itself
+        with worker.annotate_profile(scheduler_output()):
+            pass
+    assert worker.profiler.flush(120)
+    (manifest,) = tmp_path.glob("rank3.*.stepscope.json")
+    m = json.loads(manifest.read_text())
+    assert m["steps"] == [{"step": 1, "requests": ["a", "c", "b"]}]
+    (trace,) = tmp_path.glob("rank3.*.pt.trace.json.gz")
+    with gzip.open(trace, "rt") as f:
+        doc = json.load(f)
+    assert doc["stepscope"]["steps"] == m["steps"]
+    (args,) = [e["args"] for e in doc["traceEvents"] if e.get("name") == SIMPLE]
+    assert args["Record function id"] == 1
+    # Kineto writes an annotation's args only when the session records shapes.
+    assert args.get("requests") == (["a", "c", "b"] if record_shapes else None)

@@ -21,6 +21,9 @@ pub enum Call {
     Resume,
 }
 
+/// A captured step and the request ids it was told.
+pub type StepRequests = (u64, Vec<String>);
+
 /// A backend that records every call with the thread it came on, and fails starts on request.
 #[derive(Clone, Default)]
 pub struct Recording {
@@ -33,7 +36,7 @@ pub struct Recording {
     /// The slow step each start followed (`None` for starts no trigger made).
     pub triggers: Arc<Mutex<Vec<Option<stepscope::SlowStepSeen>>>>,
     /// The requests each captured step was told, in order.
-    pub requests: Arc<Mutex<Vec<(u64, Vec<String>)>>>,
+    pub requests: Arc<Mutex<Vec<StepRequests>>>,
 }
 
 impl Recording {

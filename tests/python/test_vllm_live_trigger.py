@@ -1,0 +1,136 @@
+"""The slow-step trigger and request attribution in a live `vllm serve` (vLLM's CPU build):
+a long prompt arriving among short decodes makes one slow step, and the iterations after it
+are captured, each naming the requests it served.
+
+The server's model is wider than the other live tests' (hidden size 1024), so a 448-token
+prefill costs tens of times a decode step on this CPU: the trigger (4x the running median, and
+at least 100 ms) sees one clear outlier. Its own server: the trigger changes how every start
+of a server behaves.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from live_vllm import VllmServer, cpu_build_missing
+
+pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing()))
+
+WIDE = {"hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16,
+        "num_key_value_heads": 16}  # fmt: skip
+MAX_ITERATIONS = 3
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("vllm-live-trigger")
+    traces = workdir / "traces"
+    srv = VllmServer(
+        workdir,
+        {"profiler": "torch", "torch_profiler_dir": str(traces), "max_iterations": MAX_ITERATIONS},
+        env={
+            "VLLM_PLUGINS": "stepscope",
+            "STEPSCOPE_CONFIG": json.dumps(
+                {"stepscope": {"slow_step_factor": 4, "slow_step_ms": 100, "request_ids": True}}
+            ),
+        },
+        model_config=WIDE,
+    )
+    srv.traces = traces
+    try:
+        yield srv.start()
+    finally:
+        srv.stop()
+
+
+def worker_manifests(traces: Path) -> list[dict]:
+    found = [json.loads(p.read_text()) for p in traces.glob("rank0*.stepscope.json")]
+    return sorted(found, key=lambda m: m["stop_time_unix_ns"])
+
+
+def test_a_long_prompt_among_decodes_triggers_a_capture_naming_its_requests(server):
+    status, _, _ = server.post("/start_profile")
+    assert status == 200, server.log_tail()
+    status, answer, _ = server.get("/stepscope/status")
+    (worker,) = answer["workers"]
+    assert (worker["phase"], worker["slow_step_factor"], worker["request_ids"]) == (
+        "watching",
+        4.0,
+        True,
+    ), worker
+
+    # Four short requests decode for a while (the median's steps), then one long prompt
+    # arrives among them.
+    ids: dict[str, str] = {}
+    errors: list[BaseException] = []
+
+    def send(name: str, prompt_len: int, max_tokens: int, seed: int) -> None:
+        try:
+            ids[name] = server.completion(prompt_len, max_tokens, seed)[0]
+        except BaseException as e:  # noqa: BLE001 - reported by the test thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=send, args=(f"short{i}", 8, 120, i)) for i in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    status, answer, _ = server.get("/stepscope/status")
+    (watching,) = answer["workers"]
+    long = threading.Thread(target=send, args=("long", 448, 8, 99))
+    long.start()
+    for t in (*threads, long):
+        t.join()
+    assert not errors, errors
+    assert watching["phase"] == "watching" and watching["median_step_ms"], watching
+
+    deadline = time.monotonic() + 120
+    while not (found := [m for m in worker_manifests(server.traces) if m["status"] != "writing"]):
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.5)
+    (m,) = found
+    assert m["status"] == "complete", m
+    slow = m["trigger"]["slow_step"]
+    # The window begins in the iteration right after the slow one, and captures max_iterations.
+    assert m["first_step"] == slow["step"] + 1, m
+    assert (m["iterations"], m["last_step"] - m["first_step"] + 1) == (MAX_ITERATIONS,) * 2
+    assert slow["duration_ns"] > 4 * slow["median_ns"] and slow["duration_ns"] > 100e6, slow
+    print(
+        f"slow step {slow['step']}: {slow['duration_ns'] / 1e6:.1f} ms, median "
+        f"{slow['median_ns'] / 1e6:.1f} ms; captured {m['first_step']}..{m['last_step']}"
+    )
+
+    # Every captured iteration names its requests: ids of the requests sent (vLLM's internal
+    # id begins with the response's), the long one among them once its prefill is done.
+    steps = m["steps"]
+    assert [s["step"] for s in steps] == list(range(m["first_step"], m["last_step"] + 1))
+    sent = set(ids.values())
+    for s in steps:
+        assert s["requests"], s
+        for r in s["requests"]:
+            assert any(r.startswith(i) for i in sent), (r, sent)
+    assert any(r.startswith(ids["long"]) for r in steps[0]["requests"]), (steps, ids)
+
+    # The trace says the same: its header lists the steps' requests, and each iteration's
+    # annotation carries its step index.
+    with gzip.open(server.traces / m["trace_file"], "rt") as f:
+        doc = json.load(f)
+    assert doc["stepscope"]["steps"] == steps
+    assert doc["stepscope"]["trigger"] == m["trigger"]
+    annotated = [
+        e["args"]["Record function id"]
+        for e in doc["traceEvents"]
+        if e.get("cat") == "user_annotation" and e.get("name", "").startswith("execute_")
+    ]
+    assert annotated == [s["step"] for s in steps]
+
+    # The session ended by itself after its window (the frontend profile runs until stopped).
+    status, answer, _ = server.get("/stepscope/status")
+    (after,) = answer["workers"]
+    assert (after["phase"], after["trigger_step"]["step"]) == ("idle", slow["step"]), after
+    assert server.post("/stop_profile")[0] == 200
