@@ -325,9 +325,23 @@ fn the_cpp_wrapper_closes_each_range_with_its_iteration() {
     assert_eq!(
         summary(&events),
         [
-            "start", "push 2", "push 3", "push 4", "stop", "start", "push 7", "stop",
+            "start",
+            "push 2",
+            "push 3",
+            "push 4",
+            "stop",
+            "start",
+            "push 7",
+            "stop",
             // start_at(2): the second step of a new profiler.
-            "start", "push 2", "stop"
+            "start",
+            "push 2",
+            "stop",
+            // Request ids: the captured iteration's, marked inside its range.
+            "start",
+            "push 1",
+            "requests: cpp-a,cpp-b @1",
+            "stop"
         ]
     );
     // Each range is popped before the next is pushed: one iteration at a time.

@@ -558,6 +558,7 @@ fn engine_worker_line(w: &Value) -> String {
     if let Some(at) = num("next_window_at") {
         line.push_str(&format!("  next at step {at}"));
     }
+    line.push_str(&slow_step_part(w));
     if let Some(n) = num("pending_writes").filter(|n| *n > 0) {
         line.push_str(&format!("  {n} trace(s) being written"));
     }
@@ -573,6 +574,38 @@ fn engine_worker_line(w: &Value) -> String {
     line
 }
 
+/// The slow-step trigger's part of a worker line: the thresholds while watching, the median
+/// and slowest step timed, the step that fired.
+fn slow_step_part(w: &Value) -> String {
+    let f = |k: &str| w.get(k).and_then(Value::as_f64);
+    let step_ms = |k: &str| {
+        let s = w.get(k)?;
+        Some((s.get("step")?.as_u64()?, s.get("ms")?.as_f64()?))
+    };
+    let mut out = String::new();
+    let thresholds: Vec<String> = [
+        f("slow_step_ms").map(|ms| format!("> {ms} ms")),
+        f("slow_step_factor").map(|k| format!("> {k}x median")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if thresholds.is_empty() {
+        return out;
+    }
+    out.push_str(&format!("  trigger {}", thresholds.join(" and ")));
+    if let Some(m) = f("median_step_ms") {
+        out.push_str(&format!("  median {m:.1} ms"));
+    }
+    if let Some((step, ms)) = step_ms("slowest_step") {
+        out.push_str(&format!("  slowest step {step} ({ms:.1} ms)"));
+    }
+    if let Some((step, ms)) = step_ms("trigger_step") {
+        out.push_str(&format!("  fired at step {step} ({ms:.1} ms)"));
+    }
+    out
+}
+
 /// The `--json` document.
 pub fn render_json(outcomes: &[Outcome]) -> String {
     json!({ "workers": outcomes }).to_string()
@@ -581,6 +614,26 @@ pub fn render_json(outcomes: &[Outcome]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_line_shows_the_slow_step_trigger() {
+        let w = json!({
+            "rank": 0, "phase": "watching", "backend": "torch", "step_index": 120,
+            "slow_step_ms": 50.0, "slow_step_factor": 5.0, "median_step_ms": 9.25,
+            "slowest_step": {"step": 77, "ms": 31.5}, "trigger_step": null,
+        });
+        let line = engine_worker_line(&w);
+        assert!(
+            line.contains("watching")
+                && line.contains(
+                    "trigger > 50 ms and > 5x median  median 9.2 ms  slowest step 77 (31.5 ms)"
+                ),
+            "{line}"
+        );
+        assert!(!line.contains("fired"), "{line}");
+        let quiet = json!({"rank": 0, "phase": "idle", "backend": "torch"});
+        assert!(!engine_worker_line(&quiet).contains("trigger"));
+    }
 
     #[test]
     fn router_dialects_parse() {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "stepscope.hpp"
 
@@ -79,6 +80,18 @@ int main() {
     } catch (const stepscope::Error &e) {
       CHECK(std::strstr(e.what(), "start_at_step") != nullptr);
     }
+  }
+
+  {
+    // Request ids, read for the captured iteration only; collected only while wanted.
+    stepscope::Profiler p(R"({"profiler": "cuda", "max_iterations": 1, "stepscope": {"request_ids": true}})", "cpp");
+    CHECK(!p.wants_request_ids());
+    p.start();
+    CHECK(p.wants_request_ids());
+    std::vector<std::string> ids = {"cpp-a", "cpp-b"};
+    { auto it = p.step({0, 0, 2, 2}, ids); CHECK(it.status() == STEPSCOPE_OK && p.is_running()); }
+    { auto it = p.step({0, 0, 2, 2}, ids); CHECK(!p.is_running()); }  // past max: stopped
+    CHECK(!p.wants_request_ids());
   }
 
   CHECK(!stepscope::version().empty());
