@@ -12,8 +12,6 @@ mod torch;
 
 pub use cuda::CudaBackend;
 #[cfg(feature = "torch-dynamic")]
-pub(crate) use torch::StepRequests;
-#[cfg(feature = "torch-dynamic")]
 pub use torch::{add_glue_dir, glue_info, GlueInfo, TorchBackend};
 
 use crate::config::{ProfilerConfig, ProfilerKind};

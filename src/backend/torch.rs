@@ -31,7 +31,7 @@ use torch_sys as _;
 use super::{Backend, CaptureStart};
 use crate::config::{is_uri_path, ProfilerConfig, TorchActivity};
 use crate::error::{Error, Result};
-use crate::flush::{self, Job, Manifest, PendingWrites, Writer};
+use crate::flush::{self, Job, Manifest, PendingWrites, StepRequests, Writer};
 use crate::iteration::{IterationInfo, RequestIds};
 use crate::schedule::SlowStepSeen;
 
@@ -104,13 +104,6 @@ struct Session {
     trigger: Option<SlowStepSeen>,
     /// The requests of each captured iteration (`stepscope.request_ids`), in step order.
     steps: Vec<StepRequests>,
-}
-
-/// One captured iteration's requests, as the manifest and the trace header list them.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub(crate) struct StepRequests {
-    pub step: u64,
-    pub requests: Vec<String>,
 }
 
 /// The torch (Kineto) backend. See the module docs.
@@ -388,6 +381,8 @@ impl TorchBackend {
             config: Arc::clone(&self.recording.config),
             trace_name: session.and_then(|s| s.trace_name.clone()),
             trigger,
+            // Kineto writes the annotations' kwinputs (the requests) only with shapes.
+            requests_into_args: steps.is_some() && !o.record_shapes,
             steps,
             ..Manifest::default()
         };

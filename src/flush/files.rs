@@ -7,6 +7,7 @@ use std::io::{self, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::thread;
 
+use super::annotate::RequestArgs;
 use crate::error::panic_message;
 
 /// Removes the file on drop unless disarmed: temporaries never outlive a failed write.
@@ -59,13 +60,14 @@ pub(super) fn suffixed(path: &Path, suffix: &str) -> PathBuf {
 pub(super) fn stream_gzip(
     fifo: &Path,
     gz: &Path,
+    requests: Option<RequestArgs>,
     save: impl FnOnce() -> std::result::Result<(), String>,
 ) -> std::result::Result<Option<u64>, String> {
     make_fifo(fifo).map_err(|e| format!("creating the pipe {}: {e}", fifo.display()))?;
     let (saved, pumped) = thread::scope(|scope| {
         let pump = thread::Builder::new()
             .name("stepscope-gzip".into())
-            .spawn_scoped(scope, || pump_gzip(fifo, gz));
+            .spawn_scoped(scope, || pump_gzip(fifo, gz, requests));
         let pump = match pump {
             Ok(p) => p,
             Err(e) => return (Err(format!("cannot start the gzip thread: {e}")), None),
@@ -99,10 +101,15 @@ struct Pumped {
     complete: bool,
 }
 
-/// Reads the FIFO to its end, gzipping into `gz` (fsynced). On a write error it still drains
-/// the FIFO, so Kineto never writes into a closed pipe (SIGPIPE would end a host process that
-/// does not ignore it).
-fn pump_gzip(fifo: &Path, gz: &Path) -> std::result::Result<Pumped, String> {
+/// Reads the FIFO to its end, gzipping into `gz` (fsynced), with the captured iterations'
+/// requests written into their annotations on the way (`requests`). On a write error it still
+/// drains the FIFO, so Kineto never writes into a closed pipe (SIGPIPE would end a host process
+/// that does not ignore it).
+fn pump_gzip(
+    fifo: &Path,
+    gz: &Path,
+    mut requests: Option<RequestArgs>,
+) -> std::result::Result<Pumped, String> {
     use std::io::Read;
     let mut input = retry_interrupted(|| File::open(fifo))
         .map_err(|e| format!("opening the pipe {}: {e}", fifo.display()))?;
@@ -116,6 +123,7 @@ fn pump_gzip(fifo: &Path, gz: &Path) -> std::result::Result<Pumped, String> {
         })
         .map_err(|e| format!("creating {}: {e}", gz.display()));
     let mut buf = vec![0u8; 1 << 20];
+    let mut edited = Vec::new();
     let mut json_bytes = 0u64;
     let mut last = 0u8;
     loop {
@@ -128,12 +136,30 @@ fn pump_gzip(fifo: &Path, gz: &Path) -> std::result::Result<Pumped, String> {
                 break;
             }
         };
-        json_bytes += n as u64;
         if let Some(b) = buf[..n].iter().rev().find(|b| !b.is_ascii_whitespace()) {
             last = *b;
         }
+        let chunk = match requests.as_mut() {
+            Some(r) => {
+                edited.clear();
+                r.feed(&buf[..n], &mut edited);
+                &edited[..]
+            }
+            None => &buf[..n],
+        };
+        json_bytes += chunk.len() as u64;
         if let Ok(gz_out) = out.as_mut() {
-            if let Err(e) = gz_out.write_all(&buf[..n]) {
+            if let Err(e) = gz_out.write_all(chunk) {
+                out = Err(format!("compressing the trace into {}: {e}", gz.display()));
+            }
+        }
+    }
+    if let Some(r) = requests.as_mut() {
+        edited.clear();
+        r.finish(&mut edited);
+        json_bytes += edited.len() as u64;
+        if let Ok(gz_out) = out.as_mut() {
+            if let Err(e) = gz_out.write_all(&edited) {
                 out = Err(format!("compressing the trace into {}: {e}", gz.display()));
             }
         }

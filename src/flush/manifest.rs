@@ -10,6 +10,13 @@ use serde::Serialize;
 
 use super::files::{process_alive, temp_owner, temp_path};
 
+/// One captured iteration's requests, as the manifest and the trace header list them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct StepRequests {
+    pub step: u64,
+    pub requests: Vec<String>,
+}
+
 /// The manifest written next to each trace.
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct Manifest {
@@ -43,7 +50,11 @@ pub(crate) struct Manifest {
     pub trigger: Option<crate::schedule::SlowStepSeen>,
     /// Each captured iteration's requests (`stepscope.request_ids`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub steps: Option<Vec<crate::backend::StepRequests>>,
+    pub steps: Option<Vec<StepRequests>>,
+    /// Write `steps`' requests into the annotations' args as the trace streams through (the
+    /// serializer leaves them out: Kineto without shapes recorded).
+    #[serde(skip)]
+    pub requests_into_args: bool,
     /// The session's config, written after the fields (shared with the backend, serialized
     /// on the writer threads, never copied on the engine thread).
     #[serde(skip)]

@@ -6,6 +6,8 @@
 //! - `writer` (with the torch backend): the finalizer and saver threads, fed a backend's
 //!   `Capture` through a channel from `stop()`.
 //! - `files`: temporaries that name their process, fsync and rename, gzip streamed from a FIFO.
+//! - `annotate`: each captured iteration's requests written into its annotation's args as the
+//!   trace streams through.
 //! - `manifest`: `{stem}.stepscope.json` beside each trace, and the clean-up after processes
 //!   that died writing.
 //! - `in_flight`: the flushing marker a parent process waits on at shutdown.
@@ -16,6 +18,8 @@ mod pending;
 
 pub use pending::PendingWrites;
 
+#[cfg(feature = "torch-dynamic")]
+mod annotate;
 #[cfg(feature = "torch-dynamic")]
 mod files;
 #[cfg(feature = "torch-dynamic")]
@@ -28,6 +32,6 @@ mod writer;
 #[cfg(feature = "torch-dynamic")]
 pub(crate) use files::write_atomic;
 #[cfg(feature = "torch-dynamic")]
-pub(crate) use manifest::{clean_stale, Manifest};
+pub(crate) use manifest::{clean_stale, Manifest, StepRequests};
 #[cfg(feature = "torch-dynamic")]
 pub(crate) use writer::{Capture, Job, Settings, Trace, Writer};

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
+use super::annotate::RequestArgs;
 use super::files::{
     check_complete, compress, is_regular_file, stream_gzip, suffixed, temp_path, TempFile,
 };
@@ -451,7 +452,12 @@ fn write_job(
 
     let json_bytes = if settings.gzip {
         let gz_tmp = TempFile(Some(temp_path(dir, final_name, "")));
-        let pumped = stream_gzip(serializer_tmp.path(), gz_tmp.path(), &mut save)?;
+        let requests = manifest
+            .steps
+            .as_deref()
+            .filter(|_| manifest.requests_into_args)
+            .and_then(RequestArgs::new);
+        let pumped = stream_gzip(serializer_tmp.path(), gz_tmp.path(), requests, &mut save)?;
         let json_bytes = match pumped {
             Some(json_bytes) => json_bytes,
             None if !is_regular_file(json_tmp.path()) => {

@@ -222,5 +222,14 @@ def test_a_slow_step_starts_a_window_whose_iterations_name_their_requests(tmp_pa
         {"step": 4, "requests": ["req-4", "shared"]},
         {"step": 5, "requests": ["req-5", "shared"]},
     ]
+    (trace,) = tmp_path.glob("w0.*.pt.trace.json.gz")
+    with gzip.open(trace, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    annotated = [
+        (e["args"]["Record function id"], e["args"]["requests"])
+        for e in events
+        if e.get("cat") == "user_annotation"
+    ]
+    assert annotated == [(4, ["req-4", "shared"]), (5, ["req-5", "shared"])]
     it = stepscope.Iteration(1, 2, 3, 4, request_ids=["x"])
     assert it.request_ids == ["x"] and stepscope.Iteration().request_ids is None

@@ -117,17 +117,17 @@ def test_a_long_prompt_among_decodes_triggers_a_capture_naming_its_requests(serv
     assert any(r.startswith(ids["long"]) for r in steps[0]["requests"]), (steps, ids)
 
     # The trace says the same: its header lists the steps' requests, and each iteration's
-    # annotation carries its step index.
+    # annotation carries its step index and its requests in its args.
     with gzip.open(server.traces / m["trace_file"], "rt") as f:
         doc = json.load(f)
     assert doc["stepscope"]["steps"] == steps
     assert doc["stepscope"]["trigger"] == m["trigger"]
     annotated = [
-        e["args"]["Record function id"]
+        {"step": e["args"]["Record function id"], "requests": e["args"]["requests"]}
         for e in doc["traceEvents"]
         if e.get("cat") == "user_annotation" and e.get("name", "").startswith("execute_")
     ]
-    assert annotated == [s["step"] for s in steps]
+    assert annotated == steps
 
     # The session ended by itself after its window (the frontend profile runs until stopped).
     status, answer, _ = server.get("/stepscope/status")
