@@ -180,17 +180,10 @@ class VllmServer:
         errors: list[str] = []
 
         def one(i: int) -> None:
-            body = {
-                "model": str(self.model),
-                "prompt": [3 + (i + k) % 500 for k in range(prompt_len)],
-                "max_tokens": max_tokens,
-                "ignore_eos": True,
-                "temperature": 0,
-            }
-            status, answer, seconds = self.post("/v1/completions", body)
-            if status != 200:
-                errors.append(f"{status}: {answer}")
-            latencies.append(seconds)
+            try:
+                latencies.append(self.completion(prompt_len, max_tokens, seed=i)[1])
+            except RuntimeError as e:
+                errors.append(str(e))
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
         for t in threads:
