@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -84,6 +86,9 @@ class VllmServer:
         self.model_config = {**MODEL_CONFIG, **(model_config or {})}
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        # vLLM's ZMQ sockets (VLLM_RPC_BASE_PATH, else /tmp, where they outlive the server):
+        # a short directory of this server's, removed by stop().
+        self.ipc_dir: str | None = None
 
     def start(self, timeout: float = 600) -> VllmServer:
         self.model.mkdir(parents=True, exist_ok=True)
@@ -97,6 +102,8 @@ class VllmServer:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        self.ipc_dir = tempfile.mkdtemp(prefix="stepscope-vllm-")
+        env["VLLM_RPC_BASE_PATH"] = self.ipc_dir
         env.update(self.env)
         vllm_cli = Path(sys.executable).parent / "vllm"
         cmd = [
@@ -214,7 +221,10 @@ class VllmServer:
             os.killpg(proc.pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
-        return proc.wait()
+        code = proc.wait()
+        if self.ipc_dir is not None:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        return code
 
 
 def _group_alive(pgid: int) -> bool:
