@@ -108,9 +108,7 @@ impl Nvtx {
         // SAFETY: `domain` is live; `text` outlives the call.
         unsafe { ffi::nvtxDomainMarkEx(self.domain, &attributes) };
     }
-}
 
-impl Nvtx {
     /// An instant marker whose text is built by `write` into the reused message buffer
     /// (`requests: …` inside a captured iteration's range), with the step index.
     pub(crate) fn mark_with(&mut self, step: u64, write: impl FnOnce(&mut Vec<u8>)) {

@@ -22,7 +22,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::json;
 // Nothing here calls torch-sys; naming it keeps it linked, and with it libtorch, which the
 // linked glue needs.
 #[cfg(feature = "torch")]
@@ -31,7 +30,7 @@ use torch_sys as _;
 use super::{Backend, CaptureStart};
 use crate::config::{is_uri_path, ProfilerConfig, TorchActivity};
 use crate::error::{Error, Result};
-use crate::flush::{self, Job, Manifest, PendingWrites, StepRequests, Writer};
+use crate::flush::{self, Job, Manifest, PendingWrites, StepRequests, Trigger, Writer};
 use crate::iteration::{IterationInfo, RequestIds};
 use crate::schedule::SlowStepSeen;
 
@@ -104,6 +103,21 @@ struct Session {
     trigger: Option<SlowStepSeen>,
     /// The requests of each captured iteration (`stepscope.request_ids`), in step order.
     steps: Vec<StepRequests>,
+}
+
+/// stepscope's key in each trace's header (`"stepscope": {...}`).
+#[derive(serde::Serialize)]
+struct Header<'a> {
+    version: &'static str,
+    worker_name: &'a str,
+    local_rank: u32,
+    first_step: Option<u64>,
+    last_step: Option<u64>,
+    iterations: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trigger: Option<Trigger>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    steps: Option<&'a [StepRequests]>,
 }
 
 /// The torch (Kineto) backend. See the module docs.
@@ -319,32 +333,30 @@ impl TorchBackend {
         let glue = self.glue()?;
         self.end_range();
         let stop_unix_ns = unix_ns();
-        let session = self.session.as_ref();
-        let worker_name = session.map_or("", |s| s.worker_name.as_str()).to_string();
-        let (first_step, last_step, iterations) = session.map_or((None, None, 0), |s| {
-            (s.first_step, s.last_step, s.iterations)
-        });
-        let trigger = session.and_then(|s| s.trigger);
+        // The requests leave the session: the header borrows them, the manifest takes them.
         let steps = self
             .session
             .as_mut()
             .map(|s| std::mem::take(&mut s.steps))
             .filter(|s| !s.is_empty());
-        let mut metadata = json!({
-            "version": crate::VERSION,
-            "worker_name": worker_name,
-            "local_rank": self.local_rank,
-            "first_step": first_step,
-            "last_step": last_step,
-            "iterations": iterations,
-        });
-        if let Some(t) = trigger {
-            metadata["trigger"] = json!({ "slow_step": t });
-        }
-        if let Some(steps) = &steps {
-            metadata["steps"] = json!(steps);
-        }
         let session = self.session.as_ref();
+        let worker_name = session.map_or("", |s| s.worker_name.as_str()).to_string();
+        let (first_step, last_step, iterations) = session.map_or((None, None, 0), |s| {
+            (s.first_step, s.last_step, s.iterations)
+        });
+        let trigger = session
+            .and_then(|s| s.trigger)
+            .map(|slow_step| Trigger { slow_step });
+        let header = Header {
+            version: crate::VERSION,
+            worker_name: &worker_name,
+            local_rank: self.local_rank,
+            first_step,
+            last_step,
+            iterations,
+            trigger,
+            steps: steps.as_deref(),
+        };
         // Metadata only enters the trace while the profiler is live, so before disabling.
         // torch.profiler's own keys first (a fresh trace id, the options recorded), then the
         // engine's (vLLM's version, torch.distributed's rank), then stepscope's.
@@ -359,7 +371,10 @@ impl TorchBackend {
         let entries = std::iter::once(("trace_id", trace_id.as_str()))
             .chain(flags.iter().filter(|(_, on)| *on).map(|(k, _)| (*k, "1")))
             .chain(self.metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        let stepscope = metadata.to_string();
+        // Serialized once, borrowing the requests (a header for every trace; the ids only with
+        // request_ids).
+        let stepscope = serde_json::to_string(&header)
+            .map_err(|e| kineto_error("the trace header", &e.to_string()))?;
         for (key, value) in entries.chain(std::iter::once(("stepscope", stepscope.as_str()))) {
             if let Err(e) = glue.add_metadata(key, value) {
                 log::warn!("stepscope: {}", kineto_error("addMetadataJson", &e));

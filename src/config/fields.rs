@@ -58,6 +58,26 @@ impl Fields {
         }
     }
 
+    /// An optional value: `None` when the key is absent or null, else what `read` makes of it;
+    /// a value `read` refuses is an error naming the key: "must be {must_be}, not {value}".
+    pub(super) fn optional<T>(
+        &mut self,
+        key: &str,
+        must_be: &str,
+        read: impl FnOnce(&Value) -> Option<T>,
+    ) -> Result<Option<T>> {
+        match self.take(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match read(&v) {
+                Some(t) => Ok(Some(t)),
+                None => Err(Error::config(
+                    self.name(key),
+                    format!("must be {must_be}, not {v}"),
+                )),
+            },
+        }
+    }
+
     /// A non-negative integer count, at least `min`.
     pub(super) fn count(&mut self, key: &str, default: u64, min: u64) -> Result<u64> {
         let v = match self.take(key) {

@@ -195,18 +195,15 @@ impl StepscopeConfig {
                 ))
             }
         };
-        let cuda_device = match f.take("cuda_device") {
-            None | Some(Value::Null) => None,
-            Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
-                Some(n) if n <= i32::MAX as u32 => Some(n),
-                _ => {
-                    return Err(Error::config(
-                        "stepscope.cuda_device",
-                        format!("must be a device ordinal (an integer >= 0) or null, not {v}"),
-                    ))
-                }
+        let cuda_device = f.optional(
+            "cuda_device",
+            "a device ordinal (an integer >= 0) or null",
+            |v| {
+                v.as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|n| *n <= i32::MAX as u32)
             },
-        };
+        )?;
         let flush_timeout = match f.take("flush_timeout_s") {
             None => d.flush_timeout,
             Some(v) => match v.as_f64().and_then(|s| Duration::try_from_secs_f64(s).ok()) {
@@ -270,18 +267,11 @@ impl CaptureControl {
                 ))
             }
         };
-        let start_at_step = match f.take("start_at_step") {
-            None | Some(Value::Null) => None,
-            Some(v) => match v.as_u64() {
-                Some(n) if n >= 1 => Some(n),
-                _ => {
-                    return Err(Error::config(
-                        "stepscope.start_at_step",
-                        format!("must be a step index >= 1 (the first step() is 1), not {v}"),
-                    ))
-                }
-            },
-        };
+        let start_at_step = f.optional(
+            "start_at_step",
+            "a step index >= 1 (the first step() is 1)",
+            |v| v.as_u64().filter(|n| *n >= 1),
+        )?;
         let stages = match f.take("stages") {
             None | Some(Value::Null) => None,
             Some(Value::Array(items)) if !items.is_empty() => {
@@ -319,37 +309,16 @@ impl CaptureControl {
         let min_batch_tokens = f.count("min_batch_tokens", 0, 0)?;
         let repeat = f.count("repeat", 1, 1)?;
         let repeat_every = f.count("repeat_every", 0, 0)?;
-        let slow_step = match f.take("slow_step_ms") {
-            None | Some(Value::Null) => None,
-            Some(v) => match v
-                .as_f64()
+        let slow_step = f.optional("slow_step_ms", "a number of milliseconds > 0", |v| {
+            v.as_f64()
                 .filter(|ms| *ms > 0.0)
                 .and_then(|ms| Duration::try_from_secs_f64(ms / 1e3).ok())
-            {
-                Some(d) => Some(d),
-                None => {
-                    return Err(Error::config(
-                        "stepscope.slow_step_ms",
-                        format!("must be a number of milliseconds > 0, not {v}"),
-                    ))
-                }
-            },
-        };
-        let slow_step_factor = match f.take("slow_step_factor") {
-            None | Some(Value::Null) => None,
-            Some(v) => match v.as_f64().and_then(Factor::new) {
-                Some(k) => Some(k),
-                None => {
-                    return Err(Error::config(
-                        "stepscope.slow_step_factor",
-                        format!(
-                            "must be a number > 1 (a step slower than that many times the \
-                             running median triggers), not {v}"
-                        ),
-                    ))
-                }
-            },
-        };
+        })?;
+        let slow_step_factor = f.optional(
+            "slow_step_factor",
+            "a number > 1 (a step slower than that many times the running median triggers)",
+            |v| v.as_f64().and_then(Factor::new),
+        )?;
         let c = CaptureControl {
             ranks,
             start_at_step,
@@ -361,12 +330,7 @@ impl CaptureControl {
             slow_step,
             slow_step_factor,
         };
-        let trigger_key = if c.slow_step.is_some() {
-            "stepscope.slow_step_ms"
-        } else {
-            "stepscope.slow_step_factor"
-        };
-        if c.slow_step_trigger().is_some() {
+        if let Some(trigger_key) = c.slow_step_key() {
             if c.start_at_step.is_some() {
                 return Err(Error::config(
                     trigger_key,

@@ -183,11 +183,19 @@ impl CaptureControl {
             && self.slow_step_trigger().is_none()
     }
 
+    /// The key that sets the slow-step trigger (`stepscope.slow_step_ms` when both do), for
+    /// errors about it; `None` without a trigger.
+    pub fn slow_step_key(&self) -> Option<&'static str> {
+        match (self.slow_step, self.slow_step_factor) {
+            (Some(_), _) => Some("stepscope.slow_step_ms"),
+            (None, Some(_)) => Some("stepscope.slow_step_factor"),
+            (None, None) => None,
+        }
+    }
+
     /// The slow-step trigger the keys ask for, if any.
     pub fn slow_step_trigger(&self) -> Option<SlowStep> {
-        if self.slow_step.is_none() && self.slow_step_factor.is_none() {
-            return None;
-        }
+        self.slow_step_key()?;
         Some(SlowStep {
             min_ns: self
                 .slow_step

@@ -76,13 +76,9 @@ impl ProfilerConfig {
                 "takes the place of delay_iterations: set one of them",
             ));
         }
-        if capture.slow_step_trigger().is_some() && self.max_iterations == 0 {
+        if let Some(key) = capture.slow_step_key().filter(|_| self.max_iterations == 0) {
             return Err(Error::config(
-                if capture.slow_step.is_some() {
-                    "stepscope.slow_step_ms"
-                } else {
-                    "stepscope.slow_step_factor"
-                },
+                key,
                 "needs max_iterations > 0: the window after a slow step captures \
                  max_iterations iterations",
             ));

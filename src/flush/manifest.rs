@@ -9,12 +9,20 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::files::{process_alive, temp_owner, temp_path};
+use crate::schedule::SlowStepSeen;
 
 /// One captured iteration's requests, as the manifest and the trace header list them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct StepRequests {
     pub step: u64,
     pub requests: Vec<String>,
+}
+
+/// What started a capture, as the manifest and the trace header record it:
+/// `{"slow_step": {"step", "duration_ns", "median_ns"}}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub(crate) struct Trigger {
+    pub slow_step: SlowStepSeen,
 }
 
 /// The manifest written next to each trace.
@@ -46,8 +54,8 @@ pub(crate) struct Manifest {
     /// Of which serializing, compressing and renaming the trace.
     pub write_seconds: Option<f64>,
     /// The slow step the capture follows, when a slow-step trigger started it.
-    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "slow_step")]
-    pub trigger: Option<crate::schedule::SlowStepSeen>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<Trigger>,
     /// Each captured iteration's requests (`stepscope.request_ids`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steps: Option<Vec<StepRequests>>,
@@ -63,21 +71,6 @@ pub(crate) struct Manifest {
     /// `{worker}.{time_ns}.pt`.
     #[serde(skip)]
     pub trace_name: Option<String>,
-}
-
-/// `"trigger": {"slow_step": {"step", "duration_ns", "median_ns"}}`.
-fn slow_step<S: serde::Serializer>(
-    t: &Option<crate::schedule::SlowStepSeen>,
-    s: S,
-) -> std::result::Result<S::Ok, S::Error> {
-    #[derive(Serialize)]
-    struct Trigger<'a> {
-        slow_step: &'a crate::schedule::SlowStepSeen,
-    }
-    match t {
-        Some(t) => Trigger { slow_step: t }.serialize(s),
-        None => s.serialize_none(),
-    }
 }
 
 /// The manifest file: the manifest's fields, then the config.

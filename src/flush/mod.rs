@@ -32,6 +32,6 @@ mod writer;
 #[cfg(feature = "torch-dynamic")]
 pub(crate) use files::write_atomic;
 #[cfg(feature = "torch-dynamic")]
-pub(crate) use manifest::{clean_stale, Manifest, StepRequests};
+pub(crate) use manifest::{clean_stale, Manifest, StepRequests, Trigger};
 #[cfg(feature = "torch-dynamic")]
 pub(crate) use writer::{Capture, Job, Settings, Trace, Writer};

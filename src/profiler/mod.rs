@@ -271,14 +271,7 @@ impl WorkerProfiler {
     /// [`WorkerProfiler::take_last_error`].
     #[inline]
     pub fn step(&self, info: &IterationInfo) -> IterationGuard<'_> {
-        // The engine thread is the only writer of the counter, so a plain load and store
-        // suffices: no locked read-modify-write on the per-iteration path.
-        let index = self.steps.load(Relaxed) + 1;
-        self.steps.store(index, Relaxed);
-        if self.gate.load(Relaxed) == 0 {
-            return IterationGuard::idle();
-        }
-        self.step_slow(index, info, None)
+        self.enter(info, None)
     }
 
     /// [`WorkerProfiler::step`] for an iteration serving these requests: with
@@ -286,18 +279,45 @@ impl WorkerProfiler {
     /// annotation and header, the manifest, and an NVTX marker inside the iteration's range).
     /// The ids are read only when the iteration is captured; pass them only while
     /// [`WorkerProfiler::wants_request_ids`] is true, which spares the engine collecting them.
+    ///
+    /// ```
+    /// use stepscope::{IterationInfo, ProfilerConfig, WorkerProfiler};
+    /// let cfg = ProfilerConfig::from_json_str(r#"{"stepscope": {"request_ids": true}}"#)?;
+    /// let profiler = WorkerProfiler::new(&cfg, "worker0")?;
+    /// profiler.start()?;
+    /// let batch = ["cmpl-1-0", "cmpl-2-0"];
+    /// let info = IterationInfo::new(0, 0, 2, 2);
+    /// let it = if profiler.wants_request_ids() {
+    ///     profiler.step_with_requests(&info, &batch[..])
+    /// } else {
+    ///     profiler.step(&info)
+    /// };
+    /// assert!(it.is_captured());
+    /// # Ok::<(), stepscope::Error>(())
+    /// ```
     #[inline]
-    pub fn step_with_requests(
+    pub fn step_with_requests<R: RequestIds + ?Sized>(
         &self,
         info: &IterationInfo,
-        requests: &dyn RequestIds,
+        requests: &R,
     ) -> IterationGuard<'_> {
+        let requests = SizedIds(requests);
+        self.enter(
+            info,
+            self.request_ids.then_some(&requests as &dyn RequestIds),
+        )
+    }
+
+    /// The per-iteration entry of `step()` and `step_with_requests()`.
+    #[inline]
+    fn enter(&self, info: &IterationInfo, requests: Option<&dyn RequestIds>) -> IterationGuard<'_> {
+        // The engine thread is the only writer of the counter, so a plain load and store
+        // suffices: no locked read-modify-write on the per-iteration path.
         let index = self.steps.load(Relaxed) + 1;
         self.steps.store(index, Relaxed);
         if self.gate.load(Relaxed) == 0 {
             return IterationGuard::idle();
         }
-        let requests = self.request_ids.then_some(requests);
         self.step_slow(index, info, requests)
     }
 
@@ -544,6 +564,20 @@ impl WorkerProfiler {
             gate |= GATE_ARMED;
         }
         self.gate.store(gate, Relaxed);
+    }
+}
+
+/// Request ids of any type behind a sized reference, so that a slice passes as
+/// `&dyn RequestIds`.
+struct SizedIds<'a, R: ?Sized>(&'a R);
+
+impl<R: RequestIds + ?Sized> RequestIds for SizedIds<'_, R> {
+    fn count(&self) -> usize {
+        self.0.count()
+    }
+
+    fn for_each_id(&self, f: &mut dyn FnMut(&str)) {
+        self.0.for_each_id(f);
     }
 }
 

@@ -227,7 +227,12 @@ impl Kineto {
         // SAFETY: out outlives the call.
         call(|err, len| unsafe { (self.api.range_new)(&mut out, err, len) })?;
         NonNull::new(out)
-            .map(|ptr| Range { api: self.api, ptr })
+            .map(|ptr| Range {
+                api: self.api,
+                ptr,
+                id_ptrs: Vec::new(),
+                id_lens: Vec::new(),
+            })
             .ok_or_else(|| "the glue returned no range".to_string())
     }
 }
@@ -335,6 +340,10 @@ impl Drop for TraceResult {
 pub(crate) struct Range {
     api: &'static Api,
     ptr: NonNull<RawRange>,
+    /// The (pointer, length) pairs of the request ids passed to the glue, reused so that
+    /// captured iterations allocate no new arrays for them; empty between calls.
+    id_ptrs: Vec<*const c_char>,
+    id_lens: Vec<usize>,
 }
 
 // SAFETY: the range is only begun and ended on the engine thread (the profiler's thread rules);
@@ -349,11 +358,13 @@ impl Range {
         step: u64,
         requests: &[String],
     ) -> std::result::Result<(), String> {
-        let ptrs: Vec<*const c_char> = requests.iter().map(|r| r.as_ptr().cast()).collect();
-        let lens: Vec<usize> = requests.iter().map(String::len).collect();
+        self.id_ptrs
+            .extend(requests.iter().map(|r| r.as_ptr().cast::<c_char>()));
+        self.id_lens.extend(requests.iter().map(String::len));
+        let (ptrs, lens) = (&self.id_ptrs, &self.id_lens);
         // SAFETY: ptr is live; name is a live (pointer, length) pair; `ptrs` and `lens` hold
         // `requests.len()` (pointer, length) pairs of strings alive for the call.
-        call(|err, len| unsafe {
+        let result = call(|err, len| unsafe {
             (self.api.range_begin)(
                 self.ptr.as_ptr(),
                 name.as_ptr().cast(),
@@ -365,7 +376,11 @@ impl Range {
                 err,
                 len,
             )
-        })
+        });
+        // No pointer outlives the call.
+        self.id_ptrs.clear();
+        self.id_lens.clear();
+        result
     }
 
     pub(crate) fn end(&mut self) -> std::result::Result<(), String> {
