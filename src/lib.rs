@@ -39,6 +39,7 @@ pub mod flush;
 pub mod iteration;
 mod profiler;
 pub mod schedule;
+pub mod trace;
 
 pub use config::ProfilerConfig;
 pub use error::{Error, IoSource, Result};

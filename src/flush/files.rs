@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::thread;
 
 use super::annotate::RequestArgs;
+use super::summarize::SummaryThread;
 use crate::error::panic_message;
+use crate::trace::Summary;
 
 /// Removes the file on drop unless disarmed: temporaries never outlive a failed write.
 pub(super) struct TempFile(pub(super) Option<PathBuf>);
@@ -62,7 +64,7 @@ pub(super) fn stream_gzip(
     gz: &Path,
     requests: Option<RequestArgs>,
     save: impl FnOnce() -> std::result::Result<(), String>,
-) -> std::result::Result<Option<u64>, String> {
+) -> std::result::Result<Option<Streamed>, String> {
     make_fifo(fifo).map_err(|e| format!("creating the pipe {}: {e}", fifo.display()))?;
     let (saved, pumped) = thread::scope(|scope| {
         let pump = thread::Builder::new()
@@ -88,28 +90,64 @@ pub(super) fn stream_gzip(
         Some(Ok(Pumped {
             complete: false,
             json_bytes,
+            ..
         })) => Err(format!(
             "the trace was written incomplete ({json_bytes} bytes): the write failed"
         )),
-        Some(Ok(Pumped { json_bytes, .. })) => Ok(Some(json_bytes)),
+        Some(Ok(Pumped {
+            json_bytes,
+            summary,
+            ..
+        })) => Ok(Some(Streamed {
+            json_bytes,
+            summary,
+        })),
     }
+}
+
+/// A trace that came through the FIFO, complete.
+pub(super) struct Streamed {
+    pub json_bytes: u64,
+    /// Its summary, when it parsed as a trace.
+    pub summary: Option<Summary>,
 }
 
 struct Pumped {
     json_bytes: u64,
     /// The JSON ended with `}` (Kineto reports no write errors of its own).
     complete: bool,
+    summary: Option<Summary>,
 }
 
 /// Reads the FIFO to its end, gzipping into `gz` (fsynced), with the captured iterations'
-/// requests written into their annotations on the way (`requests`). On a write error it still
+/// requests written into their annotations on the way (`requests`), and summarized on a
+/// thread beside it. On a write error it still
 /// drains the FIFO, so Kineto never writes into a closed pipe (SIGPIPE would end a host process
 /// that does not ignore it).
 fn pump_gzip(
     fifo: &Path,
     gz: &Path,
-    mut requests: Option<RequestArgs>,
+    requests: Option<RequestArgs>,
 ) -> std::result::Result<Pumped, String> {
+    thread::scope(|scope| {
+        let mut summary = SummaryThread::spawn(scope);
+        let pumped = pump_into(fifo, gz, requests, &mut summary);
+        let summary = summary.and_then(SummaryThread::finish);
+        pumped.map(|(json_bytes, complete)| Pumped {
+            json_bytes,
+            complete,
+            summary,
+        })
+    })
+}
+
+/// The pump's loop: (JSON bytes, whether the JSON ended with `}`).
+fn pump_into(
+    fifo: &Path,
+    gz: &Path,
+    mut requests: Option<RequestArgs>,
+    summary: &mut Option<SummaryThread<'_>>,
+) -> std::result::Result<(u64, bool), String> {
     use std::io::Read;
     let mut input = retry_interrupted(|| File::open(fifo))
         .map_err(|e| format!("opening the pipe {}: {e}", fifo.display()))?;
@@ -148,6 +186,9 @@ fn pump_gzip(
             None => &buf[..n],
         };
         json_bytes += chunk.len() as u64;
+        if let Some(s) = summary.as_mut() {
+            s.feed(chunk);
+        }
         if let Ok(gz_out) = out.as_mut() {
             if let Err(e) = gz_out.write_all(chunk) {
                 out = Err(format!("compressing the trace into {}: {e}", gz.display()));
@@ -158,6 +199,9 @@ fn pump_gzip(
         edited.clear();
         r.finish(&mut edited);
         json_bytes += edited.len() as u64;
+        if let Some(s) = summary.as_mut() {
+            s.feed(&edited);
+        }
         if let Ok(gz_out) = out.as_mut() {
             if let Err(e) = gz_out.write_all(&edited) {
                 out = Err(format!("compressing the trace into {}: {e}", gz.display()));
@@ -170,10 +214,7 @@ fn pump_gzip(
         .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
         .and_then(|f| f.sync_all())
         .map_err(|e| format!("compressing the trace into {}: {e}", gz.display()))?;
-    Ok(Pumped {
-        json_bytes,
-        complete: last == b'}',
-    })
+    Ok((json_bytes, last == b'}'))
 }
 
 pub(super) fn retry_interrupted<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::files::{process_alive, temp_owner, temp_path};
 use crate::schedule::SlowStepSeen;
+use crate::trace::Summary;
 
 /// One captured iteration's requests, as the manifest and the trace header list them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -59,6 +60,10 @@ pub(crate) struct Manifest {
     /// Each captured iteration's requests (`stepscope.request_ids`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steps: Option<Vec<StepRequests>>,
+    /// What the trace holds, per captured iteration and per kernel and operator, read from
+    /// its JSON as it was written (`stepscope analyze DIR` uses it instead of the trace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<Summary>,
     /// Write `steps`' requests into the annotations' args as the trace streams through (the
     /// serializer leaves them out: Kineto without shapes recorded).
     #[serde(skip)]

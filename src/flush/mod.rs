@@ -10,6 +10,7 @@
 //!   trace streams through.
 //! - `manifest`: `{stem}.stepscope.json` beside each trace, and the clean-up after processes
 //!   that died writing.
+//! - `summarize`: the manifest's `summary`, read from the JSON as it streams to disk.
 //! - `in_flight`: the flushing marker a parent process waits on at shutdown.
 //!
 //! Nothing here knows Kineto: a backend implements `Capture` and `Trace`.
@@ -26,6 +27,8 @@ mod files;
 mod in_flight;
 #[cfg(feature = "torch-dynamic")]
 mod manifest;
+#[cfg(feature = "torch-dynamic")]
+mod summarize;
 #[cfg(feature = "torch-dynamic")]
 mod writer;
 

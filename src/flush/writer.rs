@@ -31,8 +31,10 @@ use super::files::{
 };
 use super::in_flight::{in_flight_begin, in_flight_end, publish_in_flight};
 use super::manifest::{write_manifest, Manifest};
+use super::summarize::summarize_file;
 use super::PendingWrites;
 use crate::error::{panic_message, Error, Result};
+use crate::trace::Summary;
 
 /// A stopped capture on its way to disk: what a backend hands the writer. `finalize` runs on
 /// the finalizer thread.
@@ -399,6 +401,7 @@ fn save_loop(
                 manifest.trace_bytes = Some(written.trace_bytes);
                 manifest.json_bytes = Some(written.json_bytes);
                 manifest.summary_file = written.summary_file;
+                manifest.summary = written.summary;
                 manifest.writer_seconds =
                     Some(written.renamed.duration_since(job.queued).as_secs_f64());
                 manifest.write_seconds = Some(written.renamed.duration_since(began).as_secs_f64());
@@ -427,6 +430,7 @@ struct Written {
     trace_bytes: u64,
     json_bytes: u64,
     summary_file: Option<String>,
+    summary: Option<Summary>,
     renamed: Instant,
 }
 
@@ -450,7 +454,7 @@ fn write_job(
         .to_string();
     let mut save = || trace.save(&json_str);
 
-    let json_bytes = if settings.gzip {
+    let (json_bytes, summary) = if settings.gzip {
         let gz_tmp = TempFile(Some(temp_path(dir, final_name, "")));
         let requests = manifest
             .steps
@@ -458,8 +462,8 @@ fn write_job(
             .filter(|_| manifest.requests_into_args)
             .and_then(RequestArgs::new);
         let pumped = stream_gzip(serializer_tmp.path(), gz_tmp.path(), requests, &mut save)?;
-        let json_bytes = match pumped {
-            Some(json_bytes) => json_bytes,
+        let (json_bytes, summary) = match pumped {
+            Some(streamed) => (streamed.json_bytes, streamed.summary),
             None if !is_regular_file(json_tmp.path()) => {
                 return Err("no trace was written (the write failed)".into())
             }
@@ -469,24 +473,25 @@ fn write_job(
                 let tail = check_complete(json_tmp.path())?;
                 compress(json_tmp.path(), gz_tmp.path())
                     .map_err(|e| io_err("compressing the trace into", gz_tmp.path(), e))?;
-                tail
+                (tail, summarize_file(json_tmp.path()))
             }
         };
         fs::rename(gz_tmp.path(), &final_path)
             .map_err(|e| io_err("renaming the trace to", &final_path, e))?;
         gz_tmp.keep();
         drop(json_tmp);
-        json_bytes
+        (json_bytes, summary)
     } else {
         save()?;
         let json_bytes = check_complete(json_tmp.path())?;
+        let summary = summarize_file(json_tmp.path());
         File::open(json_tmp.path())
             .and_then(|f| f.sync_all())
             .map_err(|e| io_err("syncing", json_tmp.path(), e))?;
         fs::rename(json_tmp.path(), &final_path)
             .map_err(|e| io_err("renaming the trace to", &final_path, e))?;
         json_tmp.keep();
-        json_bytes
+        (json_bytes, summary)
     };
     // The FIFO (or the serializer's leftovers) go now; a plain JSON trace was renamed into place.
     drop(serializer_tmp);
@@ -503,6 +508,7 @@ fn write_job(
         trace_bytes,
         json_bytes,
         summary_file,
+        summary,
         renamed,
     })
 }

@@ -1,0 +1,171 @@
+//! The parts of a trace event and of a trace's top-level metadata that analysis reads; every
+//! other field is skipped unparsed.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
+
+/// An id that traces write as a number or a string (pid, tid).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Id<'a> {
+    /// A number.
+    Num(i64),
+    /// A string.
+    Str(Cow<'a, str>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Id<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Id<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number or a string")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Id<'a>, E> {
+                Ok(Id::Num(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Id<'a>, E> {
+                Ok(Id::Num(v as i64))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Id<'a>, E> {
+                Ok(Id::Num(v as i64))
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Id<'a>, E> {
+                Ok(Id::Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Id<'a>, E> {
+                Ok(Id::Str(Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+/// The `args` fields analysis reads; all others are skipped unparsed.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Args {
+    /// Links a launch (cuda_runtime) to its kernel, memcpy or memset.
+    #[serde(default)]
+    pub correlation: Option<u64>,
+    /// The GPU of a device event.
+    #[serde(default)]
+    pub device: Option<u64>,
+    /// A RecordFunction's handle: stepscope sets it to the step index of its iteration
+    /// annotations (0 elsewhere).
+    #[serde(default, rename = "Record function id")]
+    pub record_function_id: Option<u64>,
+    /// The ids of the requests an iteration served (stepscope's `request_ids`).
+    #[serde(default)]
+    pub requests: Option<Vec<String>>,
+}
+
+/// One trace event, with the fields analysis reads.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Event<'a> {
+    /// Phase: `X` complete, `M` metadata, `s`/`f` flow, `i` instant, …
+    #[serde(default, borrow)]
+    pub ph: Option<Cow<'a, str>>,
+    /// Category: `kernel`, `gpu_memcpy`, `gpu_memset`, `cuda_runtime`, `cpu_op`, …
+    #[serde(default, borrow)]
+    pub cat: Option<Cow<'a, str>>,
+    /// Name.
+    #[serde(default, borrow)]
+    pub name: Option<Cow<'a, str>>,
+    /// Process.
+    #[serde(default, borrow)]
+    pub pid: Option<Id<'a>>,
+    /// Thread (or GPU stream).
+    #[serde(default, borrow)]
+    pub tid: Option<Id<'a>>,
+    /// Start, µs.
+    #[serde(default)]
+    pub ts: Option<f64>,
+    /// Duration, µs.
+    #[serde(default)]
+    pub dur: Option<f64>,
+    /// Arguments, unparsed: most events' `args` are never read, so they are only skipped
+    /// over; [`Event::args`] parses them on demand.
+    #[serde(default, borrow, rename = "args")]
+    pub raw_args: Option<&'a serde_json::value::RawValue>,
+}
+
+impl Event<'_> {
+    /// The arguments analysis reads (default when absent or malformed).
+    pub fn args(&self) -> Args {
+        self.raw_args
+            .and_then(|r| serde_json::from_str(r.get()).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// The trace-level metadata analysis reads.
+#[derive(Debug, Clone, Default)]
+pub struct Meta {
+    /// `distributedInfo.rank`.
+    pub rank: Option<i64>,
+    /// `distributedInfo.world_size`.
+    pub world_size: Option<i64>,
+    /// `deviceProperties`.
+    pub devices: Vec<DeviceProperties>,
+    /// stepscope's header (`stepscope`): the captured steps' requests and the trigger.
+    pub stepscope: StepscopeHeader,
+    /// Whether a `traceEvents` array was found.
+    pub has_events: bool,
+}
+
+/// The parts of stepscope's trace header (`"stepscope": {...}`) analysis reads.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StepscopeHeader {
+    /// Each captured iteration's requests (`request_ids`).
+    #[serde(default)]
+    pub steps: Vec<HeaderStep>,
+    /// What started the capture (`{"slow_step": {"step", "duration_ns", …}}`).
+    #[serde(default)]
+    pub trigger: Option<serde_json::Value>,
+}
+
+/// One entry of the header's `steps`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct HeaderStep {
+    /// The step index.
+    pub step: u64,
+    /// The requests it served.
+    #[serde(default)]
+    pub requests: Vec<String>,
+}
+
+/// One entry of `deviceProperties`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+pub struct DeviceProperties {
+    /// Device index.
+    #[serde(default)]
+    pub id: Option<i64>,
+    /// E.g. "NVIDIA A100-SXM4-80GB".
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Bytes.
+    #[serde(default, rename = "totalGlobalMem")]
+    pub total_global_mem: Option<u64>,
+    /// Compute capability, major.
+    #[serde(default, rename = "computeMajor")]
+    pub compute_major: Option<i64>,
+    /// Compute capability, minor.
+    #[serde(default, rename = "computeMinor")]
+    pub compute_minor: Option<i64>,
+    /// Streaming multiprocessors.
+    #[serde(default, rename = "numSms")]
+    pub num_sms: Option<i64>,
+}
+
+/// `distributedInfo`.
+#[derive(Deserialize, Default)]
+pub(crate) struct DistributedInfo {
+    #[serde(default)]
+    pub rank: Option<i64>,
+    #[serde(default)]
+    pub world_size: Option<i64>,
+}

@@ -1,0 +1,496 @@
+//! A streaming reader of Chrome/Kineto trace JSON: bytes go in as they come (a gunzip stream,
+//! a FIFO's chunks), events come out one at a time, and the reader holds only the bytes of the
+//! event it is in the middle of.
+//!
+//! The document is `{"traceEvents": [ev, ev, …], "key": value, …}` (keys in any order) or a
+//! bare `[ev, ev, …]`. The reader walks that outer structure itself and hands each element of
+//! `traceEvents` to serde_json, parsed straight from the buffered bytes (strings borrowed).
+//! When an element is cut by the end of the buffered bytes, serde_json reports end of input;
+//! the reader keeps the element's bytes and asks for more. Each wait for more asks for at
+//! least as many bytes again as are buffered, so a long element costs linear, not quadratic,
+//! work. Other top-level values are parsed once whole: only `distributedInfo`,
+//! `deviceProperties` and `stepscope` are kept ([`Meta`]).
+
+use std::io::{self, Read};
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::event::{DeviceProperties, DistributedInfo, Meta, StepscopeHeader};
+
+/// What consumes a trace's events: the type each event is parsed as (borrowing from the
+/// reader's buffer for the length of the call) and what is done with it.
+pub trait EventSink {
+    /// How an event is parsed: a struct of the fields wanted, a `&RawValue`, `IgnoredAny`.
+    type Event<'de>: Deserialize<'de>;
+
+    /// Takes one event. `meta` holds what the top-level keys read so far said (those that
+    /// follow `traceEvents` in the file are not known yet).
+    fn event(&mut self, event: Self::Event<'_>, meta: &Meta);
+}
+
+/// Bytes read from a source at a time.
+const CHUNK: usize = 1 << 20;
+
+/// Where the reader is in the document's outer structure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Before the first byte: `{` or `[`.
+    Start,
+    /// In the top-level object: a key, or `}` (`first`: right after `{`).
+    Key { first: bool },
+    /// After a key: `:`.
+    Colon(Key),
+    /// After `key:`: its value.
+    Value(Key),
+    /// After a top-level value: `,` or `}`.
+    AfterValue,
+    /// Right after the event array's `[`: an event or `]`.
+    FirstEvent { bare: bool },
+    /// An event.
+    Event { bare: bool },
+    /// After an event: `,` or `]`.
+    AfterEvent { bare: bool },
+    /// The document has ended: only whitespace may follow.
+    Done,
+}
+
+/// The top-level keys read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Events,
+    Distributed,
+    Devices,
+    Stepscope,
+    Other,
+}
+
+/// What one step of the reader needs.
+enum Progress {
+    /// It moved on.
+    Moved,
+    /// The bytes buffered end inside a value: more are needed.
+    NeedMore,
+}
+
+/// Malformed trace JSON: what is wrong and where (a byte offset into the whole document).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamError {
+    /// The offset of the value or byte at fault.
+    pub offset: u64,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for StreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (at byte {})", self.message, self.offset)
+    }
+}
+
+/// The streaming reader; see the module docs.
+pub struct EventStream {
+    buf: Vec<u8>,
+    /// The first byte of `buf` not consumed.
+    pos: usize,
+    /// Bytes dropped from `buf`'s front so far (for error offsets).
+    dropped: u64,
+    /// How many bytes beyond those buffered the next step needs before it can move on.
+    want: usize,
+    state: State,
+    meta: Meta,
+    /// Events handed to the sink.
+    events: u64,
+    /// Times a value was cut by the end of the bytes buffered and waited for more.
+    waits: u64,
+}
+
+impl Default for EventStream {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EventStream {
+    /// A reader at the start of a document.
+    pub fn new() -> Self {
+        EventStream {
+            buf: Vec::new(),
+            pos: 0,
+            dropped: 0,
+            want: 0,
+            state: State::Start,
+            meta: Meta::default(),
+            events: 0,
+            waits: 0,
+        }
+    }
+
+    /// Events handed to the sink so far.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// Feeds the next bytes of the document; every event they complete goes to `sink`.
+    pub fn feed<S: EventSink>(&mut self, bytes: &[u8], sink: &mut S) -> Result<(), StreamError> {
+        self.compact();
+        self.buf.extend_from_slice(bytes);
+        if self.buf.len() - self.pos < self.want {
+            return Ok(());
+        }
+        self.want = 0;
+        self.drain(sink, false)
+    }
+
+    /// Ends the document: an error if it is incomplete. Returns the top-level metadata.
+    pub fn finish<S: EventSink>(mut self, sink: &mut S) -> Result<Meta, StreamError> {
+        self.drain(sink, true)?;
+        if self.state != State::Done {
+            return Err(self.error(self.buf.len(), "the JSON ends early (truncated trace)"));
+        }
+        if !self.meta.has_events {
+            return Err(self.error(
+                0,
+                "JSON without a \"traceEvents\" array: not a Kineto/Chrome trace",
+            ));
+        }
+        Ok(self.meta)
+    }
+
+    /// Reads a whole document from `source`, reading into the buffer directly. An I/O error
+    /// (a corrupt gzip stream included) comes back as `Err(Err(io))`.
+    pub fn read_all<S: EventSink>(
+        mut self,
+        mut source: impl Read,
+        sink: &mut S,
+    ) -> Result<Meta, Result<StreamError, io::Error>> {
+        loop {
+            self.compact();
+            let need = self.want.max(CHUNK);
+            let filled = self.buf.len();
+            self.buf.resize(filled + need, 0);
+            let n = loop {
+                match source.read(&mut self.buf[filled..]) {
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        self.buf.truncate(filled);
+                        return Err(Err(e));
+                    }
+                }
+            };
+            self.buf.truncate(filled + n);
+            if n == 0 {
+                return self.finish(sink).map_err(Ok);
+            }
+            if self.buf.len() - self.pos >= self.want {
+                self.want = 0;
+                self.drain(sink, false).map_err(Ok)?;
+            }
+        }
+    }
+
+    /// Drops consumed bytes from the buffer's front.
+    fn compact(&mut self) {
+        if self.pos > 0 {
+            self.buf.drain(..self.pos);
+            self.dropped += self.pos as u64;
+            self.pos = 0;
+        }
+    }
+
+    fn error(&self, at: usize, message: impl Into<String>) -> StreamError {
+        StreamError {
+            offset: self.dropped + at as u64,
+            message: message.into(),
+        }
+    }
+
+    /// Moves through the buffered bytes as far as they go.
+    fn drain<S: EventSink>(&mut self, sink: &mut S, eof: bool) -> Result<(), StreamError> {
+        loop {
+            while self.pos < self.buf.len() && self.buf[self.pos].is_ascii_whitespace() {
+                self.pos += 1;
+            }
+            if self.pos == self.buf.len() {
+                return Ok(());
+            }
+            match self.step(sink, eof)? {
+                Progress::Moved => {}
+                Progress::NeedMore => {
+                    self.waits += 1;
+                    // Ask for at least as much again as is buffered: linear work for a long
+                    // value.
+                    self.want = (self.buf.len() - self.pos).saturating_mul(2);
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// One move at `pos` (not whitespace).
+    fn step<S: EventSink>(&mut self, sink: &mut S, eof: bool) -> Result<Progress, StreamError> {
+        let byte = self.buf[self.pos];
+        let expect = |what: &str| {
+            self.error(
+                self.pos,
+                format!("expected {what}, found {:?}", char::from(byte)),
+            )
+        };
+        let next = match (self.state, byte) {
+            (State::Start, b'{') => State::Key { first: true },
+            (State::Start, b'[') => {
+                self.meta.has_events = true;
+                State::FirstEvent { bare: true }
+            }
+            (State::Start, _) => return Err(expect("a trace object or an event array")),
+            (State::Key { first: true }, b'}') => State::Done,
+            (State::Key { .. }, b'"') => {
+                let Some((key, len)) = self.value::<std::borrow::Cow<'_, str>>(eof)? else {
+                    return Ok(Progress::NeedMore);
+                };
+                let key = match key.as_ref() {
+                    "traceEvents" => Key::Events,
+                    "distributedInfo" => Key::Distributed,
+                    "deviceProperties" => Key::Devices,
+                    "stepscope" => Key::Stepscope,
+                    _ => Key::Other,
+                };
+                self.pos += len;
+                self.state = State::Colon(key);
+                return Ok(Progress::Moved);
+            }
+            (State::Key { .. }, _) => return Err(expect("a key")),
+            (State::Colon(key), b':') => State::Value(key),
+            (State::Colon(_), _) => return Err(expect("':'")),
+            (State::Value(Key::Events), b'[') => {
+                self.meta.has_events = true;
+                State::FirstEvent { bare: false }
+            }
+            (State::Value(Key::Events), _) => return Err(expect("the traceEvents array")),
+            (State::Value(key), _) => {
+                let Some((raw, len)) = self.value::<&RawValue>(eof)? else {
+                    return Ok(Progress::NeedMore);
+                };
+                // A malformed header value is ignored, as a reader of the events would.
+                let text = raw.get();
+                match key {
+                    Key::Distributed => {
+                        if let Ok(info) = serde_json::from_str::<DistributedInfo>(text) {
+                            self.meta.rank = info.rank;
+                            self.meta.world_size = info.world_size;
+                        }
+                    }
+                    Key::Devices => {
+                        self.meta.devices =
+                            serde_json::from_str::<Vec<DeviceProperties>>(text).unwrap_or_default();
+                    }
+                    Key::Stepscope => {
+                        // Kineto writes metadata values as strings of JSON.
+                        self.meta.stepscope = serde_json::from_str::<StepscopeHeader>(text)
+                            .or_else(|e| match serde_json::from_str::<String>(text) {
+                                Ok(inner) => serde_json::from_str(&inner),
+                                Err(_) => Err(e),
+                            })
+                            .unwrap_or_default();
+                    }
+                    Key::Events | Key::Other => {}
+                }
+                self.pos += len;
+                self.state = State::AfterValue;
+                return Ok(Progress::Moved);
+            }
+            (State::AfterValue, b',') => State::Key { first: false },
+            (State::AfterValue, b'}') => State::Done,
+            (State::AfterValue, _) => return Err(expect("',' or '}'")),
+            (State::FirstEvent { bare } | State::AfterEvent { bare }, b']') => {
+                if bare {
+                    State::Done
+                } else {
+                    State::AfterValue
+                }
+            }
+            (State::FirstEvent { bare }, _) => {
+                self.state = State::Event { bare };
+                return Ok(Progress::Moved);
+            }
+            (State::Event { bare }, _) => {
+                let start = self.pos;
+                let buf = &self.buf[start..];
+                let mut it = serde_json::Deserializer::from_slice(buf).into_iter::<S::Event<'_>>();
+                match it.next() {
+                    Some(Ok(event)) => {
+                        let len = it.byte_offset();
+                        // A value that ends where the buffered bytes end may go on (a number).
+                        if len == buf.len() && !eof {
+                            return Ok(Progress::NeedMore);
+                        }
+                        sink.event(event, &self.meta);
+                        self.events += 1;
+                        self.pos = start + len;
+                        self.state = State::AfterEvent { bare };
+                        return Ok(Progress::Moved);
+                    }
+                    Some(Err(e)) if !eof && cut_short(&e, buf) => return Ok(Progress::NeedMore),
+                    Some(Err(e)) => {
+                        return Err(self.error(start, format!("event {}: {e}", self.events + 1)))
+                    }
+                    None => return Ok(Progress::NeedMore),
+                }
+            }
+            (State::AfterEvent { bare }, b',') => State::Event { bare },
+            (State::AfterEvent { .. }, _) => return Err(expect("',' or ']'")),
+            (State::Done, _) => return Err(expect("the end of the document")),
+        };
+        self.pos += 1;
+        self.state = next;
+        Ok(Progress::Moved)
+    }
+
+    /// Parses one value of type `T` at `pos`: the value and its length, `None` when the bytes
+    /// buffered end inside it.
+    fn value<'a, T: Deserialize<'a>>(
+        &'a self,
+        eof: bool,
+    ) -> Result<Option<(T, usize)>, StreamError> {
+        let buf = &self.buf[self.pos..];
+        let mut it = serde_json::Deserializer::from_slice(buf).into_iter::<T>();
+        match it.next() {
+            Some(Ok(v)) => {
+                let len = it.byte_offset();
+                if len == buf.len() && !eof {
+                    Ok(None)
+                } else {
+                    Ok(Some((v, len)))
+                }
+            }
+            Some(Err(e)) if !eof && cut_short(&e, buf) => Ok(None),
+            Some(Err(e)) => Err(self.error(self.pos, e.to_string())),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Whether a parse error comes from the bytes ending (more may follow), not from what they
+/// hold: end of input, or an error at the last bytes (a number cut after its `e` or `.`).
+fn cut_short(e: &serde_json::Error, parsed: &[u8]) -> bool {
+    if e.is_eof() {
+        return true;
+    }
+    // The error's line and column (1-based, in bytes) as an offset into `parsed`.
+    let line_start = match e.line() {
+        0 | 1 => 0,
+        line => match parsed
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'\n')
+            .nth(line - 2)
+        {
+            Some((i, _)) => i + 1,
+            None => return false,
+        },
+    };
+    line_start + e.column() + 1 >= parsed.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::de::IgnoredAny;
+
+    struct Names(Vec<String>);
+    impl EventSink for Names {
+        type Event<'de> = super::super::Event<'de>;
+        fn event(&mut self, e: Self::Event<'_>, _: &Meta) {
+            self.0.push(e.name.unwrap_or_default().into_owned());
+        }
+    }
+
+    struct Count(u64);
+    impl EventSink for Count {
+        type Event<'de> = IgnoredAny;
+        fn event(&mut self, _: IgnoredAny, _: &Meta) {
+            self.0 += 1;
+        }
+    }
+
+    /// Feeds `doc` in pieces of `n` bytes.
+    fn feed_by<S: EventSink>(doc: &[u8], n: usize, sink: &mut S) -> Result<Meta, StreamError> {
+        let mut s = EventStream::new();
+        for piece in doc.chunks(n.max(1)) {
+            s.feed(piece, sink)?;
+        }
+        s.finish(sink)
+    }
+
+    const DOC: &[u8] = br#"{"schemaVersion": 1, "traceEvents": [{"name": "a", "ph": "X", "args": {"x": [1, {"y": "}]"}]}}, {"name": "b\"q", "ts": 12.5}, {"name": "\u00e9"}], "distributedInfo": {"rank": 3, "world_size": 8}, "stepscope": {"steps": [{"step": 4, "requests": ["r1"]}]}, "x": [1, 2.5e3, null, true]}"#;
+
+    #[test]
+    fn every_split_of_the_input_gives_the_same_events_and_metadata() {
+        for n in 1..DOC.len() + 1 {
+            let mut names = Names(Vec::new());
+            let meta = feed_by(DOC, n, &mut names).unwrap_or_else(|e| panic!("split {n}: {e}"));
+            assert_eq!(names.0, ["a", "b\"q", "é"], "split {n}");
+            assert_eq!(
+                (meta.rank, meta.world_size),
+                (Some(3), Some(8)),
+                "split {n}"
+            );
+            assert_eq!(meta.stepscope.steps[0].requests, ["r1"], "split {n}");
+        }
+        let mut names = Names(Vec::new());
+        let meta = EventStream::new().read_all(DOC, &mut names).unwrap();
+        assert_eq!(names.0.len(), 3);
+        assert_eq!(meta.rank, Some(3));
+    }
+
+    #[test]
+    fn bare_arrays_and_empty_documents() {
+        let mut c = Count(0);
+        feed_by(b" [ {\"ph\": \"X\"} , {\"ph\": \"M\"} ] \n", 3, &mut c).unwrap();
+        assert_eq!(c.0, 2);
+        let mut c = Count(0);
+        feed_by(b"{\"traceEvents\": []}", 2, &mut c).unwrap();
+        assert_eq!(c.0, 0);
+        // Kineto writes the stepscope header as a string of JSON.
+        let doc = br#"{"traceEvents": [], "stepscope": "{\"steps\": [{\"step\": 2, \"requests\": [\"a\"]}]}"}"#;
+        let meta = feed_by(doc, 5, &mut Count(0)).unwrap();
+        assert_eq!(meta.stepscope.steps[0].step, 2);
+        assert_eq!(meta.stepscope.steps[0].requests, ["a"]);
+    }
+
+    #[test]
+    fn malformed_documents_say_what_and_where() {
+        let err = |doc: &[u8]| {
+            feed_by(doc, 7, &mut Count(0))
+                .expect_err("malformed")
+                .to_string()
+        };
+        assert!(err(b"{\"schemaVersion\": 1}").contains("traceEvents"));
+        assert!(err(b"{\"traceEvents\": [{\"a\": 1}").contains("ends early"));
+        assert!(err(b"{\"traceEvents\": [{\"a\": 1}] x").contains("expected ',' or '}'"));
+        assert!(err(b"{\"traceEvents\": [{\"a\": }]}").contains("event 1"));
+        assert!(err(b"\"trace\"").contains("a trace object"));
+        assert!(err(b"{\"traceEvents\": []} {}").contains("end of the document"));
+        let e = feed_by(b"{\"traceEvents\": [{}, {\"a\" 1}]}", 4, &mut Count(0)).unwrap_err();
+        assert_eq!(e.offset, 21, "{e}");
+    }
+
+    #[test]
+    fn a_long_event_is_read_in_linear_work() {
+        // One 4 MB event fed 1 KB at a time: each wait asks for twice what is buffered, so the
+        // event is parsed about log2(4 MB / 1 KB) times, not 4,000 times.
+        let long = format!(
+            "{{\"traceEvents\": [{{\"name\": \"{}\"}}]}}",
+            "x".repeat(4 << 20)
+        );
+        let mut s = EventStream::new();
+        let mut names = Names(Vec::new());
+        for piece in long.as_bytes().chunks(1024) {
+            s.feed(piece, &mut names).unwrap();
+        }
+        assert!(s.waits < 32, "{} waits", s.waits);
+        s.finish(&mut names).unwrap();
+        assert_eq!(names.0[0].len(), 4 << 20);
+    }
+}
