@@ -3,9 +3,29 @@
 
 pub mod analyze;
 pub mod ctl;
+pub mod error;
+pub mod flags;
+pub mod load;
 pub mod merge;
 pub mod report;
 pub mod trace;
+
+pub use error::Error;
+
+use std::process::ExitCode;
+
+use flags::{Cli, Command};
+
+/// Runs a parsed command line: `Ok` with 0 or 1 (some inputs or workers failed, each
+/// reported), `Err` when nothing was done (exit 2: see [`error`]).
+pub fn run(cli: Cli) -> Result<ExitCode, Error> {
+    match cli.command {
+        Command::Ctl(c) => ctl::command(&c),
+        Command::Analyze(a) => analyze::command(&a),
+        Command::Merge(m) => merge::command(&m),
+        Command::Report(r) => report::command(&r),
+    }
+}
 
 /// Maps `f` over `items` on at most `threads` threads (work-stealing by index), keeping the
 /// items' order. A slot is `None` only if its thread panicked, and `thread::scope` re-raises

@@ -1,7 +1,7 @@
 //! `stepscope merge`: one Perfetto/Chrome-loadable trace of all ranks.
 //!
-//! Ranks are read one at a time and their events written out as they are parsed, so memory
-//! stays bounded by one rank's trace. Each rank's processes get fresh pids (ranks reuse pids:
+//! Ranks are read one at a time, each file once, and their events written out as they are
+//! parsed, so memory stays bounded whatever the traces' sizes. Each rank's processes get fresh pids (ranks reuse pids:
 //! GPU 0 is pid 0 everywhere), a `rank R | …` process name and a sort index that orders them by
 //! rank; flow ids are made unique per rank so arrows never join two ranks.
 
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::trace::{self, TraceError};
+use crate::trace::{self, EventSink, Meta, TraceError};
 
 /// What was merged.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +74,170 @@ fn pid_key(v: Option<&Value>) -> String {
     }
 }
 
+type Emit<'e> = dyn FnMut(&mut Out, &Value) -> Result<(), TraceError> + 'e;
+
+/// One rank's events on their way out: fresh pids, flow ids made unique, process names and
+/// sort indices that carry the rank. Each event is written as it is read, except those that
+/// carry the rank while it is not known yet (`distributedInfo` may follow `traceEvents`): they
+/// wait in `spooled` (process metadata, string flow ids: a handful) until the file ends.
+struct RankSink<'a, 'e> {
+    emit: &'a mut Emit<'e>,
+    out: &'a mut Out,
+    base: i64,
+    flow_offset: u64,
+    pids: HashMap<String, i64>,
+    /// Processes the rank named (`process_name`) and ordered (`process_sort_index`).
+    named: Vec<i64>,
+    sorted: Vec<i64>,
+    spooled: Vec<Map<String, Value>>,
+    count: u64,
+    failure: Option<TraceError>,
+}
+
+/// An event's rewrite that needs the rank.
+fn needs_rank(ev: &Map<String, Value>) -> bool {
+    let ph = ev.get("ph").and_then(Value::as_str);
+    match ph {
+        Some("M") => {
+            ev.contains_key("pid")
+                && matches!(
+                    ev.get("name").and_then(Value::as_str),
+                    Some("process_name" | "process_sort_index")
+                )
+        }
+        Some("s" | "f" | "t") => !matches!(ev.get("id"), Some(Value::Number(n)) if n.is_u64()),
+        _ => false,
+    }
+}
+
+impl RankSink<'_, '_> {
+    fn write(&mut self, ev: Map<String, Value>) {
+        if self.failure.is_none() {
+            if let Err(e) = (self.emit)(self.out, &Value::Object(ev)) {
+                self.failure = Some(e);
+            }
+        }
+    }
+
+    /// The rewrites that need the rank.
+    fn with_rank(&mut self, mut ev: Map<String, Value>, rank: i64) -> Map<String, Value> {
+        let pid = ev.get("pid").and_then(Value::as_i64).unwrap_or(0);
+        if ev.get("ph").and_then(Value::as_str) == Some("M") {
+            match ev.get("name").and_then(Value::as_str) {
+                Some("process_name") => {
+                    let orig = ev
+                        .get("args")
+                        .and_then(|a| a.get("name"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string();
+                    ev.insert(
+                        "args".into(),
+                        json!({"name": format!("rank {rank} | {orig}")}),
+                    );
+                    self.named.push(pid);
+                }
+                Some("process_sort_index") => {
+                    let orig = ev
+                        .get("args")
+                        .and_then(|a| a.get("sort_index"))
+                        .and_then(Value::as_i64)
+                        .unwrap_or(0);
+                    ev.insert(
+                        "args".into(),
+                        json!({"sort_index": rank * 1000 + orig.clamp(0, 999)}),
+                    );
+                    self.sorted.push(pid);
+                }
+                _ => {}
+            }
+        } else {
+            match ev.get("id") {
+                Some(Value::Number(n)) if !n.is_u64() => {
+                    let id = format!("r{rank}:{n}");
+                    ev.insert("id".into(), json!(id));
+                }
+                Some(Value::String(s)) => {
+                    let s = format!("r{rank}:{s}");
+                    ev.insert("id".into(), json!(s));
+                }
+                _ => {}
+            }
+        }
+        ev
+    }
+
+    /// Writes what waited for the rank, then names and orders the processes that the rank's
+    /// own metadata left out.
+    fn finish(&mut self, rank: i64) -> Result<(), TraceError> {
+        for ev in std::mem::take(&mut self.spooled) {
+            let ev = self.with_rank(ev, rank);
+            self.write(ev);
+        }
+        if let Some(e) = self.failure.take() {
+            return Err(e);
+        }
+        let mut own: Vec<(String, i64)> = self.pids.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        own.sort_by_key(|(_, p)| *p);
+        for (orig, pid) in own {
+            if !self.named.contains(&pid) {
+                (self.emit)(
+                    self.out,
+                    &json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                            "args": {"name": format!("rank {rank} | pid {orig}")}}),
+                )?;
+            }
+            if !self.sorted.contains(&pid) {
+                (self.emit)(
+                    self.out,
+                    &json!({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                            "args": {"sort_index": rank * 1000 + (pid - self.base).min(999)}}),
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl EventSink for RankSink<'_, '_> {
+    type Event<'de> = &'de RawValue;
+
+    fn event(&mut self, raw: &RawValue, meta: &Meta) {
+        if self.failure.is_some() {
+            return;
+        }
+        self.count += 1;
+        let mut ev: Map<String, Value> = match serde_json::from_str(raw.get()) {
+            Ok(Value::Object(m)) => m,
+            _ => return, // not an object: nothing a viewer could show
+        };
+        if ev.contains_key("pid") {
+            let n = self.pids.len() as i64;
+            let new_pid = *self
+                .pids
+                .entry(pid_key(ev.get("pid")))
+                .or_insert(self.base + n);
+            ev.insert("pid".into(), json!(new_pid));
+        }
+        if matches!(ev.get("ph").and_then(Value::as_str), Some("s" | "f" | "t")) {
+            if let Some(id) = ev.get("id").and_then(Value::as_u64) {
+                ev.insert("id".into(), json!(id.wrapping_add(self.flow_offset)));
+            }
+        }
+        if needs_rank(&ev) {
+            match meta.rank {
+                Some(rank) => {
+                    let ev = self.with_rank(ev, rank);
+                    self.write(ev);
+                }
+                None => self.spooled.push(ev),
+            }
+        } else {
+            self.write(ev);
+        }
+    }
+}
+
 /// Merges the traces (files or directories of them) into `out` (`.gz`: gzip-compressed).
 /// `progress` is told about each rank as it is written.
 pub fn merge(
@@ -107,7 +271,7 @@ pub fn merge(
     let mut first = true;
     let mut written = 0u64;
     let mut ranks = Vec::new();
-    let mut emit = |w: &mut dyn Write, v: &Value| -> Result<(), TraceError> {
+    let mut emit = |w: &mut Out, v: &Value| -> Result<(), TraceError> {
         if !first {
             w.write_all(b",\n").map_err(|e| io_err(out, e))?;
         }
@@ -118,106 +282,26 @@ pub fn merge(
     };
 
     for (index, (name_rank, path)) in files.iter().enumerate() {
-        let bytes = trace::read(path)?;
-        // The rank: distributedInfo (which may follow traceEvents) needs a first pass over
-        // the metadata only; the file name is the fallback, then the input's position.
-        let meta = trace::for_each_event(path, &bytes, |_: serde::de::IgnoredAny| ())?;
-        let rank = meta.rank.or(*name_rank).unwrap_or(index as i64);
-        let base = (index as i64 + 1) * 100_000;
-        let flow_offset = (index as u64 + 1) << 40;
-        let mut pids: HashMap<String, i64> = HashMap::new();
-        let mut named: Vec<i64> = Vec::new();
-        let mut sorted: Vec<i64> = Vec::new();
-        let mut count = 0u64;
-        let mut failure: Option<TraceError> = None;
-        trace::for_each_event(path, &bytes, |raw: &RawValue| {
-            if failure.is_some() {
-                return;
-            }
-            count += 1;
-            let mut ev: Map<String, Value> = match serde_json::from_str(raw.get()) {
-                Ok(Value::Object(m)) => m,
-                _ => return, // not an object: nothing a viewer could show
-            };
-            if ev.contains_key("pid") {
-                let n = pids.len() as i64;
-                let new_pid = *pids.entry(pid_key(ev.get("pid"))).or_insert(base + n);
-                ev.insert("pid".into(), json!(new_pid));
-                if ev.get("ph").and_then(Value::as_str) == Some("M") {
-                    match ev.get("name").and_then(Value::as_str) {
-                        Some("process_name") => {
-                            let orig = ev
-                                .get("args")
-                                .and_then(|a| a.get("name"))
-                                .and_then(Value::as_str)
-                                .unwrap_or("")
-                                .to_string();
-                            ev.insert(
-                                "args".into(),
-                                json!({"name": format!("rank {rank} | {orig}")}),
-                            );
-                            named.push(new_pid);
-                        }
-                        Some("process_sort_index") => {
-                            let orig = ev
-                                .get("args")
-                                .and_then(|a| a.get("sort_index"))
-                                .and_then(Value::as_i64)
-                                .unwrap_or(0);
-                            ev.insert(
-                                "args".into(),
-                                json!({"sort_index": rank * 1000 + orig.clamp(0, 999)}),
-                            );
-                            sorted.push(new_pid);
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            if matches!(ev.get("ph").and_then(Value::as_str), Some("s" | "f" | "t")) {
-                match ev.get("id") {
-                    Some(Value::Number(n)) if n.is_u64() => {
-                        let id = n.as_u64().unwrap_or(0);
-                        ev.insert("id".into(), json!(id.wrapping_add(flow_offset)));
-                    }
-                    Some(Value::Number(n)) => {
-                        ev.insert("id".into(), json!(format!("r{rank}:{n}")));
-                    }
-                    Some(Value::String(s)) => {
-                        let s = format!("r{rank}:{s}");
-                        ev.insert("id".into(), json!(s));
-                    }
-                    _ => {}
-                }
-            }
-            if let Err(e) = emit(&mut w, &Value::Object(ev)) {
-                failure = Some(e);
-            }
-        })?;
-        if let Some(e) = failure {
+        let mut sink = RankSink {
+            emit: &mut emit,
+            out: &mut w,
+            base: (index as i64 + 1) * 100_000,
+            flow_offset: (index as u64 + 1) << 40,
+            pids: HashMap::new(),
+            named: Vec::new(),
+            sorted: Vec::new(),
+            spooled: Vec::new(),
+            count: 0,
+            failure: None,
+        };
+        let meta = trace::read_events(path, &mut sink)?;
+        if let Some(e) = sink.failure.take() {
             return Err(e);
         }
-        // Label and order the processes that the rank's own metadata left out.
-        let mut own: Vec<(&String, &i64)> = pids.iter().collect();
-        own.sort_by_key(|(_, p)| **p);
-        for (orig, pid) in own {
-            if !named.contains(pid) {
-                emit(
-                    &mut w,
-                    &json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                            "args": {"name": format!("rank {rank} | pid {orig}")}}),
-                )?;
-            }
-            if !sorted.contains(pid) {
-                emit(
-                    &mut w,
-                    &json!({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                            "args": {"sort_index": rank * 1000 + (pid - base).min(999)}}),
-                )?;
-            }
-        }
-        progress(path, rank, count);
-        ranks.push((rank, path.clone(), count));
+        let rank = meta.rank.or(*name_rank).unwrap_or(index as i64);
+        sink.finish(rank)?;
+        progress(path, rank, sink.count);
+        ranks.push((rank, path.clone(), sink.count));
     }
     let summary: Vec<Value> = ranks
         .iter()
@@ -234,4 +318,33 @@ pub fn merge(
         ranks,
         events_written: written,
     })
+}
+
+/// `stepscope merge`: no partial output is left when it fails.
+pub fn command(m: &crate::flags::MergeArgs) -> Result<std::process::ExitCode, crate::Error> {
+    use std::io::IsTerminal;
+    let verbose = std::io::stderr().is_terminal();
+    let result = merge(&m.paths, &m.output, |path: &Path, rank, n| {
+        if verbose {
+            eprintln!(
+                "stepscope: merged rank {rank} ({n} events) from {}",
+                path.display()
+            );
+        }
+    });
+    match result {
+        Ok(done) => {
+            println!(
+                "merged {} trace(s), {} events, into {}",
+                done.ranks.len(),
+                done.events_written,
+                m.output.display()
+            );
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&m.output);
+            Err(e.into())
+        }
+    }
 }

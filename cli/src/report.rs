@@ -8,6 +8,10 @@ use std::fmt::Write as _;
 use crate::analyze::{ranks, TraceReport};
 use crate::trace::TraceError;
 
+/// The page around the charts: style, an explanation, the table sorter. `{{traces}}` and
+/// `{{body}}` are filled in.
+const TEMPLATE: &str = include_str!("report.html");
+
 const PALETTE: [&str; 8] = [
     "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f",
 ];
@@ -288,48 +292,26 @@ pub fn render(reports: &[TraceReport], errors: &[TraceError]) -> String {
         body.push_str("</ul>");
     }
 
-    format!(
-        r#"<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>stepscope report</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>
-body {{ font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; margin: 1em 0; }}
-th, td {{ border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: right; }}
-td:last-child, th:last-child {{ text-align: left; }}
-th {{ cursor: pointer; background: #f4f4f4; }}
-tr.straggler td {{ background: #fde2e2; }}
-figure {{ margin: 1em 0; }} figcaption {{ font-weight: 600; margin-bottom: .3em; }}
-.chart .lbl, .chart .val {{ font: 11px system-ui, sans-serif; fill: #333; }}
-.note {{ color: #666; }} .errors li {{ color: #a00; }}
-</style></head>
-<body>
-<h1>stepscope report</h1>
-<p class="note">{n} trace(s). Steps are the engine's <code>execute_…</code> iterations, else torch's <code>ProfilerStep#</code>; GPU kernel time is attributed to the step that launched it. Stragglers (median step ≥ 1.2× the median of ranks) are highlighted.</p>
-{body}
-<script>
-"use strict";
-document.querySelectorAll("table.sortable").forEach(function (table) {{
-  table.querySelectorAll("th").forEach(function (th, col) {{
-    th.addEventListener("click", function () {{
-      var rows = Array.prototype.slice.call(table.tBodies[0].rows);
-      var asc = th.dataset.dir !== "asc";
-      th.dataset.dir = asc ? "asc" : "desc";
-      rows.sort(function (a, b) {{
-        var x = a.cells[col].textContent, y = b.cells[col].textContent;
-        var nx = parseFloat(x), ny = parseFloat(y);
-        var c = (isNaN(nx) || isNaN(ny)) ? x.localeCompare(y) : nx - ny;
-        return asc ? c : -c;
-      }});
-      rows.forEach(function (r) {{ table.tBodies[0].appendChild(r); }});
-    }});
-  }});
-}});
-document.body.dataset.charts = String(document.querySelectorAll("svg.chart").length);
-document.body.dataset.ready = "1";
-</script>
-</body></html>
-"#,
-        n = reports.len()
-    )
+    TEMPLATE
+        .replacen("{{traces}}", &reports.len().to_string(), 1)
+        .replacen("{{body}}", &body, 1)
+}
+
+/// `stepscope report`.
+pub fn command(r: &crate::flags::ReportArgs) -> Result<std::process::ExitCode, crate::Error> {
+    let loaded = crate::load::load(&r.inputs, 50)?;
+    if loaded.reports.is_empty() {
+        return Err(crate::Error::NothingRead);
+    }
+    let html = render(&loaded.reports, &loaded.errors);
+    std::fs::write(&r.output, html).map_err(|e| crate::Error::Write {
+        path: r.output.clone(),
+        message: e.to_string(),
+    })?;
+    println!(
+        "wrote {} ({} trace(s))",
+        r.output.display(),
+        loaded.reports.len()
+    );
+    Ok(crate::error::partial(!loaded.errors.is_empty()))
 }

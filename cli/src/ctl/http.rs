@@ -1,0 +1,207 @@
+//! Talking to workers: one agent with a timeout per call, retries for transient failures, what
+//! each failure means, and the fan-out over the fleet.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{Action, Engine, Outcome};
+
+/// An HTTP agent whose every call ends within `timeout`, and which hands back 4xx/5xx as
+/// responses (their bodies explain them).
+pub fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .build()
+        .into()
+}
+
+pub(super) fn get(agent: &ureq::Agent, url: &str) -> Result<(u16, String), ureq::Error> {
+    let mut resp = agent.get(url).call()?;
+    let status = resp.status().as_u16();
+    let body = resp.body_mut().read_to_string().unwrap_or_default();
+    Ok((status, body))
+}
+
+pub(super) fn post(
+    agent: &ureq::Agent,
+    url: &str,
+    body: Option<&Value>,
+) -> Result<(u16, String), ureq::Error> {
+    let req = agent.post(url);
+    let mut resp = match body {
+        Some(b) => req
+            .header("content-type", "application/json")
+            .send(b.to_string())?,
+        None => req.send_empty()?,
+    };
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    Ok((status, text))
+}
+
+/// At most 200 characters of a body, on one line.
+pub(super) fn excerpt(body: &str) -> String {
+    let one_line: String = body.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.is_empty() {
+        return "(empty body)".into();
+    }
+    match one_line.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &one_line[..i]),
+        None => one_line,
+    }
+}
+
+/// What a transport failure means and what to check.
+pub(super) fn explain_transport(e: &ureq::Error, url: &str) -> String {
+    match e {
+        ureq::Error::Timeout(_) => "no answer within the timeout: the worker may be hung or \
+                                     busy (a stop that writes a large trace can take long: \
+                                     raise --timeout)"
+            .to_string(),
+        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => format!(
+            "connection refused: nothing listens at {url}; is the worker up, and is the port \
+             right?"
+        ),
+        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => {
+            "connect timed out: check the address and that no firewall drops the traffic"
+                .to_string()
+        }
+        ureq::Error::Io(io) => format!("I/O error talking to {url}: {io}"),
+        ureq::Error::HostNotFound => format!("host not found: check the host name in {url}"),
+        ureq::Error::ConnectionFailed => format!("cannot connect to {url}"),
+        other => format!("request failed: {other}"),
+    }
+}
+
+/// What an HTTP error status means for this action and engine.
+pub(super) fn explain_status(engine: Engine, action: Action, status: u16, body: &str) -> String {
+    let path = action.path();
+    match (status, engine, action) {
+        (404, Engine::Vllm, Action::Start | Action::Stop) => format!(
+            "{path} not found: the server was started without a profiler config; restart it \
+             with --profiler-config '{{\"profiler\": \"torch\", \"torch_profiler_dir\": \
+             \"/path/to/traces\"}}' (or \"profiler\": \"cuda\")"
+        ),
+        (404, Engine::Vllm, Action::Status) => format!(
+            "{path} not found: stepscope's status endpoint is an opt-in vLLM endpoint plugin; \
+             install stepscope in the server's environment and start vllm serve with \
+             VLLM_PLUGINS naming stepscope (see docs/vllm.md)"
+        ),
+        (404, Engine::Sglang, _) => format!(
+            "{path} not found: is this an SGLang server (sglang.launch_server)? For vLLM use \
+             --engine vllm"
+        ),
+        (404, _, _) => format!("{path} not found"),
+        (s, _, _) if s >= 500 => {
+            format!("server error {s}: {} (see the worker's log)", excerpt(body))
+        }
+        (s, _, _) => format!("HTTP {s}: {}", excerpt(body)),
+    }
+}
+
+/// Failures worth another try: the connection never got an answer, or a gateway said so.
+pub(super) fn retryable(result: &Result<(u16, String), ureq::Error>) -> bool {
+    match result {
+        Ok((status, _)) => matches!(status, 502..=504),
+        Err(ureq::Error::Timeout(_)) => false, // a hung worker would hang again
+        Err(_) => true,
+    }
+}
+
+/// Sends `action` to one worker, with up to `retries` more tries for transient failures.
+pub fn call_worker(
+    agent: &ureq::Agent,
+    engine: Engine,
+    action: Action,
+    worker: &str,
+    body: Option<&Value>,
+    retries: u32,
+) -> Outcome {
+    let start = Instant::now();
+    let url = format!("{worker}{}", action.path());
+    let mut attempt = 0;
+    let result = loop {
+        let result = match action {
+            Action::Workers | Action::Status => get(agent, &url),
+            Action::Start | Action::Stop => post(agent, &url, body),
+        };
+        if attempt >= retries || !retryable(&result) {
+            break result;
+        }
+        attempt += 1;
+        std::thread::sleep(Duration::from_millis(100 << attempt.min(5)));
+    };
+    let elapsed_ms = start.elapsed().as_millis() as u64;
+    let mut engine_workers = None;
+    let (ok, status, error) = match result {
+        Ok((s, body)) if (200..300).contains(&s) && action == Action::Status => {
+            match serde_json::from_str::<Value>(&body)
+                .ok()
+                .and_then(|v| v.get("workers")?.as_array().cloned())
+            {
+                Some(list) => {
+                    engine_workers = Some(list);
+                    (true, Some(s), None)
+                }
+                None => (
+                    false,
+                    Some(s),
+                    Some(format!(
+                        "the answer is not {{\"workers\": [...]}}: {}",
+                        excerpt(&body)
+                    )),
+                ),
+            }
+        }
+        Ok((s, _)) if (200..300).contains(&s) => (true, Some(s), None),
+        Ok((s, body)) => (
+            false,
+            Some(s),
+            Some(explain_status(engine, action, s, &body)),
+        ),
+        Err(e) => (false, None, Some(explain_transport(&e, worker))),
+    };
+    let error = match (error, attempt) {
+        (Some(e), n) if n > 0 => Some(format!("{e} (after {} tries)", n + 1)),
+        (e, _) => e,
+    };
+    Outcome {
+        url: worker.to_string(),
+        ok,
+        status,
+        engine_workers,
+        elapsed_ms,
+        error,
+    }
+}
+
+/// Calls every worker, at most `concurrency` at a time; results in the workers' order.
+pub fn fan_out(
+    agent: &ureq::Agent,
+    engine: Engine,
+    action: Action,
+    workers: &[String],
+    body: Option<&Value>,
+    concurrency: usize,
+    retries: u32,
+) -> Vec<Outcome> {
+    crate::par_map(workers, concurrency, |worker| {
+        call_worker(agent, engine, action, worker, body, retries)
+    })
+    .into_iter()
+    .zip(workers)
+    .map(|(o, url)| {
+        o.unwrap_or_else(|| Outcome {
+            url: url.clone(),
+            ok: false,
+            status: None,
+            engine_workers: None,
+            elapsed_ms: 0,
+            error: Some("internal error: no result recorded".into()),
+        })
+    })
+    .collect()
+}

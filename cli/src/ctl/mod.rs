@@ -1,0 +1,265 @@
+//! `stepscope ctl`: start, stop and list profiling on every worker behind a router.
+//!
+//! Requests go to all workers at once (bounded by `concurrency`), each with its own timeout,
+//! so one hung or dead worker costs one timeout, not the whole fleet's patience; every result
+//! is reported, with what to check when it failed.
+//!
+//! - `discovery`: base URLs, the router's worker list;
+//! - `http`: the calls, their retries and what their failures mean, the fan-out;
+//! - `body`: the `/start_profile` body in each engine's dialect;
+//! - `render`: the table and the `--json` document.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::flags::{Common, CtlCommand};
+use crate::Error;
+
+mod body;
+mod discovery;
+mod http;
+mod render;
+
+pub use body::{start_body, StartFields};
+pub use discovery::{discover, normalize_url, parse_worker_list, DiscoveryError};
+pub use http::{agent, call_worker, fan_out};
+pub use render::{render_json, render_table};
+
+/// The request dialect: which engine's control API the workers speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    /// vLLM's `/start_profile` (body: profile_prefix, delay_iterations, max_iterations).
+    Vllm,
+    /// SGLang's `/start_profile` (body: output_dir, num_steps, activities, ...).
+    Sglang,
+}
+
+/// What to do on every worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// POST /start_profile.
+    Start,
+    /// POST /stop_profile.
+    Stop,
+    /// List the workers and their health.
+    Workers,
+    /// Each server's engine workers' stepscope state (GET /stepscope/status).
+    Status,
+}
+
+impl Action {
+    fn path(self) -> &'static str {
+        match self {
+            Action::Start => "/start_profile",
+            Action::Stop => "/stop_profile",
+            Action::Workers => "/health",
+            Action::Status => "/stepscope/status",
+        }
+    }
+}
+
+/// A worker to talk to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Worker {
+    /// Base URL, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// The router's view of its health; `None` when unknown (given with --worker).
+    pub healthy: Option<bool>,
+}
+
+/// The result for one worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Outcome {
+    /// The worker's base URL.
+    pub url: String,
+    /// Whether the request succeeded (2xx).
+    pub ok: bool,
+    /// The HTTP status, when an answer came.
+    pub status: Option<u16>,
+    /// `ctl status`: the engine workers' states the server reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_workers: Option<Vec<Value>>,
+    /// Time spent on this worker, retries included.
+    pub elapsed_ms: u64,
+    /// What went wrong and what to check; `None` on success.
+    pub error: Option<String>,
+}
+
+/// Sends `action` to every worker `c` names and prints what each answered: 0 when all
+/// succeeded, 1 when some did not.
+pub fn run(action: Action, c: &Common, body: Option<Value>) -> Result<ExitCode, Error> {
+    let started = Instant::now();
+    let agent = agent(Duration::from_secs_f64(c.timeout));
+    let workers = match &c.targets.router_url {
+        Some(router) => normalize_url(router).and_then(|r| discover(&agent, &r)),
+        None => c
+            .targets
+            .workers
+            .iter()
+            .map(|w| normalize_url(w).map(|url| Worker { url, healthy: None }))
+            .collect(),
+    };
+    let workers = workers.map_err(|e| Error::Usage(e.0))?;
+
+    let (to_call, skipped): (Vec<_>, Vec<_>) = workers
+        .iter()
+        .partition(|w| c.include_unhealthy || w.healthy != Some(false));
+    let urls: Vec<String> = to_call.iter().map(|w| w.url.clone()).collect();
+    let concurrency = c.concurrency.map_or(urls.len(), |n| n as usize);
+    let mut outcomes = fan_out(
+        &agent,
+        c.engine,
+        action,
+        &urls,
+        body.as_ref(),
+        concurrency,
+        c.retries,
+    );
+    outcomes.extend(skipped.iter().map(|w| {
+        Outcome {
+            url: w.url.clone(),
+            ok: false,
+            status: None,
+            engine_workers: None,
+            elapsed_ms: 0,
+            error: Some(
+                "skipped: the router reports this worker unhealthy (--include-unhealthy tries it \
+             anyway)"
+                    .into(),
+            ),
+        }
+    }));
+    // Report in discovery order.
+    outcomes.sort_by_key(|o| workers.iter().position(|w| w.url == o.url));
+
+    if c.json {
+        println!("{}", render_json(&outcomes));
+    } else {
+        print!("{}", render_table(action, &outcomes, started.elapsed()));
+    }
+    Ok(crate::error::partial(!outcomes.iter().all(|o| o.ok)))
+}
+
+/// `stepscope ctl …`.
+pub fn command(c: &CtlCommand) -> Result<ExitCode, Error> {
+    match c {
+        CtlCommand::Start(a) => {
+            let body = start_body(a.common.engine, &a.fields).map_err(Error::Usage)?;
+            run(Action::Start, &a.common, Some(body))
+        }
+        CtlCommand::Stop(c) => run(Action::Stop, c, None),
+        CtlCommand::Workers(c) => run(Action::Workers, c, None),
+        CtlCommand::Status(c) => run(Action::Status, c, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::http::explain_status;
+    use super::render::engine_worker_line;
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_worker_line_shows_the_slow_step_trigger() {
+        let w = json!({
+            "rank": 0, "phase": "watching", "backend": "torch", "step_index": 120,
+            "slow_step_ms": 50.0, "slow_step_factor": 5.0, "median_step_ms": 9.25,
+            "slowest_step": {"step": 77, "ms": 31.5}, "trigger_step": null,
+        });
+        let line = engine_worker_line(&w);
+        assert!(
+            line.contains("watching")
+                && line.contains(
+                    "trigger > 50 ms and > 5x median  median 9.2 ms  slowest step 77 (31.5 ms)"
+                ),
+            "{line}"
+        );
+        assert!(!line.contains("fired"), "{line}");
+        let quiet = json!({"rank": 0, "phase": "idle", "backend": "torch"});
+        assert!(!engine_worker_line(&quiet).contains("trigger"));
+    }
+
+    #[test]
+    fn router_dialects_parse() {
+        let vllm = json!({"workers": [
+            {"url": "http://a:8000", "is_healthy": true},
+            {"url": "http://b:8000", "is_healthy": false, "load": 3}
+        ], "total": 2});
+        assert_eq!(
+            parse_worker_list(&vllm).unwrap(),
+            [
+                Worker {
+                    url: "http://a:8000".into(),
+                    healthy: Some(true)
+                },
+                Worker {
+                    url: "http://b:8000".into(),
+                    healthy: Some(false)
+                }
+            ]
+        );
+        let sglang = json!({"urls": ["http://c:30000", "http://d:30000"]});
+        let w = parse_worker_list(&sglang).unwrap();
+        assert_eq!(w.len(), 2);
+        assert_eq!(w[1].url, "http://d:30000");
+        assert_eq!(w[1].healthy, None);
+        assert_eq!(parse_worker_list(&json!({"items": []})), None);
+        assert_eq!(parse_worker_list(&json!({"workers": [{"id": 1}]})), None);
+    }
+
+    #[test]
+    fn bodies_hold_only_the_fields_given() {
+        let f = StartFields {
+            delay_iterations: Some(10),
+            max_iterations: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(
+            start_body(Engine::Vllm, &f).unwrap(),
+            json!({"delay_iterations": 10, "max_iterations": 3})
+        );
+        assert_eq!(
+            start_body(Engine::Vllm, &StartFields::default()).unwrap(),
+            json!({})
+        );
+        let err = start_body(Engine::Sglang, &f).unwrap_err();
+        assert!(err.contains("--delay-iterations is a vLLM field"), "{err}");
+        let s = StartFields {
+            num_steps: Some(5),
+            activities: Some(vec!["CPU".into(), "GPU".into()]),
+            profile_by_stage: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            start_body(Engine::Sglang, &s).unwrap(),
+            json!({"num_steps": 5, "activities": ["CPU", "GPU"], "profile_by_stage": true})
+        );
+        assert!(start_body(Engine::Vllm, &s)
+            .unwrap_err()
+            .contains("--num-steps"));
+    }
+
+    #[test]
+    fn urls_are_normalized() {
+        assert_eq!(
+            normalize_url("10.0.0.1:8000/").unwrap(),
+            "http://10.0.0.1:8000"
+        );
+        assert_eq!(normalize_url("http://h:1").unwrap(), "http://h:1");
+        assert!(normalize_url("https://h").unwrap_err().0.contains("https"));
+        assert!(normalize_url("grpc://h").is_err());
+        assert!(normalize_url("").is_err());
+    }
+
+    #[test]
+    fn a_404_on_vllm_names_the_flag_to_add() {
+        let m = explain_status(Engine::Vllm, Action::Start, 404, "");
+        assert!(m.contains("--profiler-config"), "{m}");
+        let m = explain_status(Engine::Vllm, Action::Stop, 503, "overloaded\n  now");
+        assert!(m.contains("server error 503: overloaded now"), "{m}");
+    }
+}

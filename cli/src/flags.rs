@@ -1,0 +1,201 @@
+//! The command line: one `clap` struct per group of flags that commands share (`Targets`,
+//! `Common` for every `ctl` command, `StartFields` for the start body), and each command's own.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::ctl::Engine;
+
+#[derive(Parser)]
+#[command(
+    name = "stepscope",
+    version,
+    about = "Profile chosen engine iterations across every worker of an LLM serving fleet",
+    long_about = "Profile chosen engine iterations across every worker of an LLM serving fleet.\n\n\
+        `stepscope ctl` starts, stops and lists profiling on every worker behind a router \
+        (vllm-router, SGLang's router) or on workers given directly, concurrently and with a \
+        timeout per worker. `stepscope analyze`, `merge` and `report` read the traces back: \
+        Kineto/Chrome traces (.json or .json.gz), one per rank."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Start, stop or list profiling on every worker behind a router
+    #[command(subcommand)]
+    Ctl(CtlCommand),
+    /// Summarize traces: kernels, GPU busy time and gaps, iterations, stragglers across ranks
+    #[command(
+        after_help = "Exit status: 0 when every trace was read, 1 when some of a \
+        directory's could not be (the others are reported), 2 when none could."
+    )]
+    Analyze(AnalyzeArgs),
+    /// Merge one trace per rank into one Perfetto/Chrome trace, ranks labelled and ordered
+    Merge(MergeArgs),
+    /// Write a self-contained HTML report (charts, no network) of one trace or a run's ranks
+    Report(ReportArgs),
+}
+
+/// The traces a reading command takes.
+#[derive(Args)]
+pub struct Inputs {
+    /// Trace files (.json, .json.gz) or directories of them (one per rank). In a directory, a
+    /// trace whose manifest (.stepscope.json) holds a summary is read from the manifest
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// Read every trace, even where its manifest holds a summary
+    #[arg(long)]
+    pub from_traces: bool,
+}
+
+#[derive(Args)]
+pub struct AnalyzeArgs {
+    #[command(flatten)]
+    pub inputs: Inputs,
+    /// Print {"traces": [...], "ranks": [...], "errors": [...]} instead of tables
+    #[arg(long)]
+    pub json: bool,
+    /// Kernel and CPU operator names listed per trace (0: all; a manifest keeps its top 20)
+    #[arg(long, value_name = "N", default_value_t = 15)]
+    pub top: usize,
+    /// Only the trace of this rank
+    #[arg(long, value_name = "R")]
+    pub rank: Option<i64>,
+}
+
+#[derive(Args)]
+pub struct MergeArgs {
+    /// A directory of traces (one per rank), or the trace files
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// Output file; gzip-compressed when it ends in .gz
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+}
+
+#[derive(Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub inputs: Inputs,
+    /// Output HTML file
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+}
+
+#[derive(Subcommand)]
+pub enum CtlCommand {
+    /// POST /start_profile to every worker
+    #[command(after_help = "Examples:\n  \
+        stepscope ctl start --router-url http://router:8000 --delay-iterations 20 --max-iterations 5\n  \
+        stepscope ctl start --engine sglang --worker http://w0:30000 --worker http://w1:30000 --num-steps 5")]
+    Start(StartArgs),
+    /// POST /stop_profile to every worker
+    Stop(Common),
+    /// List the workers discovery finds, and probe their /health
+    Workers(Common),
+    /// Show every engine worker's stepscope state (GET /stepscope/status; vLLM with
+    /// VLLM_PLUGINS naming stepscope, see docs/vllm.md)
+    #[command(after_help = "Example:\n  \
+        stepscope ctl status --router-url http://router:8000\n\n\
+        Each server lists its engine workers: rank, phase (idle, delaying, running, paused, \
+        between, start_failed, not_created), step, the current window and what it captured, \
+        and traces still being written.")]
+    Status(Common),
+}
+
+#[derive(Args)]
+#[group(id = "targets", required = true, multiple = true)]
+pub struct Targets {
+    /// Router to ask for its workers (GET /workers, else /list_workers)
+    #[arg(
+        long,
+        value_name = "URL",
+        group = "targets",
+        conflicts_with = "workers"
+    )]
+    pub router_url: Option<String>,
+    /// A worker's base URL; repeat for several (instead of --router-url)
+    #[arg(long = "worker", value_name = "URL", group = "targets")]
+    pub workers: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct Common {
+    #[command(flatten)]
+    pub targets: Targets,
+    /// Request dialect of the workers
+    #[arg(long, value_enum, default_value = "vllm")]
+    pub engine: Engine,
+    /// Seconds each worker request may take (connect, send, answer)
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = positive_secs)]
+    pub timeout: f64,
+    /// Workers contacted at once (default: all)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub concurrency: Option<u32>,
+    /// Extra tries for a worker that refused the connection or answered 502/503/504
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub retries: u32,
+    /// Also send to workers the router reports unhealthy
+    #[arg(long)]
+    pub include_unhealthy: bool,
+    /// Print {"workers":[{"url","ok","status","elapsed_ms","error"}]} instead of a table
+    /// (`ctl status` adds each server's "engine_workers")
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct StartArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(flatten)]
+    pub fields: StartFields,
+}
+
+/// The `/start_profile` body fields a user gave, per dialect (`ctl start`'s flags).
+#[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartFields {
+    /// vLLM: trace file name prefix
+    #[arg(long, value_name = "P", help_heading = "vLLM body fields")]
+    pub profile_prefix: Option<String>,
+    /// vLLM: engine iterations to wait before capturing
+    #[arg(long, value_name = "N", help_heading = "vLLM body fields")]
+    pub delay_iterations: Option<u64>,
+    /// vLLM: engine iterations to capture (0: until stop)
+    #[arg(long, value_name = "N", help_heading = "vLLM body fields")]
+    pub max_iterations: Option<u64>,
+    /// SGLang: directory the traces are written to
+    #[arg(long, value_name = "D", help_heading = "SGLang body fields")]
+    pub output_dir: Option<String>,
+    /// SGLang: steps to capture
+    #[arg(long, value_name = "N", help_heading = "SGLang body fields")]
+    pub num_steps: Option<u64>,
+    /// SGLang: activities to record, comma-separated (e.g. CPU,GPU)
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        help_heading = "SGLang body fields"
+    )]
+    pub activities: Option<Vec<String>>,
+    /// SGLang: separate traces for prefill and decode
+    #[arg(long, help_heading = "SGLang body fields")]
+    pub profile_by_stage: bool,
+    /// SGLang: record Python stacks (true/false)
+    #[arg(long, value_name = "BOOL", help_heading = "SGLang body fields")]
+    pub with_stack: Option<bool>,
+    /// SGLang: record tensor shapes (true/false)
+    #[arg(long, value_name = "BOOL", help_heading = "SGLang body fields")]
+    pub record_shapes: Option<bool>,
+}
+
+pub fn positive_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number of seconds")),
+    }
+}
