@@ -594,3 +594,192 @@ fn bad_input_names_the_file_and_exits_2() {
     assert_eq!(o.status.code(), Some(2), "merge refuses an incomplete set");
     assert!(!dir.join("m.json").exists(), "no partial output is left");
 }
+
+/// Whether two JSON documents are equal, numbers to 1e-12 relative: a reader of JSON may round
+/// the last bit of a float (serde_json's default parser does).
+fn same_json(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (
+                x.as_f64().unwrap_or(f64::NAN),
+                y.as_f64().unwrap_or(f64::NAN),
+            );
+            x == y || (x - y).abs() <= 1e-12 * x.abs().max(y.abs())
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// Writes beside each trace in `dir` the manifest a worker writes: its summary computed by the
+/// library's streaming summarizer, as the worker's writer computes it.
+fn write_manifests(dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        let Some(stem) = name.strip_suffix(".json.gz") else {
+            continue;
+        };
+        let mut sink = stepscope::trace::Summarizer::new();
+        let file = std::fs::File::open(&path).unwrap();
+        let meta = stepscope::trace::EventStream::new()
+            .read_all(flate2::read::MultiGzDecoder::new(file), &mut sink)
+            .unwrap();
+        let manifest = serde_json::json!({
+            "status": "complete", "trace_file": name, "summary": sink.finish(meta, 20),
+        });
+        std::fs::write(
+            dir.join(format!("{stem}.stepscope.json")),
+            manifest.to_string(),
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn a_directory_with_manifests_is_analyzed_from_them_with_the_same_figures() {
+    let dir = scratch("manifests");
+    for name in [
+        "trace_filter__sampled_rank-0.json.gz",
+        "trace_filter__sampled_rank-1.json.gz",
+        "trace_diff__control__control.json.gz",
+    ] {
+        std::fs::copy(data(name), dir.join(name)).unwrap();
+    }
+    write_manifests(&dir);
+    let d = dir.to_str().unwrap();
+    // Manifests keep the top 20 kernels and operators: compare those.
+    let top20 = |args: &[&str]| -> Value {
+        let out = stepscope(&[&["analyze", "--json", "--top", "20"][..], args].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let from_traces = top20(&[d, "--from-traces"]);
+    let from_manifests = top20(&[d]);
+    let traces = |doc: &Value| doc["traces"].as_array().unwrap().clone();
+    assert_eq!(
+        traces(&from_traces).len(),
+        3,
+        "manifests are not read as traces"
+    );
+    for (t, m) in traces(&from_traces).iter().zip(traces(&from_manifests)) {
+        assert_eq!(t["source"], "trace");
+        assert_eq!(m["source"], "manifest");
+        assert_eq!(t["file"], m["file"]);
+        for key in [
+            "rank",
+            "kernels",
+            "split",
+            "steps",
+            "gpu_busy_us",
+            "utilization",
+            "idle_gaps",
+            "cpu_ops",
+        ] {
+            assert!(same_json(&t[key], &m[key]), "{key} of {}", t["file"]);
+        }
+    }
+    assert!(same_json(&from_traces["ranks"], &from_manifests["ranks"]));
+    // A manifest without a summary (an older worker) or not complete: its trace is read.
+    let older = dir.join("trace_diff__control__control.stepscope.json");
+    std::fs::write(
+        &older,
+        r#"{"status": "complete", "trace_file": "trace_diff__control__control.json.gz"}"#,
+    )
+    .unwrap();
+    let mixed = top20(&[d]);
+    let sources: Vec<&str> = mixed["traces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["source"].as_str().unwrap())
+        .collect();
+    assert_eq!(sources, ["trace", "manifest", "manifest"]);
+    // Manifests alone (the traces elsewhere): the summaries still make the table.
+    for name in [
+        "trace_filter__sampled_rank-0.json.gz",
+        "trace_filter__sampled_rank-1.json.gz",
+    ] {
+        std::fs::remove_file(dir.join(name)).unwrap();
+    }
+    std::fs::remove_file(dir.join("trace_diff__control__control.json.gz")).unwrap();
+    std::fs::remove_file(&older).unwrap();
+    let only = top20(&[d]);
+    let mut without_first = from_traces["ranks"].clone();
+    without_first.as_array_mut().unwrap().remove(0);
+    assert!(same_json(&only["ranks"], &without_first));
+}
+
+#[test]
+fn mtia_device_and_runtime_events_count_as_kernels_and_launches() {
+    let mut t = synthetic_vllm_trace(400.0);
+    for e in t["traceEvents"].as_array_mut().unwrap() {
+        match e["cat"].as_str() {
+            Some("kernel") => e["cat"] = "mtia_ccp_events".into(),
+            Some("cuda_runtime") => e["cat"] = "mtia_runtime".into(),
+            _ => {}
+        }
+    }
+    let dir = scratch("mtia");
+    let p = dir.join("mtia_rank0.json");
+    std::fs::write(&p, t.to_string()).unwrap();
+    let doc = analyze_json(&[p.to_str().unwrap()]);
+    let t0 = &doc["traces"][0];
+    assert_eq!(t0["kernels"]["count"], 6);
+    assert_eq!(t0["steps"][0]["kernel_count"], 2);
+    assert_eq!(t0["steps"][1]["kernel_us"], 33.0);
+    assert_eq!(t0["split"]["communication_us"], 30.0);
+}
+
+#[test]
+fn merge_labels_ranks_that_distributed_info_names_after_the_events() {
+    let dir = scratch("late-rank");
+    let mut t = synthetic_vllm_trace(400.0);
+    t["traceEvents"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"ph": "s", "id": "a", "pid": 1, "tid": 1, "ts": 1.0}));
+    // distributedInfo after traceEvents, and a file name without a rank.
+    let text = t.to_string();
+    let text = format!(
+        "{}, \"distributedInfo\": {{\"rank\": 5, \"world_size\": 8}}}}",
+        &text[..text.len() - 1]
+    );
+    std::fs::write(dir.join("worker.json"), text).unwrap();
+    let out = dir.join("merged.json");
+    let o = stepscope(&[
+        "merge",
+        dir.join("worker.json").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let merged = raw(&out);
+    let events = merged["traceEvents"].as_array().unwrap();
+    let names: Vec<&str> = events
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.iter().all(|n| n.starts_with("rank 5 | ")),
+        "{names:?}"
+    );
+    assert!(names.contains(&"rank 5 | python"), "{names:?}");
+    assert!(
+        events.iter().any(|e| e["id"] == "r5:a"),
+        "string flow ids carry the rank"
+    );
+    assert_eq!(merged["stepscope_merged"][0]["rank"], 5);
+}

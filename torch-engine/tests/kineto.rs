@@ -79,6 +79,29 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
 
+/// Whether two JSON documents are equal, numbers to 1e-12 relative: a reader of JSON may round
+/// the last bit of a float (serde_json's default parser does).
+fn same_json(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (
+                x.as_f64().unwrap_or(f64::NAN),
+                y.as_f64().unwrap_or(f64::NAN),
+            );
+            x == y || (x - y).abs() <= 1e-12 * x.abs().max(y.abs())
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
 /// The one trace in `dir` and its manifest.
 fn only_trace(dir: &Path, suffix: &str) -> (Value, Value) {
     let traces = with_suffix(dir, suffix);
@@ -198,6 +221,46 @@ fn delay_3_max_2_captures_iterations_3_and_4_with_their_ops() {
     assert_eq!(meta["last_step"], 4);
     assert_eq!(meta["worker_name"], "w0");
     assert_eq!(meta["version"], stepscope::VERSION);
+    // The manifest's summary, computed as the trace streamed to disk, is what a reading of
+    // the finished file gives, and it describes the capture.
+    let summary = &manifest["summary"];
+    let trace_path = dir.join(manifest["trace_file"].as_str().unwrap());
+    let mut sink = stepscope::trace::Summarizer::new();
+    let read = stepscope::trace::EventStream::new()
+        .read_all(
+            flate2::read::GzDecoder::new(fs::File::open(&trace_path).unwrap()),
+            &mut sink,
+        )
+        .unwrap();
+    let from_file = serde_json::to_value(sink.finish(read, 20)).unwrap();
+    assert!(
+        same_json(summary, &from_file),
+        "the manifest's summary is the file's:\n{summary}\n{from_file}"
+    );
+    let steps = summary["steps"].as_array().unwrap();
+    let step_names: Vec<&str> = steps.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(step_names, [expected_name(3), expected_name(4)]);
+    for s in steps {
+        let (cpu, wall) = (
+            s["cpu_op_us"].as_f64().unwrap(),
+            s["dur_us"].as_f64().unwrap(),
+        );
+        assert!(
+            cpu > 0.0 && cpu <= wall,
+            "CPU op time {cpu} within the step's {wall}"
+        );
+    }
+    let mm = summary["cpu_ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["name"] == "aten::mm")
+        .unwrap_or_else(|| panic!("aten::mm among the top ops: {}", summary["cpu_ops"]));
+    assert_eq!(mm["count"], 2 * LAYERS);
+    assert_eq!(
+        summary["kernels"]["count"], 0,
+        "a CPU capture has no kernels"
+    );
     no_temporaries(&dir);
 }
 
