@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use stepscope_test_doubles::Scratch;
+use stepscope_test_doubles::{same_json, Scratch};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/hta");
 
@@ -119,7 +119,12 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 fn analyze_json(args: &[&str]) -> Value {
-    let out = stepscope(&[&["analyze", "--json", "--top", "0"][..], args].concat());
+    analyze_json_top("0", args)
+}
+
+/// `analyze --json --top N` of `args`, which must succeed.
+fn analyze_json_top(top: &str, args: &[&str]) -> Value {
+    let out = stepscope(&[&["analyze", "--json", "--top", top][..], args].concat());
     assert!(
         out.status.success(),
         "{}",
@@ -595,29 +600,6 @@ fn bad_input_names_the_file_and_exits_2() {
     assert!(!dir.join("m.json").exists(), "no partial output is left");
 }
 
-/// Whether two JSON documents are equal, numbers to 1e-12 relative: a reader of JSON may round
-/// the last bit of a float (serde_json's default parser does).
-fn same_json(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => {
-            let (x, y) = (
-                x.as_f64().unwrap_or(f64::NAN),
-                y.as_f64().unwrap_or(f64::NAN),
-            );
-            x == y || (x - y).abs() <= 1e-12 * x.abs().max(y.abs())
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
-        }
-        _ => a == b,
-    }
-}
-
 /// Writes beside each trace in `dir` the manifest a worker writes: its summary computed by the
 /// library's streaming summarizer, as the worker's writer computes it.
 fn write_manifests(dir: &Path) {
@@ -656,15 +638,7 @@ fn a_directory_with_manifests_is_analyzed_from_them_with_the_same_figures() {
     write_manifests(&dir);
     let d = dir.to_str().unwrap();
     // Manifests keep the top 20 kernels and operators: compare those.
-    let top20 = |args: &[&str]| -> Value {
-        let out = stepscope(&[&["analyze", "--json", "--top", "20"][..], args].concat());
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let top20 = |args: &[&str]| analyze_json_top("20", args);
     let from_traces = top20(&[d, "--from-traces"]);
     let from_manifests = top20(&[d]);
     let traces = |doc: &Value| doc["traces"].as_array().unwrap().clone();

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use stepscope::{Error, ProfilerConfig, StartOptions, WorkerProfiler};
-use stepscope_test_doubles::Scratch;
+use stepscope_test_doubles::{same_json, Scratch};
 use stepscope_torch_engine::ToyEngine;
 
 static KINETO: Mutex<()> = Mutex::new(());
@@ -77,29 +77,6 @@ fn read_json(path: &Path) -> Value {
         String::from_utf8(bytes).unwrap()
     };
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
-}
-
-/// Whether two JSON documents are equal, numbers to 1e-12 relative: a reader of JSON may round
-/// the last bit of a float (serde_json's default parser does).
-fn same_json(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => {
-            let (x, y) = (
-                x.as_f64().unwrap_or(f64::NAN),
-                y.as_f64().unwrap_or(f64::NAN),
-            );
-            x == y || (x - y).abs() <= 1e-12 * x.abs().max(y.abs())
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
-        }
-        _ => a == b,
-    }
 }
 
 /// The one trace in `dir` and its manifest.

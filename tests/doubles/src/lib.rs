@@ -1,5 +1,6 @@
 //! Paths of the C test doubles this crate builds (see build.rs), a reader for their log, and the
-//! scratch directories the workspace's tests write into.
+//! scratch directories the workspace's tests write into, and a JSON comparison for figures read
+//! back from files.
 
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
@@ -102,5 +103,29 @@ impl Drop for Scratch {
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+}
+
+/// Whether two JSON documents are equal, numbers to 1e-12 relative: a reader of JSON may round
+/// the last bit of a float (serde_json's default parser does).
+pub fn same_json(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (
+                x.as_f64().unwrap_or(f64::NAN),
+                y.as_f64().unwrap_or(f64::NAN),
+            );
+            x == y || (x - y).abs() <= 1e-12 * x.abs().max(y.abs())
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
+        }
+        _ => a == b,
     }
 }
