@@ -41,6 +41,9 @@ demo: setup python
 	@echo "== the same from Python (the API the vLLM plugin uses): stop() returns, the trace follows"
 	$(PYTHON) examples/python_engine.py out/python
 	@echo
+	@echo "== stepscope analyze out/torch: the torch capture, from the summary its writer put in the manifest"
+	$(CARGO) run --quiet --release -p stepscope-cli -- analyze --top 5 out/torch
+	@echo
 	@echo "== stepscope analyze on a real GPU trace (cli/tests/data/hta, rank 0 of a 128-GPU job)"
 	$(CARGO) run --quiet --release -p stepscope-cli -- analyze --top 5 \
 		cli/tests/data/hta/trace_filter__sampled_rank-0.json.gz

@@ -112,13 +112,19 @@ pub struct RankRow {
 }
 
 /// Per-rank rows with stragglers: ranks whose median step time is 20% or more above the median
-/// of all ranks' medians.
+/// of all traces' medians (only among traces of two or more known ranks).
 pub fn ranks(reports: &[TraceReport]) -> Vec<RankRow> {
     let medians: Vec<Option<f64>> = reports
         .iter()
         .map(|r| median(r.steps.iter().map(|s| s.dur_us).collect()))
         .collect();
     let overall = median(medians.iter().flatten().copied().collect());
+    // Stragglers are ranks: traces without one (several captures of one unranked worker) are
+    // not compared.
+    let mut known: Vec<i64> = reports.iter().filter_map(|r| r.rank).collect();
+    known.sort_unstable();
+    known.dedup();
+    let compare = known.len() > 1;
     reports
         .iter()
         .zip(medians)
@@ -130,7 +136,7 @@ pub fn ranks(reports: &[TraceReport]) -> Vec<RankRow> {
             gpu_busy_us: r.gpu_busy_us,
             utilization: r.utilization,
             straggler: match (m, overall) {
-                (Some(m), Some(o)) if reports.len() > 1 && o > 0.0 => m >= 1.2 * o,
+                (Some(m), Some(o)) if compare && r.rank.is_some() && o > 0.0 => m >= 1.2 * o,
                 _ => false,
             },
         })

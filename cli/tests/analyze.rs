@@ -296,6 +296,16 @@ fn engine_iterations_get_their_kernels_by_correlation_and_stragglers_are_named()
     let one = analyze_json(&[dir.to_str().unwrap(), "--rank", "1"]);
     assert_eq!(one["traces"].as_array().unwrap().len(), 1);
     assert_eq!(one["traces"][0]["rank"], 1);
+    // Captures of a worker without a rank are not ranks: nothing is called a straggler.
+    let unranked = scratch("unranked");
+    for (i, step) in [400.0, 900.0].iter().enumerate() {
+        let t = synthetic_vllm_trace(*step);
+        std::fs::write(unranked.join(format!("capture{i}.json")), t.to_string()).unwrap();
+    }
+    let doc = analyze_json(&[unranked.to_str().unwrap()]);
+    let rows = doc["ranks"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|r| r["straggler"] == false), "{rows:?}");
 }
 
 #[test]
