@@ -10,14 +10,23 @@ pub use stepscope::trace::{
     Gap, KernelKind, KernelStat, Kernels, OpStat, Split, Step, Summarizer, Summary,
 };
 
+/// Where a trace's summary came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// Read from the trace now.
+    Trace,
+    /// The worker's, from the manifest written beside the trace.
+    Manifest,
+}
+
 /// The analysis of one trace: its file and its summary.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct TraceReport {
     /// The file.
     pub file: String,
-    /// Where the summary came from: `trace` (read now) or `manifest` (the worker's, written
-    /// beside the trace).
-    pub source: &'static str,
+    /// Where the summary came from.
+    pub source: Source,
     /// What it holds (`rank`: `distributedInfo.rank`, else from the file name).
     #[serde(flatten)]
     pub summary: Summary,
@@ -33,15 +42,15 @@ impl std::ops::Deref for TraceReport {
 impl TraceReport {
     /// The report of `file` from its summary; the rank falls back to the file name's.
     pub fn new(file: &Path, summary: Summary) -> Self {
-        Self::with_source(file, summary, "trace")
+        Self::with_source(file, summary, Source::Trace)
     }
 
     /// The report of `file` from the summary its manifest holds.
     pub fn from_manifest(file: &Path, summary: Summary) -> Self {
-        Self::with_source(file, summary, "manifest")
+        Self::with_source(file, summary, Source::Manifest)
     }
 
-    fn with_source(file: &Path, mut summary: Summary, source: &'static str) -> Self {
+    fn with_source(file: &Path, mut summary: Summary, source: Source) -> Self {
         summary.rank = summary.rank.or_else(|| trace::rank_from_name(file));
         TraceReport {
             file: file.display().to_string(),
@@ -180,7 +189,7 @@ pub fn render(r: &TraceReport) -> String {
         o.push_str(&format!(" of {w}"));
     }
     o.push(')');
-    if r.source == "manifest" {
+    if r.source == Source::Manifest {
         o.push_str("  [from its manifest]");
     }
     o.push('\n');

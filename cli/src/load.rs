@@ -18,22 +18,37 @@ use crate::error::Error;
 use crate::flags::Inputs;
 use crate::trace::{self, TraceError, MANIFEST_SUFFIX};
 
-/// What was loaded: reports in file order, and the inputs that could not be read.
+/// What was loaded: reports in the inputs' order (a directory's by file name), and the
+/// traces that could not be read.
 pub struct Loaded {
     /// One per trace.
     pub reports: Vec<TraceReport>,
     /// Each trace that could not be read, with why.
     pub errors: Vec<TraceError>,
-    /// How many reports came from manifests.
-    pub from_manifests: usize,
+}
+
+/// A trace in the output's order: summarized from its manifest, or to read.
+enum Slot {
+    Summarized(Box<TraceReport>),
+    Unread(PathBuf),
+}
+
+impl Slot {
+    fn file(&self) -> &Path {
+        match self {
+            Slot::Summarized(r) => Path::new(&r.file),
+            Slot::Unread(f) => f,
+        }
+    }
 }
 
 /// Memory the traces being read at once may take together.
 const MEMORY_BUDGET: u64 = 192 << 20;
 
-/// Memory one trace's reading takes: buffers (about 6 MiB: the gunzip thread's chunks and the
-/// parser's window), plus what the summary keeps, which grows with the events: measured at
-/// under 4 bytes per byte of gzip input on the bench traces (`scripts/bench_read.py`).
+/// Memory one trace's reading takes, estimated: buffers (about 6 MiB: the gunzip thread's
+/// chunks and the parser's window), plus what the summary keeps, which grows with the events.
+/// On the 35 MB bench trace (1.8 MB of gzip) the whole process peaked at 11.8 MB of RSS
+/// (`scripts/bench_read.py`): the allowance of 4 bytes per byte of gzip is above that.
 fn reading_cost(path: &Path) -> u64 {
     let size = std::fs::metadata(path).map_or(0, |m| m.len());
     let gz = path.extension().is_some_and(|e| e == "gz");
@@ -79,10 +94,7 @@ fn from_manifests(dir: &Path, top: usize) -> (Vec<TraceReport>, HashSet<PathBuf>
         if status != "complete" {
             continue;
         }
-        if top > 0 {
-            summary.kernels.by_name.truncate(top);
-            summary.cpu_ops.truncate(top);
-        }
+        summary.keep_top(top);
         let file = dir.join(&trace_file);
         reports.push(TraceReport::from_manifest(&file, summary));
         covered.insert(file);
@@ -90,38 +102,49 @@ fn from_manifests(dir: &Path, top: usize) -> (Vec<TraceReport>, HashSet<PathBuf>
     (reports, covered)
 }
 
-/// Loads the inputs; errors are kept per file so a directory's good traces still count. An
-/// input that names nothing readable (a missing file, an empty directory) is an error.
-pub fn load(inputs: &Inputs, top: usize) -> Result<Loaded, Error> {
-    let mut reports = Vec::new();
-    let mut files = Vec::new();
-    // The order of the output: the inputs' order, a directory's traces by name.
-    let mut order: Vec<String> = Vec::new();
+/// The inputs' traces in the output's order. An input that names nothing readable (a missing
+/// file, an empty directory) is an error.
+fn slots(inputs: &Inputs, top: usize) -> Result<Vec<Slot>, Error> {
+    let mut slots = Vec::new();
     for path in &inputs.paths {
         if !path.is_dir() || inputs.from_traces {
             let found = trace::expand(std::slice::from_ref(path))?;
-            order.extend(found.iter().map(|f| f.display().to_string()));
-            files.extend(found);
+            slots.extend(found.into_iter().map(Slot::Unread));
             continue;
         }
         let (summarized, covered) = from_manifests(path, top);
-        let mut here: Vec<String> = summarized.iter().map(|r| r.file.clone()).collect();
+        let nothing_summarized = summarized.is_empty();
+        let mut here: Vec<Slot> = summarized
+            .into_iter()
+            .map(|r| Slot::Summarized(Box::new(r)))
+            .collect();
         match trace::expand(std::slice::from_ref(path)) {
-            Ok(found) => {
-                let unread = found.into_iter().filter(|f| !covered.contains(f));
-                for f in unread {
-                    here.push(f.display().to_string());
-                    files.push(f);
-                }
-            }
-            Err(e) if summarized.is_empty() => return Err(e.into()),
+            Ok(found) => here.extend(
+                found
+                    .into_iter()
+                    .filter(|f| !covered.contains(f))
+                    .map(Slot::Unread),
+            ),
+            Err(e) if nothing_summarized => return Err(e.into()),
             Err(_) => {}
         }
-        here.sort();
-        order.extend(here);
-        reports.extend(summarized);
+        here.sort_by(|a, b| a.file().cmp(b.file()));
+        slots.extend(here);
     }
-    let from_manifests = reports.len();
+    Ok(slots)
+}
+
+/// Loads the inputs; errors are kept per file so a directory's good traces still count.
+pub fn load(inputs: &Inputs, top: usize) -> Result<Loaded, Error> {
+    let slots = slots(inputs, top)?;
+    let files: Vec<PathBuf> = slots
+        .iter()
+        .filter_map(|s| match s {
+            Slot::Unread(f) => Some(f.clone()),
+            Slot::Summarized(_) => None,
+        })
+        .collect();
+    let from_manifests = slots.len() - files.len();
     if from_manifests > 0 {
         eprintln!(
             "stepscope: {from_manifests} trace(s) summarized from their manifests \
@@ -146,9 +169,26 @@ pub fn load(inputs: &Inputs, top: usize) -> Result<Loaded, Error> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let widest = files.iter().map(|f| reading_cost(f)).max().unwrap_or(1);
     let threads = cores.min((MEMORY_BUDGET / widest.max(1)).max(1) as usize);
+    let mut read = analyze::analyze_all(&files, top, threads).into_iter();
+    if show_progress {
+        eprintln!(
+            "stepscope: done in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let mut reports = Vec::new();
     let mut errors = Vec::new();
-    for r in analyze::analyze_all(&files, top, threads) {
-        match r {
+    for slot in slots {
+        let report = match slot {
+            Slot::Summarized(r) => Ok(*r),
+            Slot::Unread(f) => read.next().unwrap_or_else(|| {
+                Err(TraceError {
+                    path: f,
+                    message: "internal error: not analyzed".into(),
+                })
+            }),
+        };
+        match report {
             Ok(r) => reports.push(r),
             Err(e) => {
                 eprintln!("stepscope: error: {e}");
@@ -156,21 +196,5 @@ pub fn load(inputs: &Inputs, top: usize) -> Result<Loaded, Error> {
             }
         }
     }
-    if show_progress {
-        eprintln!(
-            "stepscope: done in {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-    }
-    let position: std::collections::HashMap<&str, usize> = order
-        .iter()
-        .enumerate()
-        .map(|(i, f)| (f.as_str(), i))
-        .collect();
-    reports.sort_by_key(|r| position.get(r.file.as_str()).copied().unwrap_or(usize::MAX));
-    Ok(Loaded {
-        reports,
-        errors,
-        from_manifests,
-    })
+    Ok(Loaded { reports, errors })
 }

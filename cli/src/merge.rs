@@ -74,15 +74,32 @@ fn pid_key(v: Option<&Value>) -> String {
     }
 }
 
-type Emit<'e> = dyn FnMut(&mut Out, &Value) -> Result<(), TraceError> + 'e;
+/// The output's `traceEvents`, written one event at a time.
+struct EventWriter<'p> {
+    out: Out,
+    path: &'p Path,
+    written: u64,
+}
+
+impl EventWriter<'_> {
+    fn emit(&mut self, v: &Value) -> Result<(), TraceError> {
+        if self.written > 0 {
+            self.out
+                .write_all(b",\n")
+                .map_err(|e| io_err(self.path, e))?;
+        }
+        serde_json::to_writer(&mut self.out, v).map_err(|e| io_err(self.path, e.into()))?;
+        self.written += 1;
+        Ok(())
+    }
+}
 
 /// One rank's events on their way out: fresh pids, flow ids made unique, process names and
 /// sort indices that carry the rank. Each event is written as it is read, except those that
 /// carry the rank while it is not known yet (`distributedInfo` may follow `traceEvents`): they
 /// wait in `spooled` (process metadata, string flow ids: a handful) until the file ends.
-struct RankSink<'a, 'e> {
-    emit: &'a mut Emit<'e>,
-    out: &'a mut Out,
+struct RankSink<'a, 'p> {
+    events: &'a mut EventWriter<'p>,
     base: i64,
     flow_offset: u64,
     pids: HashMap<String, i64>,
@@ -113,7 +130,7 @@ fn needs_rank(ev: &Map<String, Value>) -> bool {
 impl RankSink<'_, '_> {
     fn write(&mut self, ev: Map<String, Value>) {
         if self.failure.is_none() {
-            if let Err(e) = (self.emit)(self.out, &Value::Object(ev)) {
+            if let Err(e) = self.events.emit(&Value::Object(ev)) {
                 self.failure = Some(e);
             }
         }
@@ -181,15 +198,13 @@ impl RankSink<'_, '_> {
         own.sort_by_key(|(_, p)| *p);
         for (orig, pid) in own {
             if !self.named.contains(&pid) {
-                (self.emit)(
-                    self.out,
+                self.events.emit(
                     &json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                             "args": {"name": format!("rank {rank} | pid {orig}")}}),
                 )?;
             }
             if !self.sorted.contains(&pid) {
-                (self.emit)(
-                    self.out,
+                self.events.emit(
                     &json!({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
                             "args": {"sort_index": rank * 1000 + (pid - self.base).min(999)}}),
                 )?;
@@ -268,23 +283,16 @@ pub fn merge(
     };
     w.write_all(b"{\"traceEvents\":[\n")
         .map_err(|e| io_err(out, e))?;
-    let mut first = true;
-    let mut written = 0u64;
-    let mut ranks = Vec::new();
-    let mut emit = |w: &mut Out, v: &Value| -> Result<(), TraceError> {
-        if !first {
-            w.write_all(b",\n").map_err(|e| io_err(out, e))?;
-        }
-        first = false;
-        serde_json::to_writer(&mut *w, v).map_err(|e| io_err(out, e.into()))?;
-        written += 1;
-        Ok(())
+    let mut events = EventWriter {
+        out: w,
+        path: out,
+        written: 0,
     };
+    let mut ranks = Vec::new();
 
     for (index, (name_rank, path)) in files.iter().enumerate() {
         let mut sink = RankSink {
-            emit: &mut emit,
-            out: &mut w,
+            events: &mut events,
             base: (index as i64 + 1) * 100_000,
             flow_offset: (index as u64 + 1) << 40,
             pids: HashMap::new(),
@@ -307,6 +315,11 @@ pub fn merge(
         .iter()
         .map(|(r, f, n)| json!({"rank": r, "file": f.display().to_string(), "events": n}))
         .collect();
+    let EventWriter {
+        out: mut w,
+        written,
+        ..
+    } = events;
     write!(
         w,
         "\n],\"displayTimeUnit\":\"ms\",\"stepscope_merged\":{}}}\n",

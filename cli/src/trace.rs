@@ -6,12 +6,12 @@
 
 use std::fmt;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, ErrorKind, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
-use stepscope::trace::EventStream;
 pub use stepscope::trace::{DeviceProperties, Event, EventSink, Id, Meta};
+use stepscope::trace::{EventStream, ReadError, StreamErrorKind};
 
 /// A trace file that could not be read; the message names the file and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,19 +141,20 @@ pub fn read_events<S: EventSink>(path: &Path, sink: &mut S) -> Result<Meta, Trac
     EventStream::new()
         .read_all(input, sink)
         .map_err(|e| match e {
-            Ok(parse) if parse.message.starts_with("JSON without") => err(path, parse.message),
-            Ok(parse) => err(path, format!("not valid trace JSON: {parse}")),
-            Err(io)
-                if io.kind() == std::io::ErrorKind::InvalidInput
-                    || io.kind() == std::io::ErrorKind::InvalidData
-                    || io.kind() == std::io::ErrorKind::UnexpectedEof =>
+            ReadError::Stream(e) if e.kind == StreamErrorKind::NotATrace => err(path, e.message),
+            ReadError::Stream(e) => err(path, format!("not valid trace JSON: {e}")),
+            ReadError::Io(io)
+                if matches!(
+                    io.kind(),
+                    ErrorKind::InvalidInput | ErrorKind::InvalidData | ErrorKind::UnexpectedEof
+                ) =>
             {
                 err(
                     path,
                     format!("not a valid gzip file (truncated or corrupt): {io}"),
                 )
             }
-            Err(io) => err(path, format!("cannot read: {io}")),
+            ReadError::Io(io) => err(path, format!("cannot read: {io}")),
         })
 }
 

@@ -91,7 +91,6 @@ pub(super) fn summarize_file(path: &Path) -> Option<Summary> {
     match EventStream::new().read_all(BufReader::with_capacity(1 << 20, file), &mut sink) {
         Ok(meta) => Some(sink.finish(meta, SUMMARY_TOP)),
         Err(e) => {
-            let e = e.map_or_else(|io| io.to_string(), |parse| parse.to_string());
             log::debug!("stepscope: no trace summary of {}: {e}", path.display());
             None
         }

@@ -426,6 +426,14 @@ fn save_loop(
     }
 }
 
+/// Where a trace's summary comes from.
+enum SummaryFrom<'a> {
+    /// Made as the trace streamed through the gzip pump (`None`: it could not be).
+    Streamed(Option<Box<Summary>>),
+    /// To read from this plain JSON file.
+    File(&'a Path),
+}
+
 struct Written {
     trace_bytes: u64,
     json_bytes: u64,
@@ -463,35 +471,36 @@ fn write_job(
             .and_then(RequestArgs::new);
         let pumped = stream_gzip(serializer_tmp.path(), gz_tmp.path(), requests, &mut save)?;
         let (json_bytes, summary) = match pumped {
-            Some(streamed) => (streamed.json_bytes, streamed.summary),
+            Some(streamed) => (
+                streamed.json_bytes,
+                SummaryFrom::Streamed(streamed.summary.map(Box::new)),
+            ),
             None if !is_regular_file(json_tmp.path()) => {
                 return Err("no trace was written (the write failed)".into())
             }
             // This serializer wrote the file itself, not through its `.tmp` (our FIFO):
-            // compress the file it wrote.
+            // compress the file it wrote (summarized once the trace is in place).
             None => {
                 let tail = check_complete(json_tmp.path())?;
                 compress(json_tmp.path(), gz_tmp.path())
                     .map_err(|e| io_err("compressing the trace into", gz_tmp.path(), e))?;
-                (tail, summarize_file(json_tmp.path()))
+                (tail, SummaryFrom::File(json_tmp.path()))
             }
         };
         fs::rename(gz_tmp.path(), &final_path)
             .map_err(|e| io_err("renaming the trace to", &final_path, e))?;
         gz_tmp.keep();
-        drop(json_tmp);
         (json_bytes, summary)
     } else {
         save()?;
         let json_bytes = check_complete(json_tmp.path())?;
-        let summary = summarize_file(json_tmp.path());
         File::open(json_tmp.path())
             .and_then(|f| f.sync_all())
             .map_err(|e| io_err("syncing", json_tmp.path(), e))?;
         fs::rename(json_tmp.path(), &final_path)
             .map_err(|e| io_err("renaming the trace to", &final_path, e))?;
         json_tmp.keep();
-        (json_bytes, summary)
+        (json_bytes, SummaryFrom::File(&final_path))
     };
     // The FIFO (or the serializer's leftovers) go now; a plain JSON trace was renamed into place.
     drop(serializer_tmp);
@@ -499,6 +508,12 @@ fn write_job(
     let trace_bytes = fs::metadata(&final_path)
         .map_err(|e| io_err("reading the size of", &final_path, e))?
         .len();
+    // A trace that did not stream through the pump is read back for its summary, after it is
+    // in place: it never delays the trace.
+    let summary = match summary {
+        SummaryFrom::Streamed(summary) => summary.map(|s| *s),
+        SummaryFrom::File(json) => summarize_file(json),
+    };
     let stem = manifest
         .trace_name
         .as_deref()

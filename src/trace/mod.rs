@@ -33,5 +33,5 @@ mod stream;
 mod summary;
 
 pub use event::{Args, DeviceProperties, Event, HeaderStep, Id, Meta, StepscopeHeader};
-pub use stream::{EventSink, EventStream, StreamError};
+pub use stream::{EventSink, EventStream, ReadError, StreamError, StreamErrorKind};
 pub use summary::{Gap, KernelKind, KernelStat, Kernels, OpStat, Split, Step, Summarizer, Summary};

@@ -73,18 +73,59 @@ enum Progress {
     NeedMore,
 }
 
-/// Malformed trace JSON: what is wrong and where (a byte offset into the whole document).
+/// A document that is not a readable trace: what is wrong and where (a byte offset into the
+/// whole document).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamError {
     /// The offset of the value or byte at fault.
     pub offset: u64,
     /// What is wrong.
     pub message: String,
+    /// Which kind of fault.
+    pub kind: StreamErrorKind,
+}
+
+/// The kinds of [`StreamError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamErrorKind {
+    /// Not JSON, or JSON cut short.
+    Malformed,
+    /// Valid JSON without a `traceEvents` array.
+    NotATrace,
 }
 
 impl std::fmt::Display for StreamError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} (at byte {})", self.message, self.offset)
+    }
+}
+
+impl std::error::Error for StreamError {}
+
+/// Why [`EventStream::read_all`] failed: the source (a corrupt gzip stream included), or the
+/// document.
+#[derive(Debug)]
+pub enum ReadError {
+    /// Reading the source failed.
+    Io(io::Error),
+    /// The document is not a readable trace.
+    Stream(StreamError),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Io(e) => e.fmt(f),
+            ReadError::Stream(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+impl From<StreamError> for ReadError {
+    fn from(e: StreamError) -> Self {
+        ReadError::Stream(e)
     }
 }
 
@@ -126,20 +167,11 @@ impl EventStream {
         }
     }
 
-    /// Events handed to the sink so far.
-    pub fn events(&self) -> u64 {
-        self.events
-    }
-
     /// Feeds the next bytes of the document; every event they complete goes to `sink`.
     pub fn feed<S: EventSink>(&mut self, bytes: &[u8], sink: &mut S) -> Result<(), StreamError> {
         self.compact();
         self.buf.extend_from_slice(bytes);
-        if self.buf.len() - self.pos < self.want {
-            return Ok(());
-        }
-        self.want = 0;
-        self.drain(sink, false)
+        self.drain_when_ready(sink)
     }
 
     /// Ends the document: an error if it is incomplete. Returns the top-level metadata.
@@ -149,21 +181,23 @@ impl EventStream {
             return Err(self.error(self.buf.len(), "the JSON ends early (truncated trace)"));
         }
         if !self.meta.has_events {
-            return Err(self.error(
-                0,
-                "JSON without a \"traceEvents\" array: not a Kineto/Chrome trace",
-            ));
+            return Err(StreamError {
+                kind: StreamErrorKind::NotATrace,
+                ..self.error(
+                    0,
+                    "JSON without a \"traceEvents\" array: not a Kineto/Chrome trace",
+                )
+            });
         }
         Ok(self.meta)
     }
 
-    /// Reads a whole document from `source`, reading into the buffer directly. An I/O error
-    /// (a corrupt gzip stream included) comes back as `Err(Err(io))`.
+    /// Reads a whole document from `source`, reading into the buffer directly.
     pub fn read_all<S: EventSink>(
         mut self,
         mut source: impl Read,
         sink: &mut S,
-    ) -> Result<Meta, Result<StreamError, io::Error>> {
+    ) -> Result<Meta, ReadError> {
         loop {
             self.compact();
             let need = self.want.max(CHUNK);
@@ -173,21 +207,24 @@ impl EventStream {
                 match source.read(&mut self.buf[filled..]) {
                     Ok(n) => break n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        self.buf.truncate(filled);
-                        return Err(Err(e));
-                    }
+                    Err(e) => return Err(ReadError::Io(e)),
                 }
             };
             self.buf.truncate(filled + n);
             if n == 0 {
-                return self.finish(sink).map_err(Ok);
+                return Ok(self.finish(sink)?);
             }
-            if self.buf.len() - self.pos >= self.want {
-                self.want = 0;
-                self.drain(sink, false).map_err(Ok)?;
-            }
+            self.drain_when_ready(sink)?;
         }
+    }
+
+    /// Moves on once the bytes a cut value waits for are in.
+    fn drain_when_ready<S: EventSink>(&mut self, sink: &mut S) -> Result<(), StreamError> {
+        if self.buf.len() - self.pos < self.want {
+            return Ok(());
+        }
+        self.want = 0;
+        self.drain(sink, false)
     }
 
     /// Drops consumed bytes from the buffer's front.
@@ -203,6 +240,7 @@ impl EventStream {
         StreamError {
             offset: self.dropped + at as u64,
             message: message.into(),
+            kind: StreamErrorKind::Malformed,
         }
     }
 

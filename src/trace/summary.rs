@@ -178,6 +178,16 @@ pub struct Summary {
     pub trigger: Option<serde_json::Value>,
 }
 
+impl Summary {
+    /// Keeps the `top` longest kernels and operators (0: all).
+    pub fn keep_top(&mut self, top: usize) {
+        if top > 0 {
+            self.kernels.by_name.truncate(top);
+            self.cpu_ops.truncate(top);
+        }
+    }
+}
+
 /// Idle gaps listed.
 const GAPS: usize = 5;
 
@@ -284,7 +294,8 @@ pub struct Summarizer {
     kernels: HashMap<Box<str>, Acc>,
     kernel_count: u64,
     kernel_total: f64,
-    split: Split,
+    /// Memcpy and memset time: the kernels' kinds come from their names, in `finish`.
+    copy_us: f64,
     memcpy_count: u64,
     memset_count: u64,
     /// Device intervals, per device.
@@ -332,18 +343,15 @@ impl Summarizer {
             })
             .unwrap_or(-1);
         self.intervals.entry(id).or_default().push((ts, ts + dur));
-        let kind = match device {
-            Device::Kernel => KernelKind::of(name),
-            Device::Memcpy | Device::Memset => KernelKind::Memory,
-        };
-        match kind {
-            KernelKind::Communication => self.split.communication_us += dur,
-            KernelKind::Memory => self.split.memory_us += dur,
-            KernelKind::Computation => self.split.computation_us += dur,
-        }
         match device {
-            Device::Memcpy => self.memcpy_count += 1,
-            Device::Memset => self.memset_count += 1,
+            Device::Memcpy => {
+                self.memcpy_count += 1;
+                self.copy_us += dur;
+            }
+            Device::Memset => {
+                self.memset_count += 1;
+                self.copy_us += dur;
+            }
             Device::Kernel => {
                 self.kernel_count += 1;
                 self.kernel_total += dur;
@@ -379,6 +387,17 @@ impl Summarizer {
             })
             .collect();
         kernels.sort_by(|a, b| b.total_us.total_cmp(&a.total_us).then(a.name.cmp(&b.name)));
+        let mut split = Split {
+            memory_us: self.copy_us,
+            ..Split::default()
+        };
+        for k in &kernels {
+            *match k.kind {
+                KernelKind::Computation => &mut split.computation_us,
+                KernelKind::Communication => &mut split.communication_us,
+                KernelKind::Memory => &mut split.memory_us,
+            } += k.total_us;
+        }
         let mut cpu_ops: Vec<OpStat> = self
             .ops
             .iter()
@@ -392,11 +411,7 @@ impl Summarizer {
             })
             .collect();
         cpu_ops.sort_by(|a, b| b.total_us.total_cmp(&a.total_us).then(a.name.cmp(&b.name)));
-        if top > 0 {
-            kernels.truncate(top);
-            cpu_ops.truncate(top);
-        }
-        Summary {
+        let mut summary = Summary {
             rank: meta.rank,
             world_size: meta.world_size,
             devices: meta.devices,
@@ -406,7 +421,7 @@ impl Summarizer {
                 total_us: self.kernel_total,
                 by_name: kernels,
             },
-            split: self.split,
+            split,
             memcpy_count: self.memcpy_count,
             memset_count: self.memset_count,
             gpu_busy_us: busy,
@@ -421,7 +436,9 @@ impl Summarizer {
             steps,
             cpu_ops,
             trigger: meta.stepscope.trigger,
-        }
+        };
+        summary.keep_top(top);
+        summary
     }
 
     /// Busy time (the union of each device's intervals, summed), devices, and the longest

@@ -3,7 +3,7 @@
 use serde_json::{json, Map, Value};
 
 use super::Engine;
-pub use crate::flags::StartFields;
+use crate::flags::StartFields;
 
 /// The JSON body for `/start_profile`: only the fields given. A field of the other dialect is
 /// a usage error naming the flag to use instead.

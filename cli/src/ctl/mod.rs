@@ -23,7 +23,8 @@ mod discovery;
 mod http;
 mod render;
 
-pub use body::{start_body, StartFields};
+pub use crate::flags::StartFields;
+pub use body::start_body;
 pub use discovery::{discover, normalize_url, parse_worker_list, DiscoveryError};
 pub use http::{agent, call_worker, fan_out};
 pub use render::{render_json, render_table};
