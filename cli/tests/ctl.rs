@@ -212,7 +212,7 @@ fn start_through_a_vllm_router_reports_every_worker() {
         {"url": ok2.url, "is_healthy": true},
     ], "total": 7}));
 
-    let (out, elapsed) = ctl(&[
+    let (out, _) = ctl(&[
         "start",
         "--router-url",
         &r.url,
@@ -295,28 +295,43 @@ fn start_through_a_vllm_router_reports_every_worker() {
         unhealthy.requests().is_empty(),
         "an unhealthy worker is not contacted"
     );
-    // One hung worker costs about one timeout (1 s), not more.
-    assert!(elapsed < Duration::from_millis(2500), "took {elapsed:?}");
 }
 
+/// Six workers that each answer only once all six requests have arrived: contacted one after
+/// another, the first would wait for the others until its timeout, and fail. All six succeed
+/// only if the requests are in flight together, so a hung worker costs one timeout, not one
+/// each. No clock is read: the timeout is only a bound for a broken run.
 #[test]
-fn many_hung_workers_cost_one_timeout_together() {
-    let hung: Vec<Server> = (0..6).map(|_| Server::new(|_, _| Reply::Hang)).collect();
-    let mut args = vec!["stop", "--timeout", "1", "--json"];
-    for s in &hung {
+fn workers_are_contacted_at_once_not_one_after_another() {
+    let arrived = Arc::new((Mutex::new(0usize), Condvar::new()));
+    let servers: Vec<Server> = (0..6)
+        .map(|_| {
+            let arrived = arrived.clone();
+            Server::new(move |_, _| {
+                let (count, cv) = &*arrived;
+                let mut n = count.lock().unwrap();
+                *n += 1;
+                cv.notify_all();
+                while *n < 6 {
+                    n = cv.wait(n).unwrap();
+                }
+                Reply::Json(200, json!({"status": "ok"}))
+            })
+        })
+        .collect();
+    let mut args = vec!["stop", "--timeout", "120", "--json"];
+    for s in &servers {
         args.extend(["--worker", s.url.as_str()]);
     }
-    let (out, elapsed) = ctl(&args);
-    assert_eq!(out.status.code(), Some(1));
+    let (out, _) = ctl(&args);
     let doc = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{doc}");
     assert!(doc["workers"]
         .as_array()
         .unwrap()
         .iter()
-        .all(|w| w["ok"] == false));
-    assert!(hung.iter().all(|s| s.requests().len() == 1));
-    // Called one after another they would take at least 6 s.
-    assert!(elapsed < Duration::from_millis(2500), "took {elapsed:?}");
+        .all(|w| w["ok"] == true));
+    assert!(servers.iter().all(|s| s.requests().len() == 1));
 }
 
 #[test]

@@ -168,9 +168,14 @@ class VllmServer:
     def completion(self, prompt_len: int, max_tokens: int, seed: int = 0) -> tuple[str, float]:
         """One completion of `max_tokens` tokens (EOS ignored) of a `prompt_len`-token prompt;
         returns its response id and latency in seconds."""
+        return self.completion_of([3 + (seed + k) % 500 for k in range(prompt_len)], max_tokens)
+
+    def completion_of(self, prompt: list[int], max_tokens: int) -> tuple[str, float]:
+        """One completion of `max_tokens` tokens (EOS ignored) of the token ids `prompt`;
+        returns its response id and latency in seconds."""
         body = {
             "model": str(self.model),
-            "prompt": [3 + (seed + k) % 500 for k in range(prompt_len)],
+            "prompt": prompt,
             "max_tokens": max_tokens,
             "ignore_eos": True,
             "temperature": 0,
@@ -200,6 +205,22 @@ class VllmServer:
         if errors:
             raise RuntimeError(f"completions failed: {errors[:3]}")
         return sorted(latencies)
+
+    def wait_for_worker(
+        self, ready: Any, what: str, timeout: float = 600
+    ) -> dict[str, Any]:
+        """Polls `/stepscope/status` until the (single) worker's status satisfies `ready`, and
+        returns it. `timeout` only bounds a broken server: nothing here assumes a speed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status, answer, _ = self.get("/stepscope/status")
+            if status == 200:
+                (worker,) = answer["workers"]
+                if ready(worker):
+                    return worker
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} after {timeout} s: {answer}\n{self.log_tail()}")
+            time.sleep(0.05)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 300) -> int | None:
         """Sends `sig` to the server and waits for it to exit (then for its process group),

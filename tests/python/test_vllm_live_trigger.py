@@ -1,17 +1,20 @@
 """The slow-step trigger and request attribution in a live `vllm serve` (vLLM's CPU build):
-a long prompt arriving among short decodes makes one slow step, and the iterations after it
-are captured, each naming the requests it served.
+one request's prefill is made slow among short decodes, and the iterations after it are
+captured, each naming the requests it served.
 
-The server's model is wider than the other live tests' (hidden size 1024), so a 448-token
-prefill costs tens of times a decode step on this CPU: the trigger (4x the running median, and
-at least 100 ms) sees one clear outlier. Its own server: the trigger changes how every start
-of a server behaves.
+The slow step is made by the model, deterministically and in proportion to this machine's own
+speed: the server runs `SlowStepLlama` (tests/python/vllm_slow_step, a vLLM general plugin
+registering vLLM's Llama with a forward pass that sleeps 100x its median period when a prompt
+begins with the marker token). The trigger is relative only (25x the running median), so the
+test holds on a CPU 100x faster or slower; nothing waits for a fixed time. Its own server: the
+trigger changes how every start of a server behaves.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -22,8 +25,11 @@ from live_vllm import VllmServer, cpu_build_missing
 
 pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing()))
 
-WIDE = {"hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16,
-        "num_key_value_heads": 16}  # fmt: skip
+PLUGIN_DIR = Path(__file__).parent / "vllm_slow_step"
+# The plugin's marker token: a prompt beginning with it makes its prefill step slow.
+from vllm_slow_step.stepscope_slow_step import MARK  # noqa: E402
+
+FACTOR = 25
 MAX_ITERATIONS = 3
 
 
@@ -35,12 +41,15 @@ def server(tmp_path_factory):
         workdir,
         {"profiler": "torch", "torch_profiler_dir": str(traces), "max_iterations": MAX_ITERATIONS},
         env={
-            "VLLM_PLUGINS": "stepscope",
+            "VLLM_PLUGINS": "stepscope,slow_step",
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(PLUGIN_DIR), os.environ.get("PYTHONPATH")])
+            ),
             "STEPSCOPE_CONFIG": json.dumps(
-                {"stepscope": {"slow_step_factor": 4, "slow_step_ms": 100, "request_ids": True}}
+                {"stepscope": {"slow_step_factor": FACTOR, "request_ids": True}}
             ),
         },
-        model_config=WIDE,
+        model_config={"architectures": ["SlowStepLlama"]},
     )
     srv.traces = traces
     try:
@@ -61,35 +70,38 @@ def test_a_long_prompt_among_decodes_triggers_a_capture_naming_its_requests(serv
     (worker,) = answer["workers"]
     assert (worker["phase"], worker["slow_step_factor"], worker["request_ids"]) == (
         "watching",
-        4.0,
+        float(FACTOR),
         True,
     ), worker
 
-    # Four short requests decode for a while (the median's steps), then one long prompt
-    # arrives among them.
+    # Four short requests decode (the median's steps); once the worker has timed enough steps
+    # for a median, the marked request arrives among them and its prefill is the slow step.
     ids: dict[str, str] = {}
     errors: list[BaseException] = []
 
-    def send(name: str, prompt_len: int, max_tokens: int, seed: int) -> None:
+    def send(name: str, prompt: list[int], max_tokens: int) -> None:
         try:
-            ids[name] = server.completion(prompt_len, max_tokens, seed)[0]
+            ids[name] = server.completion_of(prompt, max_tokens)[0]
         except BaseException as e:  # noqa: BLE001 - reported by the test thread
             errors.append(e)
 
-    threads = [threading.Thread(target=send, args=(f"short{i}", 8, 120, i)) for i in range(4)]
+    threads = [
+        threading.Thread(target=send, args=(f"short{i}", [3 + i + k for k in range(8)], 200))
+        for i in range(4)
+    ]
     for t in threads:
         t.start()
-    time.sleep(2.0)
-    status, answer, _ = server.get("/stepscope/status")
-    (watching,) = answer["workers"]
-    long = threading.Thread(target=send, args=("long", 448, 8, 99))
+    watching = server.wait_for_worker(lambda w: w["median_step_ms"] is not None, "a median")
+    assert watching["phase"] == "watching", watching
+    long = threading.Thread(target=send, args=("long", [MARK] + [7] * 63, 8))
     long.start()
     for t in (*threads, long):
         t.join()
     assert not errors, errors
-    assert watching["phase"] == "watching" and watching["median_step_ms"], watching
 
-    deadline = time.monotonic() + 120
+    # The window ended by itself: the worker is idle again, its trace written or being written.
+    server.wait_for_worker(lambda w: w["phase"] == "idle", "the window's end")
+    deadline = time.monotonic() + 600
     while not (found := [m for m in worker_manifests(server.traces) if m["status"] != "writing"]):
         assert time.monotonic() < deadline, server.log_tail()
         time.sleep(0.5)
@@ -99,7 +111,7 @@ def test_a_long_prompt_among_decodes_triggers_a_capture_naming_its_requests(serv
     # The window begins in the iteration right after the slow one, and captures max_iterations.
     assert m["first_step"] == slow["step"] + 1, m
     assert (m["iterations"], m["last_step"] - m["first_step"] + 1) == (MAX_ITERATIONS,) * 2
-    assert slow["duration_ns"] > 4 * slow["median_ns"] and slow["duration_ns"] > 100e6, slow
+    assert slow["duration_ns"] > FACTOR * slow["median_ns"], slow
     print(
         f"slow step {slow['step']}: {slow['duration_ns'] / 1e6:.1f} ms, median "
         f"{slow['median_ns'] / 1e6:.1f} ms; captured {m['first_step']}..{m['last_step']}"
