@@ -7,7 +7,9 @@
 //!   step (its begin, and its end when the guard drops) and, for the relative form, the
 //!   running median's update; measured against armed_in_delay.
 //! - running: a session capturing with a backend that does nothing (the profiler's own cost,
-//!   without a tool's): schedule, iteration name, backend calls.
+//!   without a tool's): schedule, iteration name, backend calls, and the capture budget's
+//!   check (on by default: a `pread` of /proc/self/statm and a clock read per step), beside
+//!   the same with the budget off.
 //! - nvtx "always" with no NVTX tool attached, beside a raw NVTX push/pop baseline: stepscope
 //!   sees the null domain NVTX returns without a tool and annotates nothing, so the step stays
 //!   idle-cheap, while the raw push/pop still pays NVTX's dispatch.
@@ -87,6 +89,21 @@ fn bench_step(c: &mut Criterion) {
     assert!(running.is_running());
     g.bench_function("running_no_tool", |b| {
         b.iter(|| drop(running.step(black_box(&info))))
+    });
+    assert!(
+        running.is_running(),
+        "the default budget cut the window short"
+    );
+
+    let cfg = ProfilerConfig::from_json_str(
+        r#"{"stepscope": {"max_capture_mb": 0, "max_capture_s": 0}}"#,
+    )
+    .expect("config");
+    let unbudgeted = WorkerProfiler::with_backend(&cfg, "bench", Box::new(NoBackend));
+    drop(unbudgeted.step(&info));
+    unbudgeted.start().expect("start");
+    g.bench_function("running_no_tool_budget_off", |b| {
+        b.iter(|| drop(unbudgeted.step(black_box(&info))))
     });
 
     let named =

@@ -39,6 +39,7 @@ pub mod flush;
 pub mod iteration;
 mod profiler;
 pub mod schedule;
+mod sys;
 pub mod trace;
 
 pub use config::ProfilerConfig;

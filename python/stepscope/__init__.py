@@ -190,8 +190,9 @@ class WorkerProfiler(_NativeWorkerProfiler):
     def status(self) -> dict[str, Any]:
         """The profiler's state: ``phase``, ``step_index``, the session's limits and start step,
         ``window_first_step``, ``iterations_captured``, ``windows``/``windows_done``/
-        ``next_window_at`` (``repeat``), ``pending_writes``, ``rank``/``selected`` and
-        ``last_error``."""
+        ``next_window_at`` (``repeat``), the capture budget (``max_capture_mb``,
+        ``max_capture_s``, ``last_cut``: the last window it ended, with ``by``, ``step``,
+        ``grew_mb``), ``pending_writes``, ``rank``/``selected`` and ``last_error``."""
         return json.loads(self.status_json())
 
     def annotate_context_manager(self, name: str) -> AbstractContextManager[Any]:

@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::flush::PendingWrites;
 use crate::iteration::{IterationInfo, RequestIds};
-use crate::schedule::SlowStepSeen;
+use crate::schedule::{CutShort, SlowStepSeen};
 
 /// What a backend learns when a capture starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +35,16 @@ pub struct CaptureStart<'a> {
     pub trace_name: Option<&'a str>,
     /// The slow step this capture follows, when a slow-step trigger started it.
     pub trigger: Option<SlowStepSeen>,
+}
+
+/// What the profiler knows of a window as it ends ([`Backend::window_ends`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct WindowEnd {
+    /// What the capture is projected to hold at its peak until it is written (its growth over
+    /// the window times the writer's expansion), when the budget measured it.
+    pub held_bytes: Option<u64>,
+    /// Why the window ended early, when the capture budget ended it.
+    pub cut_short: Option<CutShort>,
 }
 
 /// A profiling backend.
@@ -93,6 +103,18 @@ pub trait Backend: Send {
 
     /// The captured iteration ends: close what `begin_iteration` opened.
     fn end_iteration(&mut self) {}
+
+    /// Whether a window could begin now: a backend that writes files checks its disk
+    /// (`stepscope.min_free_disk_mb`) and what the captures it has not written yet hold in
+    /// memory (against `stepscope.max_capture_mb`). Called by `start()` (its error is the
+    /// caller's) and by `start` itself.
+    fn preflight(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The running window ends; `stop` follows at once. A backend that writes a trace records
+    /// a cut in it and its manifest, and counts what the capture holds against the budget.
+    fn window_ends(&mut self, _end: &WindowEnd) {}
 
     /// Adds a key to the header of the traces this backend writes from now on, `json_value`
     /// being valid JSON (e.g. vLLM's `vllm_version`, torch's `distributedInfo`); a key given

@@ -27,12 +27,12 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 #[cfg(feature = "torch")]
 use torch_sys as _;
 
-use super::{Backend, CaptureStart};
+use super::{Backend, CaptureStart, WindowEnd};
 use crate::config::{is_uri_path, ProfilerConfig, TorchActivity};
 use crate::error::{Error, Result};
 use crate::flush::{self, Job, Manifest, PendingWrites, StepRequests, Trigger, Writer};
 use crate::iteration::{IterationInfo, RequestIds};
-use crate::schedule::SlowStepSeen;
+use crate::schedule::{CutShort, SlowStepSeen};
 
 use flushed::KinetoCapture;
 use kineto::{Kineto, Options, Range};
@@ -103,6 +103,10 @@ struct Session {
     trigger: Option<SlowStepSeen>,
     /// The requests of each captured iteration (`stepscope.request_ids`), in step order.
     steps: Vec<StepRequests>,
+    /// Why the capture ended early, when the budget ended it.
+    cut_short: Option<CutShort>,
+    /// What the capture holds in memory at its peak, as the profiler projected it.
+    held_bytes: u64,
 }
 
 /// stepscope's key in each trace's header (`"stepscope": {...}`).
@@ -118,6 +122,8 @@ struct Header<'a> {
     trigger: Option<Trigger>,
     #[serde(skip_serializing_if = "Option::is_none")]
     steps: Option<&'a [StepRequests]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cut_short: Option<CutShort>,
 }
 
 /// The torch (Kineto) backend. See the module docs.
@@ -139,6 +145,11 @@ pub struct TorchBackend {
     /// Header keys set by the engine (`set_trace_metadata`), added to every trace.
     metadata: Vec<(String, String)>,
     writer: Writer,
+    /// `stepscope.min_free_disk_mb`.
+    min_free_disk_mb: u64,
+    /// `stepscope.max_capture_mb`, bytes: a window is not begun while the captures not yet
+    /// written hold more (0: no limit).
+    max_held_bytes: u64,
 }
 
 impl std::fmt::Debug for TorchBackend {
@@ -246,6 +257,8 @@ impl TorchBackend {
             local_rank,
             metadata: Vec::new(),
             writer,
+            min_free_disk_mb: config.stepscope.budget.min_free_disk_mb,
+            max_held_bytes: held_limit(config),
         })
     }
 
@@ -347,6 +360,7 @@ impl TorchBackend {
         let trigger = session
             .and_then(|s| s.trigger)
             .map(|slow_step| Trigger { slow_step });
+        let cut_short = session.and_then(|s| s.cut_short);
         let header = Header {
             version: crate::VERSION,
             worker_name: &worker_name,
@@ -356,6 +370,7 @@ impl TorchBackend {
             iterations,
             trigger,
             steps: steps.as_deref(),
+            cut_short,
         };
         // Metadata only enters the trace while the profiler is live, so before disabling.
         // torch.profiler's own keys first (a fresh trace id, the options recorded), then the
@@ -396,6 +411,7 @@ impl TorchBackend {
             config: Arc::clone(&self.recording.config),
             trace_name: session.and_then(|s| s.trace_name.clone()),
             trigger,
+            cut_short,
             // Kineto writes the annotations' kwinputs (the requests) only with shapes.
             requests_into_args: steps.is_some() && !o.record_shapes,
             steps,
@@ -409,6 +425,7 @@ impl TorchBackend {
             time_ns: stop_unix_ns,
             queued: Instant::now(),
             manifest,
+            held_bytes: session.map_or(0, |s| s.held_bytes),
         })
     }
 
@@ -434,14 +451,69 @@ impl TorchBackend {
     }
 }
 
+/// `stepscope.max_capture_mb` in bytes: what the captures waiting to be written may hold
+/// before a new window is refused (the same budget as one window's growth).
+fn held_limit(config: &ProfilerConfig) -> u64 {
+    config
+        .stepscope
+        .budget
+        .max_capture_mb
+        .saturating_mul(1 << 20)
+}
+
 impl Backend for TorchBackend {
     fn name(&self) -> &str {
         NAME
     }
 
+    fn preflight(&self) -> Result<()> {
+        let dir = self.writer.dir();
+        if self.min_free_disk_mb > 0 {
+            match crate::sys::free_disk(dir) {
+                Ok(free) if free >> 20 < self.min_free_disk_mb => {
+                    return Err(Error::backend(
+                        NAME,
+                        format!(
+                            "stepscope.min_free_disk_mb: {} has {} MB free, under the {} MB a capture needs to begin: free \
+                             some space, point torch_profiler_dir elsewhere, or lower \
+                             stepscope.min_free_disk_mb (0: no check)",
+                            dir.display(),
+                            free >> 20,
+                            self.min_free_disk_mb
+                        ),
+                    ))
+                }
+                Ok(_) => {}
+                Err(e) => log::debug!("stepscope: free space of {}: {e}", dir.display()),
+            }
+        }
+        let held = self.writer.held_bytes();
+        if self.max_held_bytes > 0 && held > self.max_held_bytes {
+            return Err(Error::backend(
+                NAME,
+                format!(
+                    "stepscope.max_capture_mb: the captures still being written hold {} MB, \
+                     over the {} MB a window may hold: this window is not begun (the engine \
+                     goes on); start again once they are on disk (status: pending_writes)",
+                    held >> 20,
+                    self.max_held_bytes >> 20
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn window_ends(&mut self, end: &WindowEnd) {
+        if let Some(session) = self.session.as_mut() {
+            session.cut_short = end.cut_short;
+            session.held_bytes = end.held_bytes.unwrap_or(0);
+        }
+    }
+
     fn start(&mut self, capture: &CaptureStart<'_>) -> Result<()> {
         // The directory may have gone since the profiler was made.
         ensure_writable_dir(self.writer.dir())?;
+        self.preflight()?;
         // Leftovers of processes that died writing here; off the engine thread.
         let dir = self.writer.dir().to_path_buf();
         let _ = std::thread::Builder::new()
@@ -461,6 +533,8 @@ impl Backend for TorchBackend {
             iterations: 0,
             trigger: capture.trigger,
             steps: Vec::new(),
+            cut_short: None,
+            held_bytes: 0,
         });
         self.step_num = 0;
         self.action = Action::None;
@@ -581,6 +655,8 @@ impl Backend for TorchBackend {
 
     fn reconfigure(&mut self, config: &ProfilerConfig) -> Result<()> {
         self.recording = SessionOptions::from_config(config);
+        self.min_free_disk_mb = config.stepscope.budget.min_free_disk_mb;
+        self.max_held_bytes = held_limit(config);
         self.annotate = self.recording.options.cpu;
         if let Some(glue) = self.glue {
             self.recording.resolve(glue.cuda_available());

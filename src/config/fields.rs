@@ -1,6 +1,8 @@
 //! The field walker: takes each key of a JSON object once, checking its type and range, and
 //! names whatever is left over as unknown.
 
+use std::time::Duration;
+
 use serde_json::{Map, Value};
 
 use super::types::TorchActivity;
@@ -75,6 +77,22 @@ impl Fields {
                     format!("must be {must_be}, not {v}"),
                 )),
             },
+        }
+    }
+
+    /// A number of seconds >= 0 (fractions allowed); `hint` says what 0 means, if anything.
+    pub(super) fn seconds(&mut self, key: &str, default: Duration, hint: &str) -> Result<Duration> {
+        match self.take(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_f64()
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .ok_or_else(|| {
+                    Error::config(
+                        self.name(key),
+                        format!("must be a number of seconds >= 0{hint}, not {v}"),
+                    )
+                }),
         }
     }
 

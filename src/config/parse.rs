@@ -204,21 +204,11 @@ impl StepscopeConfig {
                     .filter(|n| *n <= i32::MAX as u32)
             },
         )?;
-        let flush_timeout = match f.take("flush_timeout_s") {
-            None => d.flush_timeout,
-            Some(v) => match v.as_f64().and_then(|s| Duration::try_from_secs_f64(s).ok()) {
-                Some(t) => t,
-                None => {
-                    return Err(Error::config(
-                        "stepscope.flush_timeout_s",
-                        format!("must be a number of seconds >= 0, not {v}"),
-                    ))
-                }
-            },
-        };
+        let flush_timeout = f.seconds("flush_timeout_s", d.flush_timeout, "")?;
         let torch_with_modules = f.bool("torch_with_modules", d.torch_with_modules)?;
         let request_ids = f.bool("request_ids", d.request_ids)?;
         let capture = CaptureControl::from_fields(&mut f)?;
+        let budget = CaptureBudget::from_fields(&mut f, d.budget)?;
         f.finish()?;
         Ok(StepscopeConfig {
             nvtx_domain,
@@ -228,6 +218,17 @@ impl StepscopeConfig {
             torch_with_modules,
             capture,
             request_ids,
+            budget,
+        })
+    }
+}
+
+impl CaptureBudget {
+    fn from_fields(f: &mut Fields, d: CaptureBudget) -> Result<Self> {
+        Ok(CaptureBudget {
+            max_capture_mb: f.count("max_capture_mb", d.max_capture_mb, 0)?,
+            max_capture: f.seconds("max_capture_s", d.max_capture, " (0: no limit)")?,
+            min_free_disk_mb: f.count("min_free_disk_mb", d.min_free_disk_mb, 0)?,
         })
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::iteration::Stage;
-use crate::schedule::{stage_bit, Policy, SlowStep, ALL_STAGES};
+use crate::schedule::{stage_bit, Budget, Policy, SlowStep, ALL_STAGES};
 
 /// The environment variable read by [`ProfilerConfig::from_env`]: JSON text, or a path to a
 /// JSON file.
@@ -97,6 +97,82 @@ pub struct StepscopeConfig {
     /// Captured iterations carry the ids of the requests they served (in the trace and the
     /// manifest); engines pass them to `step()` only while this is on. Default false.
     pub request_ids: bool,
+    /// What one capture may cost the process: memory, time, disk, queued traces. On by
+    /// default: a capture never takes the engine down.
+    #[serde(flatten)]
+    pub budget: CaptureBudget,
+}
+
+/// What one capture window may cost before it ends itself, or is not begun
+/// (`"stepscope": {"max_capture_mb", "max_capture_s", "min_free_disk_mb"}`). A window that
+/// goes over `max_capture_mb` or `max_capture_s` ends at the next step boundary through the
+/// full stop (its trace is written as usual and says it was cut short); 0 turns either off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct CaptureBudget {
+    /// What one capture may cost the process, MB: its growth over the window times what torch
+    /// needs to write it ([`ProfilerConfig::capture_budget`]); also what the captures still
+    /// waiting to be written may hold before a new window is refused.
+    /// Default: an eighth of the memory the process may use (the machine's, or its cgroup's
+    /// limit when lower), at least 256 MB and at most 2048 MB
+    /// ([`CaptureBudget::default_max_capture_mb`]).
+    pub max_capture_mb: u64,
+    /// How long a window may run (`max_capture_s`, default 300 s).
+    #[serde(rename = "max_capture_s", serialize_with = "seconds")]
+    pub max_capture: Duration,
+    /// A window is not begun while the trace directory has less free space than this, MB
+    /// (default 1024; 0: no check). Backends that write no files ignore it.
+    pub min_free_disk_mb: u64,
+}
+
+impl CaptureBudget {
+    /// The default of `max_capture_mb` on this machine: an eighth of the memory the process may
+    /// use, clamped to 256..=2048 MB (2048 where the memory cannot be read). An eighth leaves
+    /// the engine its own memory on a loaded worker; 2 GB holds minutes of a Kineto capture
+    /// with stacks (about 160 MB/s measured on a CPU engine), far more than the few iterations
+    /// a window is for.
+    pub fn default_max_capture_mb() -> u64 {
+        crate::sys::usable_memory()
+            .map_or(2048, |b| (b >> 20) / 8)
+            .clamp(256, 2048)
+    }
+}
+
+/// The writer's expansion the budget assumes for Kineto captures with Python stacks: torch
+/// makes an event of every Python call when it finalizes the capture (74x the window's growth
+/// measured for a Python-heavy loop with torch 2.13 on CPU, `scripts/bench_capture_budget.py`).
+pub const EXPANSION_TORCH_STACKS: u64 = 80;
+/// ... and for Kineto captures without Python stacks (8.4x measured for operators alone).
+pub const EXPANSION_TORCH: u64 = 10;
+
+impl ProfilerConfig {
+    /// The schedule's budget of this config: the memory and time limits, and the expansion
+    /// from a window's growth to what its trace needs to be written (1 for the CUDA profiler
+    /// API, whose tool keeps its buffers).
+    pub fn capture_budget(&self) -> Budget {
+        let b = &self.stepscope.budget;
+        Budget {
+            max_growth_bytes: b.max_capture_mb.saturating_mul(1 << 20),
+            max_age_ns: u64::try_from(b.max_capture.as_nanos()).unwrap_or(u64::MAX),
+            expansion: match self.profiler {
+                Some(ProfilerKind::Torch) if self.torch_profiler_with_stack => {
+                    EXPANSION_TORCH_STACKS
+                }
+                Some(ProfilerKind::Torch) => EXPANSION_TORCH,
+                Some(ProfilerKind::Cuda) | None => 1,
+            },
+        }
+    }
+}
+
+impl Default for CaptureBudget {
+    fn default() -> Self {
+        CaptureBudget {
+            max_capture_mb: Self::default_max_capture_mb(),
+            max_capture: Duration::from_secs(300),
+            min_free_disk_mb: 1024,
+        }
+    }
 }
 
 /// A positive, finite factor (`stepscope.slow_step_factor`): never NaN, so equality is total.
@@ -228,6 +304,7 @@ impl Default for StepscopeConfig {
             flush_timeout: Duration::from_secs(600),
             torch_with_modules: false,
             request_ids: false,
+            budget: CaptureBudget::default(),
             capture: CaptureControl {
                 repeat: 1,
                 ..CaptureControl::default()

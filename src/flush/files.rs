@@ -265,14 +265,25 @@ pub(super) fn check_complete(path: &Path) -> std::result::Result<u64, String> {
             buf.iter().rev().find(|b| !b.is_ascii_whitespace()) == Some(&b'}'),
         ))
     };
+    // Kineto says nothing of why: the disk's free space tells a full disk from the rest.
+    let free = || {
+        path.parent()
+            .and_then(|d| crate::sys::free_disk(d).ok())
+            .map_or(String::new(), |b| {
+                format!("; {} KB free on its disk", b >> 10)
+            })
+    };
     match check() {
         Ok((len, true)) => Ok(len),
         Ok((len, false)) => Err(format!(
-            "the trace was written incomplete ({len} bytes): the disk is full or the write failed"
+            "the trace was written incomplete ({len} bytes): the disk is full or the write \
+             failed{}",
+            free()
         )),
         Err(e) => Err(format!(
-            "no trace was written at {}: the disk is full or the write failed ({e})",
-            path.display()
+            "no trace was written at {}: the disk is full or the write failed ({e}{})",
+            path.display(),
+            free()
         )),
     }
 }

@@ -26,8 +26,34 @@ struct InFlightCount {
     written: Option<f64>,
 }
 
+const MARKER_PREFIX: &str = "stepscope-flushing-";
+
 pub(super) fn flushing_marker() -> PathBuf {
-    std::env::temp_dir().join(format!("stepscope-flushing-{}", std::process::id()))
+    std::env::temp_dir().join(format!("{MARKER_PREFIX}{}", std::process::id()))
+}
+
+/// Removes the flushing markers of processes that died with traces in flight (killed): no
+/// parent waits on a dead process. Markers of live processes are left alone.
+pub(super) fn clean_stale_markers() {
+    let dir = std::env::temp_dir();
+    let Ok(entries) = fs::read_dir(&dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(MARKER_PREFIX))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid.filter(|p| !super::files::process_alive(*p)) {
+            if fs::remove_file(entry.path()).is_ok() {
+                log::info!(
+                    "stepscope: removed {} (process {pid} ended with traces in flight)",
+                    entry.path().display()
+                );
+            }
+        }
+    }
 }
 
 /// One more trace in flight in this process, whose writer waits up to `timeout` at exit.

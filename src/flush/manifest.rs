@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::files::{process_alive, temp_owner, temp_path};
-use crate::schedule::SlowStepSeen;
+use crate::schedule::{CutShort, SlowStepSeen};
 use crate::trace::Summary;
 
 /// One captured iteration's requests, as the manifest and the trace header list them.
@@ -57,6 +57,9 @@ pub(crate) struct Manifest {
     /// The slow step the capture follows, when a slow-step trigger started it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trigger: Option<Trigger>,
+    /// Why the window ended early, when the capture budget ended it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cut_short: Option<CutShort>,
     /// Each captured iteration's requests (`stepscope.request_ids`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steps: Option<Vec<StepRequests>>,
@@ -87,9 +90,11 @@ struct ManifestFile<'a> {
 }
 
 /// Cleans up after processes that died while writing into `dir` (killed, or out of time at
-/// exit): removes their temporaries (`.{name}.{pid}.partial…`) and marks their manifests still
-/// `writing` as `unfinished`. Files of live processes, this one included, are left alone.
+/// exit): removes their temporaries (`.{name}.{pid}.partial…`) and their flushing markers, and
+/// marks their manifests still `writing` as `unfinished`. Files of live processes, this one
+/// included, are left alone.
 pub(crate) fn clean_stale(dir: &Path) {
+    super::in_flight::clean_stale_markers();
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };

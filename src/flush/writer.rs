@@ -18,6 +18,7 @@ use std::fs::{self, File};
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -76,6 +77,9 @@ pub(crate) struct Job {
     pub time_ns: u128,
     pub queued: Instant,
     pub manifest: Manifest,
+    /// What the capture holds in memory until it is written, as far as the profiler measured
+    /// it (the process's growth over its window); 0 when not measured.
+    pub held_bytes: u64,
 }
 
 /// A finalized capture, ready to save.
@@ -84,11 +88,15 @@ struct Finalized {
     manifest_path: PathBuf,
     manifest: Manifest,
     queued: Instant,
+    held_bytes: u64,
 }
 
 /// Jobs the writer has not finished, by manifest path: what the backend marks `unfinished`
 /// when it cannot wait any longer.
 type InFlight = Arc<Mutex<Vec<(PathBuf, Manifest)>>>;
+
+/// What the jobs not yet written hold in memory, bytes (the sum of their `held_bytes`).
+type Held = Arc<AtomicU64>;
 
 /// Two threads: the finalizer runs the expensive half of `disableProfiler` (Kineto must finish
 /// one session before the next can start, so it never waits behind a save), the saver writes
@@ -102,6 +110,7 @@ pub(crate) struct Writer {
     /// Jobs not yet finalized.
     finalizing: PendingWrites,
     in_flight: InFlight,
+    held: Held,
 }
 
 impl Writer {
@@ -113,7 +122,14 @@ impl Writer {
             pending: PendingWrites::default(),
             finalizing: PendingWrites::default(),
             in_flight: InFlight::default(),
+            held: Held::default(),
         }
+    }
+
+    /// What the captures not yet written hold in memory, bytes (as measured when each window
+    /// ended): what a backend refuses a new window over.
+    pub fn held_bytes(&self) -> u64 {
+        self.held.load(Relaxed)
     }
 
     /// The directory traces are written to.
@@ -147,29 +163,31 @@ impl Writer {
         let (save_tx, save_rx) = crossbeam_channel::unbounded::<Finalized>();
         // Spawned from the engine thread: its CPUs are the ones to keep clear.
         let cpus = OffEngineCpus::of_this_thread();
-        let (settings, pending, in_flight) = (
-            Arc::clone(&self.settings),
-            self.pending.clone(),
-            Arc::clone(&self.in_flight),
-        );
+        let done = Done {
+            pending: self.pending.clone(),
+            in_flight: Arc::clone(&self.in_flight),
+            held: Arc::clone(&self.held),
+        };
+        let settings = Arc::clone(&self.settings);
         let saver = thread::Builder::new()
             .name("stepscope-writer".into())
             .spawn(move || {
                 cpus.apply();
-                save_loop(&settings, &save_rx, &pending, &in_flight)
+                save_loop(&settings, &save_rx, &done)
             })
             .map_err(spawn_err)?;
         self.threads.push(saver);
-        let (pending, finalizing, in_flight) = (
-            self.pending.clone(),
-            self.finalizing.clone(),
-            Arc::clone(&self.in_flight),
-        );
+        let done = Done {
+            pending: self.pending.clone(),
+            in_flight: Arc::clone(&self.in_flight),
+            held: Arc::clone(&self.held),
+        };
+        let finalizing = self.finalizing.clone();
         let finalizer = thread::Builder::new()
             .name("stepscope-finalize".into())
             .spawn(move || {
                 cpus.apply();
-                finalize_loop(&rx, &save_tx, &pending, &finalizing, &in_flight)
+                finalize_loop(&rx, &save_tx, &done, &finalizing)
             })
             .map_err(spawn_err)?;
         self.threads.push(finalizer);
@@ -206,6 +224,8 @@ impl Writer {
             .push((manifest_path.clone(), job.manifest.clone()));
         self.pending.begin();
         self.finalizing.begin();
+        let held_bytes = job.held_bytes;
+        self.held.fetch_add(held_bytes, Relaxed);
         in_flight_begin(self.settings.flush_timeout);
         let sent = self
             .tx
@@ -214,6 +234,7 @@ impl Writer {
         if !sent {
             self.pending.finish();
             self.finalizing.finish();
+            self.held.fetch_sub(held_bytes, Relaxed);
             in_flight_end(1);
             self.in_flight.lock().retain(|(p, _)| *p != manifest_path);
             return Err(Error::backend("torch", "the trace writer has stopped"));
@@ -311,23 +332,27 @@ impl OffEngineCpus {
     }
 }
 
-/// Records a job's end: its final manifest, then its place in the pending count.
-fn conclude(
-    manifest_path: &Path,
-    manifest: &Manifest,
-    pending: &PendingWrites,
-    in_flight: &InFlight,
-) {
+/// What the writer threads update when a job ends.
+struct Done {
+    pending: PendingWrites,
+    in_flight: InFlight,
+    held: Held,
+}
+
+/// Records a job's end: its final manifest, then its place in the pending count and in what
+/// the queue holds (its buffers are freed by then).
+fn conclude(manifest_path: &Path, manifest: &Manifest, held_bytes: u64, done: &Done) {
     // Leave the in-flight list first (under its lock), so a concurrent drop cannot mark this
     // job unfinished after its final manifest is written.
     let listed = {
-        let mut list = in_flight.lock();
+        let mut list = done.in_flight.lock();
         let before = list.len();
         list.retain(|(p, _)| p != manifest_path);
         write_manifest(manifest_path, manifest);
         list.len() < before
     };
-    pending.finish();
+    done.held.fetch_sub(held_bytes, Relaxed);
+    done.pending.finish();
     // A job a drop gave up on was already taken off the process's count.
     if listed {
         in_flight_end(1);
@@ -337,16 +362,15 @@ fn conclude(
 fn finalize_loop(
     rx: &Receiver<(PathBuf, Job)>,
     save_tx: &Sender<Finalized>,
-    pending: &PendingWrites,
+    done: &Done,
     finalizing: &PendingWrites,
-    in_flight: &InFlight,
 ) {
     for (manifest_path, job) in rx.iter() {
         publish_in_flight();
         {
             // Under the lock, and only while still listed: a drop that gave up on this job has
             // already written it as unfinished, which "writing" must not overwrite.
-            let list = in_flight.lock();
+            let list = done.in_flight.lock();
             if list.iter().any(|(p, _)| *p == manifest_path) {
                 write_manifest(&manifest_path, &job.manifest);
             }
@@ -364,30 +388,26 @@ fn finalize_loop(
                     manifest_path,
                     manifest,
                     queued: job.queued,
+                    held_bytes: job.held_bytes,
                 };
                 if let Err(crossbeam_channel::SendError(f)) = save_tx.send(next) {
                     let mut manifest = f.manifest;
                     manifest.status = "failed";
                     manifest.error = Some("the trace writer has stopped".into());
-                    conclude(&f.manifest_path, &manifest, pending, in_flight);
+                    conclude(&f.manifest_path, &manifest, f.held_bytes, done);
                 }
             }
             Err(message) => {
                 log::error!("stepscope: {} failed: {message}", manifest.trace_file);
                 manifest.status = "failed";
                 manifest.error = Some(message);
-                conclude(&manifest_path, &manifest, pending, in_flight);
+                conclude(&manifest_path, &manifest, job.held_bytes, done);
             }
         }
     }
 }
 
-fn save_loop(
-    settings: &Settings,
-    rx: &Receiver<Finalized>,
-    pending: &PendingWrites,
-    in_flight: &InFlight,
-) {
+fn save_loop(settings: &Settings, rx: &Receiver<Finalized>, done: &Done) {
     for mut job in rx.iter() {
         let began = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
@@ -422,7 +442,7 @@ fn save_loop(
         }
         // The trace (Kineto's buffers) is freed here, on this thread.
         drop(job.result);
-        conclude(&job.manifest_path, &job.manifest, pending, in_flight);
+        conclude(&job.manifest_path, &job.manifest, job.held_bytes, done);
     }
 }
 

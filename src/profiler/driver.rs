@@ -6,10 +6,18 @@ use std::thread::{self, ThreadId};
 use std::time::Instant;
 
 use crate::backend::nvtx::Nvtx;
-use crate::backend::{Backend, CaptureStart};
+use crate::backend::{Backend, CaptureStart, WindowEnd};
 use crate::error::{Error, Result};
 use crate::iteration::{IterationInfo, RequestIds};
-use crate::schedule::Schedule;
+use crate::schedule::{Budget, CutShort, Schedule, StopDecision};
+use crate::sys::Rss;
+
+/// What the budget measures a running window from: when its backend started and the
+/// process's resident memory then.
+pub(super) struct Meter {
+    began: Instant,
+    rss: Option<u64>,
+}
 
 pub(super) struct Inner {
     pub(super) worker_name: String,
@@ -38,6 +46,14 @@ pub(super) struct Inner {
     pub(super) step_began: Option<Instant>,
     /// When that step ended, if `step_end()` said so; else the next step's begin ends it.
     pub(super) step_ended: Option<Instant>,
+    /// `stepscope.max_capture_mb` / `max_capture_s`.
+    pub(super) budget: Budget,
+    /// The process's resident memory, opened at the first window the budget measures.
+    pub(super) rss: Option<Rss>,
+    /// Present while a window's backend runs and the budget is on.
+    pub(super) meter: Option<Meter>,
+    /// The last window the budget ended, for status.
+    pub(super) last_cut: Option<CutShort>,
 }
 
 impl Inner {
@@ -119,6 +135,7 @@ impl Inner {
         match &result {
             Ok(()) => {
                 self.trace_name = None;
+                self.start_meter();
                 if let Some(nvtx) = &self.nvtx {
                     if let Some(slow) = trigger {
                         nvtx.mark(c"slow step", slow.step);
@@ -131,8 +148,67 @@ impl Inner {
         result
     }
 
+    /// Starts measuring the window that just began, when the budget is on.
+    fn start_meter(&mut self) {
+        if !self.budget.is_on() {
+            return;
+        }
+        if self.rss.is_none() && self.budget.max_growth_bytes > 0 {
+            self.rss = Rss::open();
+        }
+        self.meter = Some(Meter {
+            began: Instant::now(),
+            rss: self.rss.as_ref().and_then(|r| r.bytes().ok()),
+        });
+    }
+
+    /// How much the process has grown since the running window began, when measured.
+    fn window_growth(&self) -> Option<u64> {
+        let then = self.meter.as_ref()?.rss?;
+        let now = self.rss.as_ref()?.bytes().ok()?;
+        Some(now.saturating_sub(then))
+    }
+
+    /// Ends the running window in `step` when it is over its budget: through the full stop,
+    /// as vLLM's automatic stop (the trace is written and says why). Measures only while a
+    /// window runs: one `pread` of `/proc/self/statm` and a clock read per step.
+    pub(super) fn enforce_budget(&mut self, step: u64) {
+        let Some(meter) = &self.meter else {
+            return;
+        };
+        let age = u64::try_from(meter.began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let Some(cut) = self.budget.judge(step, self.window_growth(), age) else {
+            return;
+        };
+        log::warn!(
+            "stepscope: capture cut short in step {step}: {cut}; its trace is written as usual \
+             (raise {} in the \"stepscope\" config, or set it to 0 to turn the limit off)",
+            cut.by.key()
+        );
+        if let Some(nvtx) = &self.nvtx {
+            nvtx.mark(c"capture cut short", step);
+        }
+        self.last_cut = Some(cut);
+        if self.schedule.stop() == StopDecision::StopBackend {
+            if let Err(e) = self.stop_window(step, Some(cut)) {
+                self.last_error = Some(e);
+            }
+        }
+    }
+
     /// Stops the backend; `step` is the step it stops in (for the NVTX mark).
     pub(super) fn stop_backend(&mut self, step: u64) -> Result<()> {
+        self.stop_window(step, None)
+    }
+
+    /// Stops the backend, telling it first what the window grew and why it ended.
+    fn stop_window(&mut self, step: u64, cut_short: Option<CutShort>) -> Result<()> {
+        let end = WindowEnd {
+            held_bytes: self.window_growth().map(|g| self.budget.projected(g)),
+            cut_short,
+        };
+        self.meter = None;
+        self.backend.window_ends(&end);
         self.close_range();
         if let Some(nvtx) = &self.nvtx {
             nvtx.mark(c"capture stop", step);

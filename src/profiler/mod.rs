@@ -150,6 +150,10 @@ impl WorkerProfiler {
                 ranks: config.stepscope.capture.ranks.clone(),
                 step_began: None,
                 step_ended: None,
+                budget: config.capture_budget(),
+                rss: None,
+                meter: None,
+                last_cut: None,
             }),
         };
         profiler.sync_gate(&profiler.inner.lock());
@@ -184,6 +188,13 @@ impl WorkerProfiler {
             // A step timed in an earlier session must not span the gap to this one.
             g.step_began = None;
             g.step_ended = None;
+            // No disk, or too many traces still to write: the start fails now, visibly,
+            // rather than at the window's first step.
+            if let Err(e) = g.backend.preflight() {
+                log::warn!("stepscope: start refused: {e}");
+                g.last_error = Some(e.clone());
+                return Err(e);
+            }
         }
         let result = match g.schedule.start(options, self.step_index()) {
             StartDecision::Passed { step, now } => Err(Error::InvalidArgument {
@@ -355,6 +366,8 @@ impl WorkerProfiler {
         }
         g.close_range();
         g.run_pending(index);
+        // A window over its budget ends here, before this step counts.
+        g.enforce_budget(index);
         // A slow-step trigger watches: the clock is read once per step, and only then.
         let now = g.schedule.times_steps().then(Instant::now);
         let previous = g.take_step_time(now);
@@ -527,7 +540,7 @@ impl WorkerProfiler {
     }
 
     /// Changes what the next session records (for the torch backend: activities,
-    /// record_shapes, with_memory, with_stack, with_flops), as a config with
+    /// record_shapes, with_memory, with_stack, with_flops; the capture budget), as a config with
     /// those fields changed. Where traces are written stays as the profiler was made. Ignored
     /// while a session is active or its stop is pending: returns whether it was applied.
     pub fn reconfigure(&self, config: &ProfilerConfig) -> Result<bool> {
@@ -535,7 +548,9 @@ impl WorkerProfiler {
         if g.schedule.is_active() || g.pending_stop {
             return Ok(false);
         }
-        g.backend.reconfigure(config).map(|()| true)
+        g.backend.reconfigure(config)?;
+        g.budget = config.capture_budget();
+        Ok(true)
     }
 
     /// The last error that could not be returned to its caller (a backend failure inside

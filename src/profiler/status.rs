@@ -2,7 +2,7 @@
 
 use super::WorkerProfiler;
 use crate::error::Error;
-use crate::schedule::SlowStepSeen;
+use crate::schedule::{CutShort, SlowStepSeen};
 
 /// A step's index and duration, as status reports the slow-step trigger's steps.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -78,6 +78,13 @@ pub struct Status {
     pub trigger_step: Option<StepTime>,
     /// Captured iterations record their request ids (`stepscope.request_ids`).
     pub request_ids: bool,
+    /// The capture budget: how much the process may grow during a window, MB
+    /// (`stepscope.max_capture_mb`; 0: no limit).
+    pub max_capture_mb: u64,
+    /// How long a window may run, s (`stepscope.max_capture_s`; 0: no limit).
+    pub max_capture_s: f64,
+    /// The last window the budget ended, if any.
+    pub last_cut: Option<CutShort>,
     /// Stopped sessions whose traces are still being written.
     pub pending_writes: usize,
     /// The last backend error not returned to a caller, if any.
@@ -117,6 +124,9 @@ impl WorkerProfiler {
             slowest_step: s.slowest_step().map(StepTime::from),
             trigger_step: s.window_trigger().map(StepTime::from),
             request_ids: self.request_ids,
+            max_capture_mb: g.budget.max_growth_bytes >> 20,
+            max_capture_s: g.budget.max_age_ns as f64 / 1e9,
+            last_cut: g.last_cut,
             pending_writes: g.pending_writes(),
             last_error: g.last_error.as_ref().map(Error::to_string),
         }

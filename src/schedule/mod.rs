@@ -32,9 +32,14 @@
 //!   watches ([`Phase::Watching`]) the durations the caller measures ([`StepInfo::previous_ns`])
 //!   and the window begins in the first qualifying step after a slow one ([`slow`]). With
 //!   `repeat`, each later window waits for a new slow step.
+//!
+//! The capture budget ([`Budget`]) is judged here too, from what the caller measures (the
+//! process's growth, the window's age): a window over it ends through the full stop.
 
+mod budget;
 mod slow;
 
+pub use budget::{Budget, CutBy, CutShort};
 pub use slow::{Detector, SlowStep, SlowStepSeen, MIN_SAMPLES, WINDOW};
 
 use crate::iteration::{IterationInfo, Stage};

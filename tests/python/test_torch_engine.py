@@ -274,3 +274,74 @@ def test_a_torch_without_glue_fails_the_start_naming_the_versions(tmp_path):
     assert f"no Kineto glue for torch {torch.__version__}" in error
     assert "glue for torch: 1.99" in error
     assert "python -m stepscope.glue build" in error
+
+
+def resident_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def test_an_open_ended_capture_with_stacks_ends_itself_at_max_capture_mb(tmp_path):
+    """vLLM's default max_iterations (0) and a /stop_profile that never comes: with Python
+    stacks the process grows by tens of MB per second, and writing the trace takes many times
+    what the window grew (torch makes an event of every Python call). The budget ends the
+    window at a step boundary, through the full stop, once what the capture will cost at its
+    peak (its growth times the writer's expansion) passes max_capture_mb; the process never
+    grows 600 MB, writing included; the trace is written and says why; the loop goes on."""
+    import threading
+    import time
+
+    p = stepscope.WorkerProfiler(
+        config(tmp_path, torch_profiler_with_stack=True, stepscope={"max_capture_mb": 300}),
+        "budget",
+    )
+    assert p.status()["max_capture_mb"] == 300
+    base = resident_mb()
+    peak = [0.0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], resident_mb() - base)
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        p.start()
+        a = torch.ones(8, 8)
+        steps_after = 0
+        # Bounded: 200 small matmuls an iteration pass the budget long before this many
+        # iterations on any machine.
+        for _ in range(200_000):
+            p.step()
+            if not p.is_active:
+                steps_after += 1
+                if steps_after == 5:
+                    break
+            else:
+                for _ in range(200):
+                    torch.mm(a, a)
+            p.step_end()
+        assert steps_after == 5, "the budget never ended the window"
+        cut = p.status()["last_cut"]
+        assert p.flush(300)
+    finally:
+        done.set()
+        sampler.join()
+    assert cut["by"] == "max_capture_mb" and cut["limit_mb"] == 300, cut
+    assert cut["expansion"] == 80 and cut["projected_mb"] > 300, cut
+    assert peak[0] < 600, f"the process grew {peak[0]:.0f} MB, the trace's write included"
+    m = json.loads(only(list(tmp_path.glob("budget.*.stepscope.json"))).read_text())
+    assert m["status"] == "complete", m
+    assert m["cut_short"] == cut, (m["cut_short"], cut)
+    trace = tmp_path / m["trace_file"]
+    with gzip.open(trace, "rt") as f:
+        doc = json.load(f)
+    assert doc["stepscope"]["cut_short"]["by"] == "max_capture_mb"
+    assert any(e.get("cat") == "python_function" for e in doc["traceEvents"])
+    # The next start works.
+    p.start()
+    assert p.is_active
+    p.stop()
+    assert p.flush(120)

@@ -24,6 +24,10 @@ from live_vllm import VllmServer, cpu_build_missing
 pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing()))
 
 NAME = re.compile(r"^execute_context_\d+\(\d+\)_generation_\d+\(\d+\)$")
+# The worker's capture budget: above what the other tests' windows cost (with Python stacks
+# a window counts 80x what the worker grows), reached by the budget test's open-ended window
+# under load.
+BUDGET_MB = 768
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +40,9 @@ def server(tmp_path_factory, doubles):
         {"profiler": "torch", "torch_profiler_dir": str(traces)},
         env={
             "VLLM_PLUGINS": "stepscope",
-            "STEPSCOPE_CONFIG": json.dumps({"stepscope": {"nvtx": "running"}}),
+            "STEPSCOPE_CONFIG": json.dumps(
+                {"stepscope": {"nvtx": "running", "max_capture_mb": BUDGET_MB}}
+            ),
             doubles["log_env"]: str(log),
             "NVTX_INJECTION64_PATH": doubles["nvtx_recorder"],
         },
@@ -155,6 +161,34 @@ def test_stop_profile_under_vllms_defaults_leaves_the_writing_to_the_background(
     # The frontend records the API server's Python (with_stack) on the CPU, as vLLM's does.
     assert any(e.get("cat") == "python_function" for e in doc["traceEvents"])
     assert doc["vllm_version"] and doc["with_stack"] == 1
+
+
+def test_an_open_ended_window_under_load_ends_itself_at_its_memory_budget(server):
+    """vLLM's default max_iterations (0) and a /stop_profile that never comes: the worker's
+    window ends by itself once the process has grown stepscope.max_capture_mb, the server
+    keeps serving, and the trace and manifest are complete and say why."""
+    before = len(manifests(server.traces, "rank0"))
+    assert server.post("/start_profile")[0] == 200
+    # Bounded load: each round is a few hundred captured steps' worth of Python stacks.
+    for _ in range(100):
+        server.complete(n=8, max_tokens=64)
+        (worker,) = server.get("/stepscope/status")[1]["workers"]
+        if worker["phase"] == "idle":
+            break
+    cut = worker["last_cut"]
+    assert worker["phase"] == "idle" and cut is not None, worker
+    assert cut["by"] == "max_capture_mb" and cut["projected_mb"] > BUDGET_MB, cut
+    assert worker["max_capture_mb"] == BUDGET_MB
+    # The server keeps serving after the cut.
+    assert len(server.complete(n=4, max_tokens=8)) == 4
+    (m,) = wait_complete(server.traces, "rank0", before + 1)[before:]
+    assert m["status"] == "complete", m
+    assert m["cut_short"] == cut and m["last_step"] == cut["step"] - 1, m
+    doc = trace(server.traces, m)
+    assert doc["stepscope"]["cut_short"] == cut
+    assert len(annotations(doc)) == m["iterations"] > 0
+    # The frontend's profile still runs until /stop_profile (it has no engine steps).
+    assert server.post("/stop_profile")[0] == 200
 
 
 def test_a_server_stopped_right_after_stop_profile_loses_no_trace(server):

@@ -37,6 +37,8 @@ pub struct Recording {
     pub triggers: Arc<Mutex<Vec<Option<stepscope::SlowStepSeen>>>>,
     /// The requests each captured step was told, in order.
     pub requests: Arc<Mutex<Vec<StepRequests>>>,
+    /// The capture budget's cuts, in order.
+    pub cuts: Arc<Mutex<Vec<stepscope::schedule::CutShort>>>,
 }
 
 impl Recording {
@@ -137,6 +139,11 @@ impl Backend for Recording {
     }
     fn end_iteration(&mut self) {
         self.push(Call::End);
+    }
+    fn window_ends(&mut self, end: &stepscope::backend::WindowEnd) {
+        if let Some(cut) = end.cut_short {
+            self.cuts.lock().push(cut);
+        }
     }
     fn record_requests(&mut self, step: u64, requests: &dyn stepscope::RequestIds) {
         let mut ids = Vec::new();

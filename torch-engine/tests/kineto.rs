@@ -591,10 +591,16 @@ fn in_child_with_a_full_disk(test: &str, name: &str, gzip: bool) -> Option<Scrat
         return None;
     }
     let dir = fresh_dir(name);
-    let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new(exe)
+    run_child(test, CHILD, &dir);
+    Some(dir)
+}
+
+/// Runs this binary's test `test` in a child process with `var` set to `dir` (the test does
+/// its child's part when it finds `var`), and checks that the child passed.
+fn run_child(test: &str, var: &str, dir: &Path) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", test, "--nocapture"])
-        .env(CHILD, dir.as_os_str())
+        .env(var, dir.as_os_str())
         .output()
         .unwrap();
     assert!(
@@ -603,7 +609,16 @@ fn in_child_with_a_full_disk(test: &str, name: &str, gzip: bool) -> Option<Scrat
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    Some(dir)
+}
+
+/// The one manifest in `dir`, which says `failed` with an error containing `text`.
+fn only_manifest_failed_with(dir: &Path, text: &str) -> Value {
+    let manifest = with_suffix(dir, ".stepscope.json");
+    assert_eq!(manifest.len(), 1, "{:?}", files(dir));
+    let m = read_json(&manifest[0]);
+    assert_eq!(m["status"], "failed", "{m}");
+    assert!(m["error"].as_str().unwrap().contains(text), "{m}");
+    m
 }
 
 #[test]
@@ -613,17 +628,7 @@ fn a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on() {
     let Some(dir) = in_child_with_a_full_disk(test, "efbig", false) else {
         return;
     };
-    let manifest = with_suffix(&dir, ".stepscope.json");
-    assert_eq!(manifest.len(), 1, "{:?}", files(&dir));
-    let m = read_json(&manifest[0]);
-    assert_eq!(m["status"], "failed", "{m}");
-    assert!(
-        m["error"]
-            .as_str()
-            .unwrap()
-            .contains("the disk is full or the write failed"),
-        "{m}"
-    );
+    only_manifest_failed_with(&dir, "the disk is full or the write failed");
     assert!(
         with_suffix(&dir, ".pt.trace.json").is_empty(),
         "no trace under the final name"
@@ -641,17 +646,7 @@ fn a_failed_gzip_stream_is_reported_and_kineto_never_writes_into_a_closed_pipe()
     let Some(dir) = in_child_with_a_full_disk(test, "efbig-gz", true) else {
         return;
     };
-    let manifest = with_suffix(&dir, ".stepscope.json");
-    assert_eq!(manifest.len(), 1, "{:?}", files(&dir));
-    let m = read_json(&manifest[0]);
-    assert_eq!(m["status"], "failed", "{m}");
-    assert!(
-        m["error"]
-            .as_str()
-            .unwrap()
-            .contains("compressing the trace"),
-        "{m}"
-    );
+    only_manifest_failed_with(&dir, "compressing the trace");
     assert!(with_suffix(&dir, ".gz").is_empty(), "{:?}", files(&dir));
     no_temporaries(&dir);
 }
@@ -954,4 +949,262 @@ fn a_trace_name_names_the_next_capture_only() {
         files(&dir)
     );
     assert!(files(&dir).iter().all(|f| !f.contains("ignored")));
+}
+
+/// A tmpfs of `kib` KiB mounted over a fresh directory, unmounted when dropped; `None` (with a
+/// note on stderr) where this process may not mount (not root, or no CAP_SYS_ADMIN).
+struct Tmpfs(Scratch);
+
+impl Tmpfs {
+    fn mount(name: &str, kib: u64) -> Option<Tmpfs> {
+        let dir = fresh_dir(name);
+        fs::create_dir_all(&dir).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(&*dir)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Tmpfs(dir)),
+            Ok(o) => {
+                eprintln!(
+                    "skipped: cannot mount a tmpfs here ({})",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: cannot run mount: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for Tmpfs {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&*self.0).status();
+    }
+}
+
+/// One captured iteration of `ops` small additions: a trace of about 100 bytes per op.
+fn capture_ops(p: &WorkerProfiler, step: u64, ops: usize) {
+    let x = tch::Tensor::ones([4, 4], (tch::Kind::Float, tch::Device::Cpu));
+    let _it = p.step(&ToyEngine::batch(step));
+    for _ in 0..ops {
+        let _ = &x + &x;
+    }
+}
+
+/// A real full disk (a 512 KiB tmpfs): the trace's write fails with the OS's error in the
+/// manifest, no temporary is left, the engine goes on, and the next (smaller) window is written.
+#[test]
+fn a_disk_that_fills_during_the_write_fails_the_trace_and_the_next_window_works() {
+    let _k = lock();
+    let Some(dir) = Tmpfs::mount("enospc", 512) else {
+        return;
+    };
+    let extra = r#", "stepscope": {"min_free_disk_mb": 0}"#;
+    let p = WorkerProfiler::new(&config(&dir, extra), "w0").unwrap();
+    p.start().unwrap();
+    // Some 6 MB of JSON, about 600 KB gzipped: more than the disk holds.
+    capture_ops(&p, 1, 60_000);
+    p.stop().unwrap();
+    flush(&p);
+    only_manifest_failed_with(&dir, "No space left on device");
+    no_temporaries(&dir);
+    assert!(with_suffix(&dir, ".pt.trace.json.gz").is_empty());
+    // The engine goes on; a window small enough for the disk is written.
+    let e = engine();
+    e.iteration(&p, 2);
+    p.start().unwrap();
+    capture_ops(&p, 3, 10);
+    p.stop().unwrap();
+    flush(&p);
+    let complete: Vec<Value> = with_suffix(&dir, ".stepscope.json")
+        .iter()
+        .map(|m| read_json(m))
+        .filter(|m| m["status"] == "complete")
+        .collect();
+    assert_eq!(complete.len(), 1, "{:?}", files(&dir));
+    read_json(&dir.join(complete[0]["trace_file"].as_str().unwrap()));
+    no_temporaries(&dir);
+}
+
+/// `stepscope.min_free_disk_mb`: a start on a disk with less free space fails at once with an
+/// error naming the key and the free space, also in status; nothing is written.
+#[test]
+fn a_start_on_a_disk_short_of_min_free_disk_mb_fails_naming_the_key_and_the_space() {
+    let _k = lock();
+    let dir = fresh_dir("min-free");
+    // More than any disk has: 1 EB.
+    let extra = r#", "stepscope": {"min_free_disk_mb": 1099511627776}"#;
+    let p = WorkerProfiler::new(&config(&dir, extra), "w0").unwrap();
+    let e = p.start().expect_err("a start on a disk short of space");
+    let text = e.to_string();
+    assert!(
+        text.contains("stepscope.min_free_disk_mb") && text.contains("MB free"),
+        "{text}"
+    );
+    assert!(!p.is_active());
+    let status = p.status();
+    assert!(status
+        .last_error
+        .is_some_and(|l| l.contains("min_free_disk_mb")));
+    engine().iteration(&p, 1);
+    assert!(with_suffix(&dir, ".stepscope.json").is_empty());
+    // The same directory with the check at its default: the start works.
+    let p = WorkerProfiler::new(&config(&dir, ""), "w1").unwrap();
+    p.start().unwrap();
+    p.stop().unwrap();
+    flush(&p);
+}
+
+/// The writer's memory is bounded by the budget too: a window is not begun while the
+/// captures still being written hold more than `stepscope.max_capture_mb` (each counted as
+/// what the process grew over its window); the start fails naming the key and the engine goes
+/// on; once they are written, the next start works. In a child process, whose heap holds no
+/// memory freed by earlier tests (a window's growth is measured from the resident memory).
+/// The start comes right after the stop, before the writer can have finished (it finalizes
+/// Kineto's session and writes the manifest with an fsync first).
+#[test]
+fn a_start_while_the_queued_captures_hold_more_than_max_capture_mb_is_refused() {
+    const CHILD: &str = "STEPSCOPE_KINETO_HELD_DIR";
+    if let Ok(dir) = std::env::var(CHILD) {
+        // Without Python stacks the budget counts 10x a window's growth: Kineto's own start
+        // (some 1.5 MB) stays under 40 MB, the capture below (some 16 MB) goes over.
+        let extra = r#", "stepscope": {"max_capture_mb": 40}"#;
+        let p = WorkerProfiler::new(&config(Path::new(&dir), extra), "w0").unwrap();
+        p.start().unwrap();
+        // Some 16 MB of Kineto events (enabling Kineto alone takes about 1.5 MB).
+        capture_ops(&p, 1, 200_000);
+        p.stop().unwrap();
+        assert_eq!(
+            p.status().last_cut,
+            None,
+            "no step boundary: nothing to cut"
+        );
+        let e = p
+            .start()
+            .expect_err("a start while a large capture waits to be written");
+        assert!(e.to_string().contains("stepscope.max_capture_mb"), "{e}");
+        assert!(!p.is_active());
+        engine().iteration(&p, 2);
+        flush(&p);
+        p.start().unwrap();
+        capture_ops(&p, 3, 10);
+        p.stop().unwrap();
+        flush(&p);
+        return;
+    }
+    let _k = lock();
+    let dir = fresh_dir("held");
+    run_child(
+        "a_start_while_the_queued_captures_hold_more_than_max_capture_mb_is_refused",
+        CHILD,
+        &dir,
+    );
+    let complete = with_suffix(&dir, ".stepscope.json")
+        .iter()
+        .filter(|m| read_json(m)["status"] == "complete")
+        .count();
+    assert_eq!(complete, 2, "{:?}", files(&dir));
+}
+
+/// A process killed with SIGKILL while its writer runs: the next start in the directory marks
+/// its manifests still `writing` as `unfinished` and removes its temporaries. The child
+/// captures in a loop; the test stops it (SIGSTOP) at a moment its writer is mid-trace, then
+/// kills it.
+#[test]
+fn a_writer_killed_mid_trace_is_cleaned_up_by_the_next_start() {
+    const CHILD: &str = "STEPSCOPE_KINETO_KILL_DIR";
+    if let Ok(dir) = std::env::var(CHILD) {
+        let p = WorkerProfiler::new(&config(Path::new(&dir), ""), "victim").unwrap();
+        for step in 1..=10_000 {
+            if p.start().is_ok() {
+                capture_ops(&p, step, 20_000);
+                let _ = p.stop();
+            } else {
+                thread::sleep(Duration::from_millis(5));
+            }
+        }
+        return;
+    }
+    let _k = lock();
+    let dir = fresh_dir("killed");
+    fs::create_dir_all(&dir).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_writer_killed_mid_trace_is_cleaned_up_by_the_next_start",
+        ])
+        .env(CHILD, dir.as_os_str())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let writing = |dir: &Path| {
+        with_suffix(dir, ".stepscope.json")
+            .iter()
+            .any(|m| fs::read_to_string(m).is_ok_and(|t| t.contains(r#""status": "writing""#)))
+    };
+    let partial = |dir: &Path| files(dir).iter().any(|n| n.ends_with(".partial"));
+    // Freeze the child when a trace is mid-write (a manifest says so and its temporary exists);
+    // otherwise let it run on and look again.
+    let mut caught = false;
+    for _ in 0..2000 {
+        if writing(&dir) {
+            // SAFETY: signals to our own child.
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+            if writing(&dir) && partial(&dir) {
+                caught = true;
+                break;
+            }
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    child.wait().unwrap();
+    assert!(caught, "never saw the child mid-write: {:?}", files(&dir));
+    let dead = child.id();
+    // The next start here cleans up (on a thread of its own, off the engine thread).
+    let p = WorkerProfiler::new(&config(&dir, ""), "w0").unwrap();
+    p.start().unwrap();
+    p.stop().unwrap();
+    flush(&p);
+    let marker = std::env::temp_dir().join(format!("stepscope-flushing-{dead}"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while partial(&dir) || writing(&dir) || marker.exists() {
+        assert!(std::time::Instant::now() < deadline, "{:?}", files(&dir));
+        thread::sleep(Duration::from_millis(20));
+    }
+    let statuses: Vec<(String, String)> = with_suffix(&dir, ".stepscope.json")
+        .iter()
+        .map(|m| read_json(m))
+        .filter(|m| m["worker_name"] == "victim")
+        .map(|m| (m["status"].as_str().unwrap().into(), m["error"].to_string()))
+        .collect();
+    assert!(
+        statuses
+            .iter()
+            .any(|(s, e)| s == "unfinished" && e.contains(&format!("process {dead} ended"))),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses
+            .iter()
+            .all(|(s, _)| s == "complete" || s == "unfinished"),
+        "{statuses:?}"
+    );
+    no_temporaries(&dir);
 }

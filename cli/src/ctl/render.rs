@@ -93,6 +93,7 @@ pub(super) fn engine_worker_line(w: &Value) -> String {
         line.push_str(&format!("  next at step {at}"));
     }
     line.push_str(&slow_step_part(w));
+    line.push_str(&budget_part(w));
     if let Some(n) = num("pending_writes").filter(|n| *n > 0) {
         line.push_str(&format!("  {n} trace(s) being written"));
     }
@@ -136,6 +137,36 @@ fn slow_step_part(w: &Value) -> String {
     }
     if let Some((step, ms)) = step_ms("trigger_step") {
         out.push_str(&format!("  fired at step {step} ({ms:.1} ms)"));
+    }
+    out
+}
+
+/// The capture budget's part of a worker line: the limits, and the last window it cut short.
+fn budget_part(w: &Value) -> String {
+    let f = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
+    let limits: Vec<String> = [
+        f(w, "max_capture_mb")
+            .filter(|mb| *mb > 0.0)
+            .map(|mb| format!("{mb} MB")),
+        f(w, "max_capture_s")
+            .filter(|s| *s > 0.0)
+            .map(|s| format!("{s} s")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let mut out = String::new();
+    if !limits.is_empty() {
+        out.push_str(&format!("  budget {}", limits.join(", ")));
+    }
+    if let Some(cut) = w.get("last_cut").filter(|c| c.is_object()) {
+        let by = cut.get("by").and_then(Value::as_str).unwrap_or("?");
+        let step = cut.get("step").and_then(Value::as_u64).unwrap_or_default();
+        let what = match (by, f(cut, "grew_mb")) {
+            ("max_capture_mb", Some(mb)) => format!("grew {mb:.0} MB"),
+            _ => format!("ran {:.1} s", f(cut, "seconds").unwrap_or_default()),
+        };
+        out.push_str(&format!("  last cut at step {step} by {by} ({what})"));
     }
     out
 }
