@@ -105,7 +105,8 @@ sdist: setup
 # The same wheel file installed (--no-deps) into the three environments: the Python API on the
 # stub driver and real Kineto, the vLLM plugin on vLLM 0.32 (with the live `vllm serve` tests)
 # and on vLLM 0.33's modules, the SGLang plugin on SGLang 0.5.23's modules (the built `stepscope`
-# command merges for it). ruff first: undefined names, unused imports, likely bugs.
+# command merges for it); the three run at once (scripts/pytest_envs.sh). ruff first: undefined
+# names, unused imports, likely bugs.
 PY_SOURCES := python tests/python examples scripts/*.py
 test-python: wheel
 	$(VENV)/bin/ruff check --quiet --select F,E9,B $(PY_SOURCES)
@@ -113,9 +114,8 @@ test-python: wheel
 	$(UV) pip install --quiet --python $(VENV033)/bin/python --no-deps --reinstall dist/stepscope-*.whl
 	$(UV) pip install --quiet --python $(VENVSGL)/bin/python --no-deps --reinstall dist/stepscope-*.whl
 	$(CARGO) build --quiet -p stepscope-cli
-	$(PYTHON) -m pytest -q --durations=8 tests/python
-	$(VENV033)/bin/python -m pytest -q --durations=8 -p no:cacheprovider tests/python --ignore tests/python/test_vllm_live.py
-	STEPSCOPE_CLI=$(CURDIR)/target/debug/stepscope $(VENVSGL)/bin/python -m pytest -q -p no:cacheprovider tests/python/test_sglang.py
+	scripts/pytest_envs.sh $(PYTHON) $(VENV033)/bin/python $(VENVSGL)/bin/python \
+		$(CURDIR)/target/debug/stepscope
 
 # The sdist built with --no-build-isolation where only torch 2.14 is installed: it carries glue
 # for that torch and captures a trace (scripts/check_sdist.sh, a scratch venv, 1-3 min).

@@ -2,8 +2,10 @@
 stacks, 200 small matmuls an iteration) with a window that is never stopped, as a
 /start_profile whose /stop_profile never comes. Three runs, each in its own process: the budget
 off, `max_capture_mb: 300`, and the defaults (no stepscope key). Prints the process's growth
-over time and where each window ended. The run without a budget is stopped by this script once
-it has grown UNBOUNDED_CAP_MB (it would grow until the OOM killer ends it).
+over time (the trace's write included), where each window ended, and what the write cost. The
+run without a budget is ended once it has grown UNBOUNDED_CAP_MB, without writing its trace (it
+would grow until the OOM killer ends it, and writing what it holds would take 10-80 times as
+much again).
 
     .venv/bin/python scripts/bench_capture_budget.py [SECONDS]
 """
@@ -15,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-UNBOUNDED_CAP_MB = 1500
+UNBOUNDED_CAP_MB = 2000
 
 CHILD = r"""
 import json, sys, time
@@ -44,7 +46,9 @@ while (now := time.monotonic() - began) < seconds:
         print(json.dumps({"t": round(now, 1), "grew_mb": round(grew), "active": p.is_active}), flush=True)
         next_sample += 0.5
         if grew > cap:
-            break
+            print(json.dumps({"cut_at_s": None, "last_cut": None, "budget_mb": 0, "ended_at_cap": True}), flush=True)
+            import os
+            os._exit(0)
 status = p.status()
 # The writer's own memory: the process's peak while the last trace is written, against its
 # size when the write began (the captured events are Kineto's until then).
@@ -65,7 +69,7 @@ sampler.join()
 import glob, os
 json_mb = sum(json.load(open(m)).get("json_bytes") or 0 for m in glob.glob(out + "/*.stepscope.json")) / 2**20
 print(json.dumps({"cut_at_s": cut_at, "last_cut": status["last_cut"], "budget_mb": status["max_capture_mb"],
-                  "write_peak_over_stop_mb": round(peak[0] - at_stop), "write_s": round(write_s, 1),
+                  "write_peak_over_stop_mb": round(peak[0] - at_stop), "peak_over_base_mb": round(peak[0] - base), "write_s": round(write_s, 1),
                   "json_mb": round(json_mb)}), flush=True)
 """
 
@@ -99,15 +103,21 @@ def main() -> None:
         print(row)
     for label, (samples, end) in results.items():
         peak = max((s["grew_mb"] for s in samples), default=0)
+        if end.get("ended_at_cap"):
+            last = samples[-1]
+            print(f"{label:>20}: never cut; grew {last['grew_mb']} MB in {last['t']} s, ended there")
+            continue
         cut = end["last_cut"]
-        if cut:
-            where = f"cut by {cut['by']} at {end['cut_at_s']:.1f} s, grown {cut['grew_mb']:.0f} MB"
-        else:
-            where = "never cut"
+        where = (
+            f"cut by {cut['by']} at {end['cut_at_s']:.1f} s, grown {cut['grew_mb']:.1f} MB "
+            f"(x{cut['expansion']} = {cut['projected_mb']:.0f} MB projected)"
+            if cut
+            else "never cut"
+        )
         print(
-            f"{label:>20}: budget {end['budget_mb']} MB, {where}; peak growth {peak} MB; "
-            f"JSON written {end['json_mb']} MB in {end['write_s']} s, the writer's peak "
-            f"{end['write_peak_over_stop_mb']} MB over the process at the last stop"
+            f"{label:>20}: budget {end['budget_mb']} MB, {where}; JSON written "
+            f"{end['json_mb']} MB in {end['write_s']} s; the process's peak growth: {peak} MB "
+            f"while stepping, {end['peak_over_base_mb']} MB while writing"
         )
 
 

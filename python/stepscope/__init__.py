@@ -305,6 +305,13 @@ def _distributed_info() -> dict[str, Any] | None:
         return None
 
 
+def traces_in_flight() -> int:
+    """Traces this process's live profilers have stopped and not yet written (finalizing,
+    queued or being written): while any is, Kineto is still busy with them, and another
+    profiler of this process (torch.profiler, an engine's own) must not start."""
+    return sum(p.pending_writes for p in list(_live))
+
+
 def flushing_marker(pid: int) -> str:
     """The file that says process ``pid`` has traces being finalized or written:
     ``$TMPDIR/stepscope-flushing-{pid}`` (``/tmp`` when TMPDIR is unset), holding the longest

@@ -256,12 +256,26 @@ class _SchedulerProfiler:
         """The reply to ``req``, or None to leave it to SGLang's own profiler."""
         from sglang.srt.managers.io_struct import ProfileReqOutput, ProfileReqType
 
+        import stepscope
+
         if req.req_type != ProfileReqType.START_PROFILE:
             if self.request is None:
                 return None  # SGLang's own session, or none: SGLang answers
             return ProfileReqOutput(success=True, message=self.stop(why="/stop_profile"))
         why = self._cannot_serve(req)
         if why is not None:
+            in_flight = stepscope.traces_in_flight()
+            if in_flight:
+                # Kineto is one profiler per process: torch.profiler starting while stepscope's
+                # writer still finalizes a session crashes the process. Refused, not waited
+                # for: waiting would stall the scheduler for as long as the write takes.
+                message = (
+                    f"this request needs SGLang's own profiler ({why}), which cannot start "
+                    f"while stepscope still writes {in_flight} trace(s) in this process: "
+                    "retry once they are written"
+                )
+                logger.warning("stepscope: %s", message)
+                return ProfileReqOutput(success=False, message=message)
             logger.info("stepscope: SGLang's own profiler serves this request: %s", why)
             return None
         if self.request is not None or getattr(self.manager, "profile_in_progress", False):

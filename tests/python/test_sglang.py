@@ -310,13 +310,28 @@ def test_requests_stepscope_refuses_name_the_field(tmp_path):
 def test_what_stepscope_cannot_record_goes_to_sglangs_own_profiler(tmp_path, caplog):
     s = Scheduler()
     caplog.set_level(logging.INFO, logger="stepscope.sglang")
+    # A stepscope capture just ended: its trace is still being written (the writer finalizes
+    # Kineto's session, then writes the manifest with an fsync, before the trace), and Kineto
+    # is one profiler per process. A request only SGLang's own profiler can serve is refused
+    # until the trace is written, not started into a crash.
+    assert s.profile(**profile_req(tmp_path / "ours", "ours", num_steps=1)).success
+    s.run(P, reqs=500)
+    s.run(P)
+    refused = s.profile(**profile_req(tmp_path, "own", activities=["CPU", "FOO"]))
+    assert not refused.success, "SGLang's own profiler started while stepscope was writing"
+    assert "cannot start while stepscope still writes" in refused.message, refused.message
+    deadline = time.monotonic() + 120
+    while stepscope.traces_in_flight():
+        assert time.monotonic() < deadline, "stepscope's trace was never written"
+        time.sleep(0.05)
+    wait_complete(tmp_path / "ours" / "ours-TP-0.stepscope.json")
     reply = s.profile(**profile_req(tmp_path, "own", activities=["CPU", "FOO"]))
     assert reply.success, reply.message
     assert "SGLang's own profiler serves this request: activities FOO" in caplog.text
     assert s.manager.profile_in_progress and s.manager.torch_profiler is not None
     s.run(P)
     assert s.stop().success
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["own-TP-0.trace.json.gz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ours", "own-TP-0.trace.json.gz"]
 
 
 def test_merge_profiles_runs_stepscope_merge_after_the_traces_are_written(tmp_path, monkeypatch):
