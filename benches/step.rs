@@ -8,8 +8,8 @@
 //!   running median's update; measured against armed_in_delay.
 //! - running: a session capturing with a backend that does nothing (the profiler's own cost,
 //!   without a tool's): schedule, iteration name, backend calls, and the capture budget's
-//!   check (on by default: a `pread` of /proc/self/statm and a clock read per step), beside
-//!   the same with the budget off.
+//!   check (on by default: a `pread` of /proc/self/statm and a clock read every 32nd step),
+//!   beside the same with the budget off.
 //! - nvtx "always" with no NVTX tool attached, beside a raw NVTX push/pop baseline: stepscope
 //!   sees the null domain NVTX returns without a tool and annotates nothing, so the step stays
 //!   idle-cheap, while the raw push/pop still pays NVTX's dispatch.

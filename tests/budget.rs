@@ -18,9 +18,10 @@ fn a_window_over_its_time_budget_ends_through_the_full_stop_and_the_next_start_w
     let (p, rec) = profiler(r#"{"stepscope": {"max_capture_s": 0.2, "max_capture_mb": 0}}"#);
     assert_eq!(p.status().max_capture_s, 0.2);
     p.start().unwrap();
-    // Every step lasts at least 10 ms, so by step 22 the window has run at least 210 ms.
+    // The budget measures every 32nd step of a window; every step lasts at least 10 ms, so at
+    // the first measurement, in step 32, the window has run at least 310 ms.
     let mut ended_in = None;
-    for _ in 0..22 {
+    for _ in 0..64 {
         let it = p.step(&DECODE);
         if !p.is_active() {
             ended_in = Some(p.step_index());
@@ -30,6 +31,7 @@ fn a_window_over_its_time_budget_ends_through_the_full_stop_and_the_next_start_w
         drop(it);
     }
     let step = ended_in.expect("the time budget ended the window");
+    assert_eq!(step, 32, "the first measurement ends it");
     let cuts = rec.cuts.lock().clone();
     assert_eq!(cuts.len(), 1, "{cuts:?}");
     let cut = cuts[0];
@@ -56,8 +58,8 @@ fn a_window_over_its_time_budget_ends_through_the_full_stop_and_the_next_start_w
 fn a_window_over_its_memory_budget_ends_naming_how_much_the_process_grew() {
     let (p, rec) = profiler(r#"{"stepscope": {"max_capture_mb": 16, "max_capture_s": 0}}"#);
     p.start().unwrap();
-    // Each captured step keeps 4 MB more, touched: the process grows past 16 MB within a few
-    // steps (64 steps would be 256 MB).
+    // Each captured step keeps 4 MB more, touched: the process is past 16 MB within a few
+    // steps, and the first measurement, in step 32, ends the window.
     let mut held: Vec<Vec<u8>> = Vec::new();
     for _ in 0..64 {
         let _it = p.step(&DECODE);
@@ -70,7 +72,7 @@ fn a_window_over_its_memory_budget_ends_naming_how_much_the_process_grew() {
     let cut = rec.cuts.lock()[0];
     assert_eq!((cut.by, cut.limit_mb), (CutBy::Memory, 16));
     assert!(cut.grew_mb.is_some_and(|mb| mb > 16.0), "{cut:?}");
-    assert!(held.len() >= 4, "cut after {} steps of 4 MB", held.len());
+    assert_eq!((cut.step, held.len()), (32, 31));
     assert_eq!(p.status().last_cut, Some(cut));
     drop(held);
 }

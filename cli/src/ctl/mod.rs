@@ -185,6 +185,26 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_line_shows_the_capture_budget_and_its_last_cut() {
+        let w = json!({
+            "rank": 0, "phase": "idle", "backend": "torch", "max_capture_mb": 2048,
+            "max_capture_s": 300.0,
+            "last_cut": {"by": "max_capture_mb", "step": 812, "grew_mb": 25.7,
+                         "expansion": 80, "projected_mb": 2056.0, "limit_mb": 2048,
+                         "seconds": 4.2, "limit_s": 300.0},
+        });
+        let line = engine_worker_line(&w);
+        assert!(
+            line.contains(
+                "budget 2048 MB, 300 s  last cut at step 812 by max_capture_mb (grew 26 MB)"
+            ),
+            "{line}"
+        );
+        let off = json!({"rank": 0, "phase": "idle", "max_capture_mb": 0, "max_capture_s": 0.0});
+        assert!(!engine_worker_line(&off).contains("budget"));
+    }
+
+    #[test]
     fn router_dialects_parse() {
         let vllm = json!({"workers": [
             {"url": "http://a:8000", "is_healthy": true},
