@@ -258,7 +258,7 @@ impl TorchBackend {
             metadata: Vec::new(),
             writer,
             min_free_disk_mb: config.stepscope.budget.min_free_disk_mb,
-            max_held_bytes: held_limit(config),
+            max_held_bytes: config.capture_budget().max_growth_bytes,
         })
     }
 
@@ -449,16 +449,6 @@ impl TorchBackend {
             }
         }
     }
-}
-
-/// `stepscope.max_capture_mb` in bytes: what the captures waiting to be written may hold
-/// before a new window is refused (the same budget as one window's growth).
-fn held_limit(config: &ProfilerConfig) -> u64 {
-    config
-        .stepscope
-        .budget
-        .max_capture_mb
-        .saturating_mul(1 << 20)
 }
 
 impl Backend for TorchBackend {
@@ -656,7 +646,7 @@ impl Backend for TorchBackend {
     fn reconfigure(&mut self, config: &ProfilerConfig) -> Result<()> {
         self.recording = SessionOptions::from_config(config);
         self.min_free_disk_mb = config.stepscope.budget.min_free_disk_mb;
-        self.max_held_bytes = held_limit(config);
+        self.max_held_bytes = config.capture_budget().max_growth_bytes;
         self.annotate = self.recording.options.cpu;
         if let Some(glue) = self.glue {
             self.recording.resolve(glue.cuda_available());

@@ -97,8 +97,9 @@ pub struct StepscopeConfig {
     /// Captured iterations carry the ids of the requests they served (in the trace and the
     /// manifest); engines pass them to `step()` only while this is on. Default false.
     pub request_ids: bool,
-    /// What one capture may cost the process: memory, time, disk, queued traces. On by
-    /// default: a capture never takes the engine down.
+    /// What one capture may cost the process: memory (its own, and that of the captures still
+    /// waiting to be written), time, disk. On by default: a capture never takes the engine
+    /// down.
     #[serde(flatten)]
     pub budget: CaptureBudget,
 }

@@ -77,8 +77,8 @@ pub(crate) struct Job {
     pub time_ns: u128,
     pub queued: Instant,
     pub manifest: Manifest,
-    /// What the capture holds in memory until it is written, as far as the profiler measured
-    /// it (the process's growth over its window); 0 when not measured.
+    /// What the capture is projected to hold in memory at its peak until it is written (the
+    /// process's growth over its window times the writer's expansion); 0 when not measured.
     pub held_bytes: u64,
 }
 
@@ -126,8 +126,8 @@ impl Writer {
         }
     }
 
-    /// What the captures not yet written hold in memory, bytes (as measured when each window
-    /// ended): what a backend refuses a new window over.
+    /// What the captures not yet written are projected to hold in memory, bytes (as measured
+    /// when each window ended): what a backend refuses a new window over.
     pub fn held_bytes(&self) -> u64 {
         self.held.load(Relaxed)
     }

@@ -78,8 +78,8 @@ pub struct Status {
     pub trigger_step: Option<StepTime>,
     /// Captured iterations record their request ids (`stepscope.request_ids`).
     pub request_ids: bool,
-    /// The capture budget: how much the process may grow during a window, MB
-    /// (`stepscope.max_capture_mb`; 0: no limit).
+    /// The capture budget: what one capture may cost the process at its peak, MB (its growth
+    /// over the window times the writer's expansion; `stepscope.max_capture_mb`; 0: no limit).
     pub max_capture_mb: u64,
     /// How long a window may run, s (`stepscope.max_capture_s`; 0: no limit).
     pub max_capture_s: f64,

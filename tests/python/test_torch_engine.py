@@ -283,7 +283,8 @@ def resident_mb() -> float:
 
 def test_an_open_ended_capture_with_stacks_ends_itself_at_max_capture_mb(tmp_path):
     """vLLM's default max_iterations (0) and a /stop_profile that never comes: with Python
-    stacks the process grows by tens of MB per second, and writing the trace takes many times
+    stacks the process grows by hundreds of MB per second (some 325 MB/s in
+    scripts/bench_capture_budget.py here), and writing the trace takes many times
     what the window grew (torch makes an event of every Python call). The budget ends the
     window at a step boundary, through the full stop, once what the capture will cost at its
     peak (its growth times the writer's expansion) passes max_capture_mb; the process never
