@@ -236,6 +236,29 @@ fn repeat_takes_windows_repeat_every_steps_apart_each_its_own_capture() {
 }
 
 #[test]
+fn every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size() {
+    let small = IterationInfo::new(0, 0, 3, 3);
+    let big = IterationInfo::new(0, 0, 4, 4);
+    let (p, rec) = profiler(
+        r#"{"max_iterations": 2, "stepscope": {"stages": ["decode"], "min_batch_requests": 4, "repeat": 2, "repeat_every": 4}}"#,
+    );
+    p.start().unwrap();
+    // Window 1 begins at step 2 (the first batch of 4). Window 2 is due at step 6, a batch of
+    // 3: it waits for step 8, the next batch of 4, not only for the due step.
+    let captured = run(&p, &[small, big, small, small, small, small, small, big, small, small]);
+    assert_eq!(captured, [2, 3, 8, 9]);
+    assert_eq!(
+        rec.lifecycle(),
+        [
+            Call::Start { first_step: 2 },
+            Call::Stop,
+            Call::Start { first_step: 8 },
+            Call::Stop
+        ]
+    );
+}
+
+#[test]
 fn a_stop_between_windows_ends_the_series_without_touching_the_backend() {
     let (p, rec) =
         profiler(r#"{"max_iterations": 1, "stepscope": {"repeat": 4, "repeat_every": 10}}"#);
@@ -572,7 +595,7 @@ impl Model {
         let requests = u64::from(info.num_ctx_reqs + info.num_gen_reqs);
         if self.between {
             let due = self.first_window + self.windows_done * self.every;
-            if self.steps >= due && chosen {
+            if self.steps >= due && chosen && requests >= self.min_reqs {
                 self.between = false;
                 self.backend_start(self.steps);
             }

@@ -26,8 +26,9 @@
 //!   means "in the first iteration that qualifies". While running, an iteration of another
 //!   stage pauses the backend ([`Phase::Paused`]) until one of a chosen stage resumes it.
 //! - `repeat`: after a window ends by its max, the session waits ([`Phase::Between`]) and the
-//!   next window starts `repeat_every` steps after the previous one started (or at the first
-//!   qualifying step after that).
+//!   next window starts `repeat_every` steps after the previous one started, or at the first
+//!   qualifying step after that: of a chosen stage and, with `min_batch_*`, of that size (every
+//!   window of the series waits for a batch of the size asked for, not only the first).
 //! - `slow_step_ms` / `slow_step_factor`: after the start (and its delay, if any), the session
 //!   watches ([`Phase::Watching`]) the durations the caller measures ([`StepInfo::previous_ns`])
 //!   and the window begins in the first qualifying step after a slow one ([`slow`]). With
@@ -573,7 +574,11 @@ impl Schedule {
                     StepBegin::Counted
                 }
             }
-            Phase::Between if step.index >= self.window_due() && counts => {
+            Phase::Between
+                if step.index >= self.window_due()
+                    && counts
+                    && self.policy.batch_qualifies(&step) =>
+            {
                 self.phase = Phase::Starting;
                 self.window_start = step.index;
                 self.captured = 0;
@@ -622,6 +627,9 @@ impl Schedule {
                 };
                 if self.watching {
                     self.fired = None;
+                    // The next window waits for a qualifying batch after its slow step too.
+                    self.qualified = self.policy.min_batch_requests == 0
+                        && self.policy.min_batch_tokens == 0;
                 }
                 self.profiled = 0;
             } else {
