@@ -245,7 +245,12 @@ fn every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size() {
     p.start().unwrap();
     // Window 1 begins at step 2 (the first batch of 4). Window 2 is due at step 6, a batch of
     // 3: it waits for step 8, the next batch of 4, not only for the due step.
-    let captured = run(&p, &[small, big, small, small, small, small, small, big, small, small]);
+    let captured = run(
+        &p,
+        &[
+            small, big, small, small, small, small, small, big, small, small,
+        ],
+    );
     assert_eq!(captured, [2, 3, 8, 9]);
     assert_eq!(
         rec.lifecycle(),

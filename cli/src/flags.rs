@@ -97,10 +97,12 @@ pub enum CtlCommand {
     Stop(Common),
     /// List the workers discovery finds, and probe their /health
     Workers(Common),
-    /// Show every engine worker's stepscope state (GET /stepscope/status; vLLM with
-    /// VLLM_PLUGINS naming stepscope, see docs/vllm.md)
-    #[command(after_help = "Example:\n  \
-        stepscope ctl status --router-url http://router:8000\n\n\
+    /// Show every engine worker's stepscope state (vLLM: GET /stepscope/status, with
+    /// VLLM_PLUGINS naming stepscope, see docs/vllm.md; SGLang: GET /server_info, whose
+    /// internal_states carry each answering scheduler's, see docs/sglang.md)
+    #[command(after_help = "Examples:\n  \
+        stepscope ctl status --router-url http://router:8000\n  \
+        stepscope ctl status --engine sglang --worker http://w0:30000\n\n\
         Each server lists its engine workers: rank, phase (idle, delaying, running, paused, \
         between, start_failed, not_created), step, the current window and what it captured, \
         and traces still being written.")]

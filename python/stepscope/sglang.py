@@ -1,35 +1,44 @@
 """SGLang plugin: SGLang's own ``/start_profile`` and ``/stop_profile`` drive stepscope in every
-scheduler process.
+scheduler process, with exactly the windows SGLang's own profiler would capture.
 
 Installed with the ``stepscope`` package as the ``sglang.srt.plugins`` entry point
 ``stepscope = "stepscope.sglang:register"``; SGLang runs :func:`register` in each process it
 starts (``SGLANG_PLUGINS``, when set, must name ``stepscope``). In scheduler processes it
-registers two ``AROUND`` hooks with SGLang's ``HookRegistry`` on the scheduler's
-``SchedulerProfilerManager``:
+registers ``AROUND`` hooks with SGLang's ``HookRegistry``.
 
-- ``_profile`` (what a ``ProfileReq`` reaches): a start request is served by a
-  :class:`stepscope.WorkerProfiler` instead of ``torch.profiler``. ``start_step`` is an absolute
-  forward count (every rank captures the same forward passes; one already passed is refused,
-  where SGLang would quietly start later), ``num_steps`` the number of forward passes,
-  ``profile_by_stage``/``profile_stages`` one window (and one trace) per stage, ``activities``
-  the Kineto activities (``CUDA_PROFILER``: stepscope's ``cuda`` backend, for nsys),
-  ``with_stack``/``record_shapes`` torch's options, ``detailed_annotations`` SGLang's span names.
-  Traces are named as SGLang names them (``[prefix-]{profile_id}-TP-{n}[-DP-..][-PP-..][-EP-..]
-  [-STAGE].trace.json.gz``) with a stepscope manifest beside each, and written off the scheduler
-  thread: the scheduler never waits on an export or a barrier. ``merge_profiles`` runs the
-  streaming ``stepscope merge`` in a child process once every rank's traces are on disk.
-- ``_profile_batch_predicate`` (called once per forward batch): one ``step()`` per batch with its
-  request and token counts (extend vs decode), so each captured batch is one Kineto annotation
-  and one NVTX range.
+**SGLang decides, stepscope records.** SGLang's ``SchedulerProfilerManager`` keeps deciding
+when a window begins and ends (``start_step`` clamped to the next forward pass, ``num_steps``,
+a new request replacing a pending one, by-stage counting where idle and prebuilt batches
+neither count nor end a window, ``SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS``, and with
+``SGLANG_PROFILE_V2`` its newer stage trigger): the plugin hooks only the methods that start
+and stop SGLang's recording (``_start_profile``/``_stop_profile``, and V2's
+``ProfileManager._do_start``/``_do_stop``) and puts a :class:`stepscope.WorkerProfiler` window
+in the place of ``torch.profiler`` there. ``_profile_batch_predicate`` gives each forward batch
+of a window one ``step()`` with its request and token counts (one Kineto annotation and one
+NVTX range each). Traces are named as SGLang names them (``[prefix-]{profile_id}-TP-{n}
+[-DP-..][-PP-..][-EP-..][-STAGE].trace.json.gz``) with a stepscope manifest beside each, and
+written off the scheduler thread: the scheduler never waits on an export or a barrier.
+``merge_profiles`` runs the streaming ``stepscope merge`` in a child process once every rank's
+traces are on disk.
+
+Deliberate differences from SGLang's own profiler (each one's reason in docs/sglang.md): a
+request SGLang would crash or hang on is refused with a message (by stage without
+``num_steps``; under V2, what V2 asserts against); ``profile_stages`` is honoured without V2
+too; a window is named by the stage it captured; ``/stop_profile`` under V2 ends a running
+window.
 
 A request asking what stepscope cannot do (``MEM``, ``RPD`` or an unknown activity) is logged
 and served by SGLang's own profiler, as is everything while the plugin is off
 (``STEPSCOPE_SGLANG=0``) or when SGLang's code is not what the plugin knows (one warning). No
 failure of the plugin reaches SGLang's import or its scheduler loop.
 
+``/server_info``'s ``internal_states`` carry each answering scheduler's stepscope status
+(``"stepscope"``), which ``stepscope ctl status --engine sglang`` reads.
+
 Environment: ``STEPSCOPE_SGLANG=0`` turns it off; ``STEPSCOPE_CONFIG`` supplies stepscope's own
 keys (its ``"stepscope"`` object, as for vLLM); ``STEPSCOPE_CLI`` names the ``stepscope``
-executable for ``merge_profiles`` (default: the one on ``PATH``).
+executable for ``merge_profiles`` (default: the one installed with this package, else on
+``PATH``).
 """
 
 from __future__ import annotations
@@ -58,13 +67,27 @@ CLI_ENV = "STEPSCOPE_CLI"
 
 MANAGER_MODULE = "sglang.srt.managers.scheduler_components.profiler_manager"
 MANAGER = MANAGER_MODULE + ".SchedulerProfilerManager"
+#: SGLANG_PROFILE_V2's profile manager.
+V2_MODULE = "sglang.srt.utils.profile_utils"
+V2_MANAGER = V2_MODULE + ".ProfileManager"
+#: Where ``/server_info``'s ``internal_states`` are made, in each scheduler.
+STATE_MODULE = "sglang.srt.managers.scheduler_components.internal_state"
+STATE_CONTROLLER = STATE_MODULE + ".SchedulerInternalStateController"
 
 _POS = inspect.Parameter.POSITIONAL_OR_KEYWORD
-#: The parameter lists of the hooked methods, as SGLang 0.5.23 declares them. Others: one
-#: warning, and SGLang's own profiler.
-KNOWN_SIGNATURES: dict[str, tuple[tuple[str, Any], ...]] = {
-    "_profile": (("self", _POS), ("recv_req", _POS)),
-    "_profile_batch_predicate": (("self", _POS), ("batch", _POS)),
+#: The parameter lists of the hooked methods, as SGLang 0.5.23 declares them, per class.
+#: Others: one warning, and SGLang's own profiler.
+KNOWN_SIGNATURES: dict[str, dict[str, tuple[tuple[str, Any], ...]]] = {
+    "SchedulerProfilerManager": {
+        "_profile": (("self", _POS), ("recv_req", _POS)),
+        "_profile_batch_predicate": (("self", _POS), ("batch", _POS)),
+        "_start_profile": (("self", _POS), ("stage", _POS)),
+        "_stop_profile": (("self", _POS), ("stage", _POS)),
+    },
+    "ProfileManager": {
+        "_do_start": (("self", _POS), ("stage", _POS)),
+        "_do_stop": (("self", _POS),),
+    },
 }
 #: The ``ProfileReq`` fields the plugin reads.
 REQUEST_FIELDS = (
@@ -78,6 +101,8 @@ KINETO_ACTIVITIES = {"CPU": "CPU", "GPU": "CUDA", "XPU": "XPU"}
 DEFAULT_ACTIVITIES = ("CPU", "GPU")
 #: SGLang's stages, in the order SGLang names them.
 STAGES = ("prefill", "decode")
+#: The manifest key (and trace header key) of the forward pass a window began in.
+FIRST_FORWARD_KEY = "sglang_first_forward_pass"
 
 _STATE = "_stepscope_state"
 _lock = threading.Lock()
@@ -94,7 +119,9 @@ def register() -> None:
             return
         if not enabled():
             logger.info(
-                "stepscope: %s=%s, SGLang's profiler stays", SWITCH_ENV, os.environ[SWITCH_ENV]
+                "stepscope: %s=%s, SGLang's profiler stays",
+                SWITCH_ENV,
+                os.environ[SWITCH_ENV],
             )
             return
         module = sys.modules.get(MANAGER_MODULE)
@@ -104,17 +131,30 @@ def register() -> None:
             logger.debug("stepscope: %s not imported in this process; no hooks", MANAGER_MODULE)
             return
         try:
-            if not interface_known(module):
+            v2 = sys.modules.get(V2_MODULE)
+            if not interface_known(module, v2):
                 return
             from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-            HookRegistry.register(MANAGER + "._profile", _around_profile, HookType.AROUND)
-            HookRegistry.register(
-                MANAGER + "._profile_batch_predicate", _around_batch, HookType.AROUND
-            )
+            for target, hook in (
+                (MANAGER + "._profile", _around_profile),
+                (MANAGER + "._start_profile", _around_start),
+                (MANAGER + "._stop_profile", _around_stop),
+                (MANAGER + "._profile_batch_predicate", _around_batch),
+                (V2_MANAGER + "._do_start", _around_v2_start),
+                (V2_MANAGER + "._do_stop", _around_v2_stop),
+            ):
+                HookRegistry.register(target, hook, HookType.AROUND)
+            if _has_state_controller():
+                HookRegistry.register(
+                    STATE_CONTROLLER + ".get_internal_state",
+                    _after_internal_state,
+                    HookType.AFTER,
+                )
         except Exception:  # noqa: BLE001 - SGLang must load whatever happens here
             logger.warning(
-                "stepscope: registering SGLang hooks failed; SGLang's profiler stays", exc_info=True
+                "stepscope: registering SGLang hooks failed; SGLang's profiler stays",
+                exc_info=True,
             )
             return
         _registered = True
@@ -126,20 +166,26 @@ def enabled() -> bool:
     return value not in ("0", "false", "no", "off")
 
 
-def interface_known(module: Any) -> bool:
-    """Whether SGLang's profiler manager and ``ProfileReq`` are what the plugin knows; else one
+def interface_known(module: Any, v2_module: Any = None) -> bool:
+    """Whether SGLang's profiler managers and ``ProfileReq`` are what the plugin knows; else one
     warning naming what differs, and False."""
-    cls = getattr(module, "SchedulerProfilerManager", None)
+    classes = {
+        "SchedulerProfilerManager": getattr(module, "SchedulerProfilerManager", None),
+        "ProfileManager": getattr(v2_module, "ProfileManager", None) if v2_module else None,
+    }
     req = getattr(module, "ProfileReq", None)
     problems = []
-    if cls is None or req is None:
+    if classes["SchedulerProfilerManager"] is None or req is None:
         problems.append("SchedulerProfilerManager or ProfileReq is missing")
+    elif v2_module is None or classes["ProfileManager"] is None:
+        problems.append(f"{V2_MODULE}.ProfileManager is missing")
     else:
-        for name, known in KNOWN_SIGNATURES.items():
-            sig = signature_of(getattr(cls, name, None))
-            if sig != known:
-                shown = "(" + ", ".join(n for n, _ in sig) + ")" if sig else " is missing"
-                problems.append(f"SchedulerProfilerManager.{name}{shown}")
+        for cls_name, methods in KNOWN_SIGNATURES.items():
+            for name, known in methods.items():
+                sig = signature_of(getattr(classes[cls_name], name, None))
+                if sig != known:
+                    shown = "(" + ", ".join(n for n, _ in sig) + ")" if sig else " is missing"
+                    problems.append(f"{cls_name}.{name}{shown}")
         fields = set(
             getattr(req, "__struct_fields__", ()) or getattr(req, "__dataclass_fields__", {})
         )
@@ -158,6 +204,21 @@ def interface_known(module: Any) -> bool:
     return True
 
 
+def _has_state_controller() -> bool:
+    try:
+        import importlib
+
+        cls = importlib.import_module(STATE_MODULE).SchedulerInternalStateController
+    except Exception:  # noqa: BLE001 - an SGLang without it: no status in /server_info
+        logger.info("stepscope: %s not found; /server_info carries no stepscope status",
+                    STATE_CONTROLLER)  # fmt: skip
+        return False
+    return signature_of(getattr(cls, "get_internal_state", None)) == (
+        ("self", _POS),
+        ("recv_req", _POS),
+    )
+
+
 def _sglang_version() -> str:
     try:
         from importlib.metadata import version
@@ -173,36 +234,130 @@ def _warn_once(key: str, message: str, *args: Any) -> None:
         logger.warning(message, *args)
 
 
+def profile_v2() -> bool:
+    """Whether SGLang runs its newer profile manager (``SGLANG_PROFILE_V2``)."""
+    try:
+        from sglang.srt.environ import envs
+
+        return bool(envs.SGLANG_PROFILE_V2.get())
+    except Exception:  # noqa: BLE001 - an SGLang without the switch
+        return False
+
+
 # --- the hooks ----------------------------------------------------------------------------------
 
 
 def _around_profile(original: Callable[..., Any], manager: Any, recv_req: Any) -> Any:
-    """``SchedulerProfilerManager._profile``: stepscope serves what it can, SGLang the rest."""
+    """``SchedulerProfilerManager._profile``: refuses what stepscope must refuse, then lets
+    SGLang's own code take the request (its start and stop reach stepscope's hooks)."""
     try:
-        state = _state_of(manager)
-        reply = state.handle(recv_req)
+        reply = _state_of(manager).request(recv_req)
     except Exception:  # noqa: BLE001 - never into SGLang's scheduler
         logger.exception(
             "stepscope: handling %s failed; SGLang's own profiler serves it",
             type(recv_req).__name__,
         )
         reply = None
-    if reply is None:
-        return original(manager, recv_req)
-    return reply
+    if reply is not None:
+        return reply
+    result = original(manager, recv_req)
+    try:
+        _state_of(manager).requested(recv_req, result)
+    except Exception:  # noqa: BLE001
+        logger.debug("stepscope: recording the request failed", exc_info=True)
+    return result
+
+
+def _around_start(original: Callable[..., Any], manager: Any, stage: Any = None) -> Any:
+    """``SchedulerProfilerManager._start_profile``: a stepscope window where SGLang would start
+    torch.profiler."""
+    if profile_v2():
+        return original(manager, stage)
+    try:
+        return _state_of(manager).start_legacy(stage, lambda: original(manager, stage))
+    except Exception:  # noqa: BLE001
+        logger.exception("stepscope: starting a window failed; SGLang's own profiler starts")
+        return original(manager, stage)
+
+
+def _around_stop(original: Callable[..., Any], manager: Any, stage: Any = None) -> Any:
+    """``SchedulerProfilerManager._stop_profile``: ends stepscope's window, else SGLang's."""
+    state = manager.__dict__.get(_STATE)
+    if state is None or not state.active or profile_v2():
+        return original(manager, stage)
+    try:
+        return state.stop_legacy()
+    except Exception:  # noqa: BLE001
+        logger.exception("stepscope: stopping the window failed")
+        manager.profile_in_progress = False
+        return _reply(False, "stepscope: stopping the window failed; see the scheduler's log")
 
 
 def _around_batch(original: Callable[..., Any], manager: Any, batch: Any) -> Any:
-    """``SchedulerProfilerManager._profile_batch_predicate``: one ``step()`` per forward batch
-    while stepscope serves a request, then SGLang's own predicate (idle unless it serves one)."""
+    """``SchedulerProfilerManager._profile_batch_predicate``: SGLang's own predicate decides
+    (starting or stopping through the hooks), then the batch is one ``step()`` of stepscope's
+    running window."""
     state = manager.__dict__.get(_STATE)
-    if state is not None and state.request is not None:
+    if state is None:
+        return original(manager, batch)
+    state.in_predicate = True
+    try:
+        result = original(manager, batch)
+    finally:
+        state.in_predicate = False
+    if state.active:
         try:
             state.on_batch(batch)
         except Exception:  # noqa: BLE001 - the scheduler loop goes on
             _warn_once("batch", "stepscope: a forward batch's step failed; later ones go on")
             logger.debug("stepscope: step failed", exc_info=True)
-    return original(manager, batch)
+    return result
+
+
+def _around_v2_start(original: Callable[..., Any], v2: Any, stage: Any = None) -> Any:
+    """V2's ``ProfileManager._do_start``: a stepscope window for the stage."""
+    state = v2.__dict__.get(_STATE)
+    if state is None:
+        return original(v2, stage)
+    try:
+        return state.start_v2(v2, stage, lambda: original(v2, stage))
+    except Exception:  # noqa: BLE001
+        logger.exception("stepscope: starting a window failed; SGLang's own profiler starts")
+        return original(v2, stage)
+
+
+def _around_v2_stop(original: Callable[..., Any], v2: Any) -> Any:
+    """V2's ``ProfileManager._do_stop``."""
+    state = v2.__dict__.get(_STATE)
+    if state is None or not state.active:
+        return original(v2)
+    try:
+        state.stop_window()
+    except Exception:  # noqa: BLE001
+        logger.exception("stepscope: stopping the window failed")
+    return None
+
+
+def _after_internal_state(result: Any, controller: Any, recv_req: Any) -> Any:
+    """``/server_info``: adds this scheduler's stepscope status to its internal state."""
+    try:
+        manager = getattr(controller.scheduler, "profiler_manager", None)
+        state = manager.__dict__.get(_STATE) if manager is not None else None
+        result.internal_state["stepscope"] = status_of(state)
+    except Exception:  # noqa: BLE001 - /server_info answers without it
+        logger.debug("stepscope: no status for /server_info", exc_info=True)
+    return result
+
+
+def status_of(state: Any) -> dict[str, Any]:
+    """What ``/server_info`` carries for one scheduler: ``{"plugin", "workers": [status...]}``
+    (``workers`` empty before the first request stepscope served)."""
+    import stepscope
+
+    workers = []
+    for p in state.profilers if state is not None else []:
+        workers.append(json.loads(p.status_json()))
+    return {"plugin": "sglang", "version": stepscope.__version__, "workers": workers}
 
 
 def _state_of(manager: Any) -> _SchedulerProfiler:
@@ -213,56 +368,69 @@ def _state_of(manager: Any) -> _SchedulerProfiler:
     return state
 
 
+def _reply(success: bool, message: str) -> Any:
+    from sglang.srt.managers.io_struct import ProfileReqOutput
+
+    return ProfileReqOutput(success=success, message=message)
+
+
 # --- one scheduler's profiler ---------------------------------------------------------------------
 
 
-class _Request:
-    """One start request, as stepscope runs it."""
+class _Window:
+    """The stepscope window running now, and what its stop needs."""
 
-    def __init__(self, req: Any, *, output_dir: Path) -> None:
+    def __init__(
+        self, *, profile: str, profile_id: str, trace: str, output_dir: Path, merge: bool
+    ) -> None:
         #: ``[prefix-]{profile_id}``: what every rank's files of this profile begin with.
-        self.profile = profile_name(req.profile_prefix, req.profile_id)
-        self.profile_id = str(req.profile_id)
-        self.stem = trace_stem(self.profile)
+        self.profile = profile
+        #: This rank's file stem for the window.
+        self.trace = trace
+        self.profile_id = profile_id
         self.output_dir = output_dir
-        self.num_steps = req.num_steps or 0
-        self.by_stage = bool(req.profile_by_stage)
-        self.stages_left = list(req.profile_stages or STAGES)
-        self.merge = bool(req.merge_profiles)
-        self.detailed = bool(req.detailed_annotations)
-        #: By stage: this profiler's step index from which windows may begin (``start_step``).
-        self.first_step: int | None = None
-        self.stage: str | None = None
-        self.count = 0
-        self.windows = 0
+        self.merge = merge
 
 
 class _SchedulerProfiler:
-    """stepscope's profilers for one ``SchedulerProfilerManager``: a torch one for the Kineto
-    activities, a cuda one for ``CUDA_PROFILER``; made at the first request, remade when a
-    request changes what they are made with (the output directory), the old ones kept until
-    their traces are written."""
+    """stepscope's side of one ``SchedulerProfilerManager``: a torch profiler for the Kineto
+    activities, a cuda one for ``CUDA_PROFILER``; made at the first window, remade when a
+    window is made with other settings (the output directory, the activities), the old ones
+    kept until their traces are written."""
 
     def __init__(self, manager: Any) -> None:
         self.manager = manager
-        self.request: _Request | None = None
         self.profilers: list[Any] = []
         self._made_with: list[dict[str, Any]] = []
         self._retired: list[Any] = []
+        #: The window running now, or None.
+        self.window: _Window | None = None
+        #: The stages the last by-stage request chose (``profile_stages``); None: all.
+        self.stages: list[str] | None = None
+        #: Windows begun per profile (``merge_profiles`` waits for that many traces per rank).
+        self.windows: dict[str, int] = {}
+        #: Inside SGLang's ``_profile_batch_predicate``: a window begun here holds this batch.
+        self.in_predicate = False
+
+    @property
+    def active(self) -> bool:
+        return self.window is not None
 
     # -- requests --
 
-    def handle(self, req: Any) -> Any:
-        """The reply to ``req``, or None to leave it to SGLang's own profiler."""
-        from sglang.srt.managers.io_struct import ProfileReqOutput, ProfileReqType
+    def request(self, req: Any) -> Any:
+        """A reply when stepscope refuses ``req`` (naming why); None to let SGLang's own code
+        take it."""
+        from sglang.srt.managers.io_struct import ProfileReqType
 
         import stepscope
 
+        v2 = profile_v2()
+        if v2:
+            self._link_v2()
         if req.req_type != ProfileReqType.START_PROFILE:
-            if self.request is None:
-                return None  # SGLang's own session, or none: SGLang answers
-            return ProfileReqOutput(success=True, message=self.stop(why="/stop_profile"))
-        why = self._cannot_serve(req)
+            return self._stop_v2() if v2 else None
+        why = cannot_serve(activities_of(req))
         if why is not None:
             in_flight = stepscope.traces_in_flight()
             if in_flight:
@@ -275,108 +443,216 @@ class _SchedulerProfiler:
                     "retry once they are written"
                 )
                 logger.warning("stepscope: %s", message)
-                return ProfileReqOutput(success=False, message=message)
+                return _reply(False, message)
             logger.info("stepscope: SGLang's own profiler serves this request: %s", why)
             return None
-        if self.request is not None or getattr(self.manager, "profile_in_progress", False):
-            return ProfileReqOutput(
-                success=False,
-                message="Profiling is already in progress. Call /stop_profile first.",
-            )
-        error = self._check(req)
+        error = check_request(req, v2=v2)
         if error is not None:
             logger.error("stepscope: %s", error)
-            return ProfileReqOutput(success=False, message=error)
-        output_dir = Path(
-            req.output_dir or os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
-        ).expanduser()
-        try:
-            self._make_profilers(req, output_dir, activities_of(req))
-        except Exception as e:  # noqa: BLE001 - a bad config or a torch without glue
-            logger.error("stepscope: cannot profile this request: %s", e)
-            return ProfileReqOutput(success=False, message=f"stepscope: {e}")
-        request = _Request(req, output_dir=output_dir)
+            return _reply(False, error)
+        if v2 and self.active:
+            # V2's configure asserts that no stage window runs.
+            return _reply(False, "Profiling is already in progress. Call /stop_profile first.")
         forward_ct = int(self.manager.get_forward_ct())
-        if request.by_stage:
-            if req.start_step:
-                request.first_step = self._step_index() + int(req.start_step) - forward_ct
-            self.request = request
+        if not v2 and req.start_step and not req.profile_by_stage and req.start_step <= forward_ct:
             logger.info(
-                "stepscope: profiling %s by stage (%s), %d forward passes each, into %s",
-                request.stem,
-                ", ".join(request.stages_left),
-                request.num_steps,
-                output_dir,
+                "stepscope: start_step %d has passed on this rank (forward pass %d): as SGLang "
+                "does, the window begins in the next forward pass, %d",
+                req.start_step,
+                forward_ct,
+                forward_ct + 1,
             )
-            return ProfileReqOutput(success=True, message="Succeeded")
-        try:
-            for p in self.profilers:
-                p.set_trace_name(request.stem)
-                start_at = (
-                    p.step_index + int(req.start_step) - forward_ct if req.start_step else None
-                )
-                p.start(max_iterations=request.num_steps, start_at_step=start_at)
-        except Exception as e:  # noqa: BLE001 - the start failed: say so to the caller
-            for p in self.profilers:
-                p.stop()
-            logger.error("stepscope: starting the profiler failed: %s", e)
-            return ProfileReqOutput(success=False, message=f"stepscope: {e}")
-        self.request = request
-        self._annotate(request.detailed)
-        when = f"at forward pass {req.start_step}" if req.start_step else "now"
-        logger.info(
-            "stepscope: profiling %s %s (%s) into %s",
-            request.stem,
-            when,
-            f"{request.num_steps} forward passes" if request.num_steps else "until /stop_profile",
-            output_dir,
-        )
-        return ProfileReqOutput(success=True, message="Succeeded")
+        if not v2 and req.start_step and req.profile_by_stage:
+            logger.info(
+                "stepscope: start_step %d is not used by profile_by_stage (SGLang's windows "
+                "begin at the first batch of each stage)",
+                req.start_step,
+            )
+        return None
 
-    def _cannot_serve(self, req: Any) -> str | None:
+    def requested(self, req: Any, reply: Any) -> None:
+        """After SGLang took a start request: the stages it chose, for the windows to come."""
+        from sglang.srt.managers.io_struct import ProfileReqType
+
+        if req.req_type == ProfileReqType.START_PROFILE and getattr(reply, "success", False):
+            if req.profile_by_stage:
+                self.stages = list(req.profile_stages) if req.profile_stages else None
+
+    def _link_v2(self) -> None:
+        v2 = getattr(self.manager, "_profile_manager", None)
+        if v2 is not None and _STATE not in v2.__dict__:
+            v2.__dict__[_STATE] = self
+
+    def _stop_v2(self) -> Any:
+        """``/stop_profile`` under V2 (whose manual stop raises NotImplementedError): ends the
+        running stage window and drops the stages still to come."""
+        v2 = getattr(self.manager, "_profile_manager", None)
+        trigger = getattr(v2, "stage_based_trigger", None)
+        pending = list(getattr(trigger, "stage_configs", {}) or {})
+        if trigger is not None:
+            trigger.running_state = None
+            trigger.stage_configs = {}
+        if self.active:
+            return _reply(True, self.stop_window())
+        if pending:
+            return _reply(True, f"Succeeded. No window was running; {', '.join(pending)} dropped.")
+        return _reply(False, "Profiling is not in progress. Call /start_profile first.")
+
+    # -- windows --
+
+    def start_legacy(self, stage: Any, sglang_start: Callable[[], Any]) -> Any:
+        """SGLang's ``_start_profile(stage)``, with a stepscope window in torch.profiler's
+        place (or SGLang's own start, for what stepscope does not record)."""
+        m = self.manager
+        activities = list(m.profiler_activities or DEFAULT_ACTIVITIES)
+        why = cannot_serve(activities)
+        if why is not None:
+            return self._sglang_start(why, sglang_start)
+        name = stage_of(stage) if stage is not None else None
+        if name is not None and self.stages is not None and name not in self.stages:
+            logger.info("stepscope: no %s window: profile_stages is %s", name, self.stages)
+            return _reply(True, "Succeeded")
+        profile = profile_name(m.profile_prefix, m.profile_id)
+        suffix = legacy_stage_suffix(name) if name else ""
+        window = self.window
+        if window is not None:
+            # SGLang starts again while a window runs in two cases: a request whose
+            # _init_profile refused (refused here too), and a batch of a stage whose window
+            # begins while another stage's runs (by stage: a prefill batch in a decode window
+            # begun first). SGLang's own replaces the running torch.profiler there without
+            # writing it; stepscope writes it, then begins the new window, unless it would
+            # carry the same file name (it then goes on).
+            if not self.in_predicate:
+                return _reply(False, "Profiling is already in progress. Call /stop_profile first.")
+            if window.trace == trace_stem(profile) + suffix:
+                return _reply(True, "Succeeded")
+            logger.info(
+                "stepscope: %s begins while %s runs, which is written as it stands",
+                trace_stem(profile) + suffix,
+                window.trace,
+            )
+            self.stop_window()
+        self._begin(
+            profile=profile,
+            profile_id=str(m.profile_id),
+            trace=trace_stem(profile) + suffix,
+            output_dir=Path(m.torch_profiler_output_dir),
+            activities=activities,
+            with_stack=m.torch_profiler_with_stack,
+            record_shapes=m.torch_profiler_record_shapes,
+            merge=bool(m.merge_profiles),
+        )
+        m.profile_in_progress = True
+        self._annotate(bool(m.detailed_annotations))
+        return _reply(True, "Succeeded")
+
+    def start_v2(self, v2: Any, stage: Any, sglang_start: Callable[[], Any]) -> None:
+        """V2's ``_do_start(stage)`` with a stepscope window."""
+        kw = v2.profiler_kwargs
+        activities = list(kw["activities"] or DEFAULT_ACTIVITIES)
+        why = cannot_serve(activities)
+        if why is not None:
+            self._sglang_start(why, sglang_start)
+            return
+        profile = profile_name(kw["output_prefix"], kw["profile_id"])
+        self._begin(
+            profile=profile,
+            profile_id=str(kw["profile_id"]),
+            trace=trace_stem(profile) + (f"-{stage}" if stage else ""),
+            output_dir=Path(kw["output_dir"]).expanduser(),
+            activities=activities,
+            with_stack=kw["with_stack"],
+            record_shapes=kw["record_shapes"],
+            merge=False,
+        )
+        self._annotate(bool(v2.detailed_annotations))
+
+    def _sglang_start(self, why: str, sglang_start: Callable[[], Any]) -> Any:
         import stepscope
 
-        activities = activities_of(req)
-        others = [a for a in activities if a not in KINETO_ACTIVITIES and a != "CUDA_PROFILER"]
-        if others:
-            known = ", ".join([*KINETO_ACTIVITIES, "CUDA_PROFILER"])
-            return f"activities {', '.join(map(str, others))} (stepscope records {known})"
-        if any(a in KINETO_ACTIVITIES for a in activities):
-            missing = stepscope.torch_backend_error()
-            if missing is not None:
-                _warn_once(
-                    "torch",
-                    "stepscope: %s; SGLang's own torch profiler serves torch captures",
-                    missing,
-                )
-                return "stepscope's torch backend cannot run here"
-        return None
-
-    def _check(self, req: Any) -> str | None:
-        """What is wrong with ``req`` for stepscope, naming the field; None when it is fine."""
-        for name in ("start_step", "num_steps"):
-            value = getattr(req, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                return f"{name} must be a whole number >= 0, not {value!r}"
-        if req.profile_by_stage:
-            if not req.num_steps:
-                return "profile_by_stage needs num_steps (the forward passes of each stage)"
-            stages = req.profile_stages or list(STAGES)
-            bad = [s for s in stages if s not in STAGES]
-            if bad or len(set(stages)) != len(stages):
-                among = ", ".join(STAGES)
-                return f"profile_stages {stages!r}: a list of distinct stages among {among}"
-        elif req.profile_stages:
-            return "profile_stages needs profile_by_stage"
-        forward_ct = int(self.manager.get_forward_ct())
-        if req.start_step and req.start_step <= forward_ct:
-            return (
-                f"start_step {req.start_step} has passed on this rank (forward pass {forward_ct}); "
-                "give every rank a later one so that all capture the same forward passes"
+        in_flight = stepscope.traces_in_flight()
+        if in_flight:
+            logger.warning(
+                "stepscope: SGLang's own profiler (%s) not started: stepscope still writes %d "
+                "trace(s) in this process, and Kineto is one profiler per process",
+                why,
+                in_flight,
             )
-        return None
+            return _reply(False, f"stepscope still writes {in_flight} trace(s); retry")
+        return sglang_start()
 
-    def _make_profilers(self, req: Any, output_dir: Path, activities: list[str]) -> None:
+    def _begin(
+        self,
+        *,
+        profile: str,
+        profile_id: str,
+        trace: str,
+        output_dir: Path,
+        activities: list[str],
+        with_stack: Any,
+        record_shapes: Any,
+        merge: bool,
+    ) -> None:
+        self._make_profilers(output_dir, activities, with_stack, record_shapes)
+        first = int(self.manager.get_forward_ct()) + (0 if self.in_predicate else 1)
+        try:
+            for p in self.profilers:
+                p.set_trace_name(trace)
+                p.set_trace_metadata(FIRST_FORWARD_KEY, first)
+                p.start()
+        except Exception:
+            for p in self.profilers:
+                p.stop()
+            raise
+        self.window = _Window(
+            profile=profile, profile_id=profile_id, trace=trace, output_dir=output_dir, merge=merge
+        )
+        self.windows[profile] = self.windows.get(profile, 0) + 1
+        logger.info(
+            "stepscope: profiling %s from forward pass %d into %s",
+            trace,
+            first,
+            output_dir,
+        )
+
+    def stop_legacy(self) -> Any:
+        """SGLang's ``_stop_profile`` for stepscope's window."""
+        message = self.stop_window()
+        m = self.manager
+        m.profile_in_progress = False
+        m.profiler_start_forward_ct = None
+        return _reply(True, message)
+
+    def stop_window(self) -> str:
+        """Ends the running window (its trace is written in the background); returns the
+        reply's message."""
+        window = self.window
+        assert window is not None
+        for p in self.profilers:
+            p.stop()
+        self.window = None
+        self._annotate(False)
+        logger.info("stepscope: profiling of %s stopped", window.profile)
+        if window.merge and is_merging_rank():
+            expected = self.windows.get(window.profile, 1) * _world_size()
+            threading.Thread(
+                target=merge_when_written,
+                name="stepscope-merge",
+                args=(window, list(self.profilers), expected),
+                daemon=True,
+            ).start()
+        return (
+            f"Succeeded. stepscope writes the traces to {window.output_dir} off the scheduler "
+            f"thread; each {window.profile}-*.stepscope.json says when its trace is complete."
+        )
+
+    def _make_profilers(
+        self,
+        output_dir: Path,
+        activities: list[str],
+        with_stack: Any,
+        record_shapes: Any,
+    ) -> None:
         import stepscope
 
         from stepscope.vllm import stepscope_keys_from_env
@@ -384,17 +660,17 @@ class _SchedulerProfiler:
         keys = stepscope_keys_from_env()
         wanted: list[dict[str, Any]] = []
         kineto = [KINETO_ACTIVITIES[a] for a in activities if a in KINETO_ACTIVITIES]
-        cuda = "CUDA_PROFILER" in activities
+        # SGLang calls cudaProfilerStart on the first GPU of each node only (nsys's capture
+        # range is the node's); so does stepscope.
+        cuda = "CUDA_PROFILER" in activities and first_rank_in_node()
         if kineto:
             wanted.append(
                 {
                     "profiler": "torch",
                     "torch_profiler_dir": str(output_dir),
                     "torch_profiler_activities": kineto,
-                    "torch_profiler_with_stack": True
-                    if req.with_stack is None
-                    else bool(req.with_stack),
-                    "torch_profiler_record_shapes": bool(req.record_shapes),
+                    "torch_profiler_with_stack": True if with_stack is None else bool(with_stack),
+                    "torch_profiler_record_shapes": bool(record_shapes),
                     "torch_profiler_dump_cuda_time_total": False,
                     # With CUDA_PROFILER too, the cuda profiler's NVTX ranges are the ones.
                     "stepscope": dict(keys, **({"nvtx": "off"} if cuda else {})),
@@ -406,7 +682,10 @@ class _SchedulerProfiler:
             return
         made = [
             stepscope.WorkerProfiler(
-                c, worker_name=worker_name(), local_rank=_local_rank(), rank=_global_rank()
+                c,
+                worker_name=worker_name(),
+                local_rank=_local_rank(),
+                rank=_global_rank(),
             )
             for c in wanted
         ]
@@ -422,9 +701,6 @@ class _SchedulerProfiler:
         self._retired = [p for p in self._retired if p.pending_writes]
         self.profilers = []
 
-    def _step_index(self) -> int:
-        return self.profilers[0].step_index if self.profilers else 0
-
     def _annotate(self, on: bool) -> None:
         apply = getattr(self.manager, "_apply_detailed_annotations", None)
         if apply is not None:
@@ -433,83 +709,77 @@ class _SchedulerProfiler:
     # -- forward batches --
 
     def on_batch(self, batch: Any) -> None:
-        request = self.request
-        if request is None:
-            return
-        armed = request.by_stage or any(p.is_armed for p in self.profilers)
-        # Request ids are read only when stepscope.request_ids asks for them.
+        """One ``step()`` of the running window: the batch's counts (and, with
+        ``stepscope.request_ids``, its requests' ``rid`` s)."""
         ids = [str(r.rid) for r in batch.reqs] if self._wants_ids() else None
-        iteration = iteration_of(batch, ids) if armed else None
-        if request.by_stage:
-            self._stage_windows(request, batch)
+        iteration = iteration_of(batch, ids)
         for p in self.profilers:
             p.step(iteration)
-        if request.by_stage:
-            if request.stage is not None:
-                request.count += 1
-            elif not request.stages_left:
-                self._finish(request)
-        elif not any(p.is_active for p in self.profilers):
-            self._finish(request)  # num_steps reached: the profilers stopped by themselves
 
     def _wants_ids(self) -> bool:
         return any(p.wants_request_ids for p in self.profilers)
 
-    def _stage_windows(self, request: _Request, batch: Any) -> None:
-        """Ends the running stage window at its count or at a batch of another stage, and
-        begins the window of a stage still wanted; idle batches change nothing."""
-        stage = stage_of(batch.forward_mode)
-        if stage is None:
-            return
-        if request.first_step is not None and self._step_index() + 1 < request.first_step:
-            return
-        if request.stage is not None and (
-            request.count >= request.num_steps or stage != request.stage
-        ):
-            for p in self.profilers:
-                p.stop()
-            self._annotate(False)
-            request.stage = None
-        if request.stage is None and stage in request.stages_left:
-            request.stages_left.remove(stage)
-            name = request.stem + stage_suffix(stage)
-            try:
-                for p in self.profilers:
-                    p.set_trace_name(name)
-                    p.start(max_iterations=request.num_steps)
-            except Exception as e:  # noqa: BLE001 - this stage is lost; the next may run
-                logger.error("stepscope: starting the %s window failed: %s", stage, e)
-                for p in self.profilers:
-                    p.stop()
-                return
-            logger.info("stepscope: profiling starts for %s (%s)", stage, name)
-            self._annotate(request.detailed)
-            request.stage, request.count = stage, 0
-            request.windows += 1
 
-    def stop(self, *, why: str) -> str:
-        """Ends the running request (``/stop_profile``); returns the reply's message."""
-        request = self.request
-        for p in self.profilers:
-            p.stop()
-        self._finish(request)
-        logger.info("stepscope: %s: profiling of %s stopped", why, request.stem)
-        return (
-            f"Succeeded. stepscope writes the traces to {request.output_dir} off the scheduler "
-            f"thread; each {request.stem}*.stepscope.json says when its trace is complete."
-        )
+def cannot_serve(activities: list[str]) -> str | None:
+    """Why stepscope cannot record ``activities`` here (SGLang's own profiler then does), or
+    None."""
+    import stepscope
 
-    def _finish(self, request: _Request) -> None:
-        self.request = None
-        self._annotate(False)
-        if request.merge and is_merging_rank():
-            windows = request.windows if request.by_stage else 1
-            threading.Thread(
-                target=merge_when_written,
-                name="stepscope-merge",
-                args=(request, list(self.profilers), windows * _world_size()),
-                daemon=True,
-            ).start()
+    others = [a for a in activities if a not in KINETO_ACTIVITIES and a != "CUDA_PROFILER"]
+    if others:
+        known = ", ".join([*KINETO_ACTIVITIES, "CUDA_PROFILER"])
+        return f"activities {', '.join(map(str, others))} (stepscope records {known})"
+    if any(a in KINETO_ACTIVITIES for a in activities):
+        missing = stepscope.torch_backend_error()
+        if missing is not None:
+            _warn_once(
+                "torch",
+                "stepscope: %s; SGLang's own torch profiler serves torch captures",
+                missing,
+            )
+            return "stepscope's torch backend cannot run here"
+    return None
+
+
+def check_request(req: Any, *, v2: bool) -> str | None:
+    """What stepscope refuses in a start request, naming the field (where SGLang's own
+    profiler would raise into the scheduler, or record nothing); None when it is fine."""
+    for name in ("start_step", "num_steps"):
+        value = getattr(req, name)
+        if value is not None and (not isinstance(value, int) or value < 0):
+            return f"{name} must be a whole number >= 0, not {value!r}"
+    if req.profile_by_stage:
+        if not req.num_steps:
+            # SGLang's own counts None + 1 in the next batch: a TypeError in the scheduler.
+            return "profile_by_stage needs num_steps (the forward passes of each stage)"
+        stages = req.profile_stages or list(STAGES)
+        bad = [s for s in stages if s not in STAGES]
+        if bad or len(set(stages)) != len(stages):
+            among = ", ".join(STAGES)
+            return f"profile_stages {stages!r}: a list of distinct stages among {among}"
+    elif req.profile_stages:
+        return "profile_stages needs profile_by_stage"
+    if v2:
+        # What SGLANG_PROFILE_V2's configure asserts (an AssertionError in the scheduler).
+        if not req.profile_by_stage:
+            return "with SGLANG_PROFILE_V2, SGLang profiles only by stage: set profile_by_stage"
+        if req.start_step is not None:
+            return "with SGLANG_PROFILE_V2, start_step is not supported (SGLang's own asserts)"
+        if req.merge_profiles:
+            return "with SGLANG_PROFILE_V2, merge_profiles is not supported (SGLang's own asserts)"
+    return None
+
+
+def first_rank_in_node() -> bool:
+    """Whether this scheduler's GPU is the first of its node (SGLang's test for
+    ``cudaProfilerStart``); True where SGLang's device config is not published."""
+    try:
+        from sglang.srt.runtime_context import get_device
+
+        dev = get_device()
+        return dev.gpu_id == dev.base_gpu_id
+    except Exception:  # noqa: BLE001 - no device config (a tool, a test)
+        return True
 
 
 # --- SGLang's names and counts --------------------------------------------------------------------
@@ -546,16 +816,9 @@ def rank_parts() -> list[str]:
     return parts
 
 
-def stage_suffix(stage: str) -> str:
-    """The stage's part of the file name, as SGLang's profiler in use writes it: ``-EXTEND`` /
-    ``-DECODE``, or ``-prefill`` / ``-decode`` with ``SGLANG_PROFILE_V2``."""
-    try:
-        from sglang.srt.environ import envs
-
-        if envs.SGLANG_PROFILE_V2.get():
-            return f"-{stage}"
-    except Exception:  # noqa: BLE001 - an SGLang without the switch: the default names
-        pass
+def legacy_stage_suffix(stage: str) -> str:
+    """The stage's part of the file name as SGLang's default profiler writes it: ``-EXTEND``
+    / ``-DECODE`` (V2 writes ``-prefill`` / ``-decode``)."""
     return "-EXTEND" if stage == "prefill" else "-DECODE"
 
 
@@ -655,7 +918,7 @@ def is_merging_rank() -> bool:
 
 
 def merge_when_written(
-    request: _Request, profilers: list[Any], expected: int, *, poll: float = 0.2
+    window: _Window, profilers: list[Any], expected: int, *, poll: float = 0.2
 ) -> Path | None:
     """Waits (off the scheduler thread) for this rank's traces, then for ``expected`` complete
     manifests of the profile in the output directory (every rank's; up to the flush timeout),
@@ -665,7 +928,7 @@ def merge_when_written(
     for p in profilers:
         timeout = float(p.config.get("stepscope", {}).get("flush_timeout_s", timeout))
         p.flush(timeout)
-    pattern = str(request.output_dir / glob.escape(request.profile + "-")) + "*.stepscope.json"
+    pattern = str(window.output_dir / glob.escape(window.profile + "-")) + "*.stepscope.json"
     deadline = time.monotonic() + timeout
     while True:
         manifests = [_read_json(m) for m in sorted(glob.glob(pattern))]
@@ -678,20 +941,21 @@ def merge_when_written(
                 "merging those",
                 len(done),
                 expected,
-                request.profile_id,
+                window.profile_id,
                 timeout,
             )
             break
         time.sleep(poll)
     traces = [
-        str(request.output_dir / m["trace_file"])
+        str(window.output_dir / m["trace_file"])
         for m in done
         if m.get("status") == "complete" and m.get("trace_file")
     ]
     cli = os.environ.get(CLI_ENV) or shutil.which("stepscope")
     if not traces:
         logger.error(
-            "stepscope: merge_profiles: no complete trace of %s to merge", request.profile_id
+            "stepscope: merge_profiles: no complete trace of %s to merge",
+            window.profile_id,
         )
         return None
     if cli is None:
@@ -700,10 +964,10 @@ def merge_when_written(
             "or %s=/path/to/stepscope); the %d traces are in %s, unmerged",
             CLI_ENV,
             len(traces),
-            request.output_dir,
+            window.output_dir,
         )
         return None
-    out = request.output_dir / f"merged-{request.profile_id}.trace.json.gz"
+    out = window.output_dir / f"merged-{window.profile_id}.trace.json.gz"
     # Written under a hidden name and renamed, so the merged name only holds a whole trace.
     partial = out.with_name(f".{out.name}.{os.getpid()}.partial.gz")
     run = subprocess.run(
@@ -717,7 +981,7 @@ def merge_when_written(
         logger.error("stepscope: merge_profiles: stepscope merge failed: %s", run.stderr.strip())
         return None
     os.replace(partial, out)
-    logger.info("stepscope: merged %d traces of %s into %s", len(traces), request.profile_id, out)
+    logger.info("stepscope: merged %d traces of %s into %s", len(traces), window.profile_id, out)
     return out
 
 

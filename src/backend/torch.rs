@@ -412,6 +412,12 @@ impl TorchBackend {
             trace_name: session.and_then(|s| s.trace_name.clone()),
             trigger,
             cut_short,
+            metadata: (!self.metadata.is_empty()).then(|| {
+                self.metadata
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.clone(), serde_json::from_str(v).ok()?)))
+                    .collect()
+            }),
             // Kineto writes the annotations' kwinputs (the requests) only with shapes.
             requests_into_args: steps.is_some() && !o.record_shapes,
             steps,

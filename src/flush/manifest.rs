@@ -63,6 +63,10 @@ pub(crate) struct Manifest {
     /// Each captured iteration's requests (`stepscope.request_ids`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steps: Option<Vec<StepRequests>>,
+    /// The keys the engine added to the trace's header (`set_trace_metadata`), e.g. the SGLang
+    /// plugin's `sglang_first_forward_pass`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// What the trace holds, per captured iteration and per kernel and operator, read from
     /// its JSON as it was written (`stepscope analyze DIR` uses it instead of the trace).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -628,8 +628,8 @@ impl Schedule {
                 if self.watching {
                     self.fired = None;
                     // The next window waits for a qualifying batch after its slow step too.
-                    self.qualified = self.policy.min_batch_requests == 0
-                        && self.policy.min_batch_tokens == 0;
+                    self.qualified =
+                        self.policy.min_batch_requests == 0 && self.policy.min_batch_tokens == 0;
                 }
                 self.profiled = 0;
             } else {

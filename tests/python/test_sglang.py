@@ -13,13 +13,11 @@ Runs in the ``.venv-sglang`` environment (``make test``); skipped where SGLang i
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import importlib
 import json
 import logging
 import os
-import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,89 +26,17 @@ import pytest
 
 pytest.importorskip("sglang")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
 import stepscope  # noqa: E402
 import stepscope.sglang as plugin  # noqa: E402
+from sglang_harness import D, I, M, P, Scheduler, pm, scheduler_process  # noqa: E402, F401
 
-pm = importlib.import_module(plugin.MANAGER_MODULE)  # SGLang's scheduler-side modules: ~40 s
-from sglang.srt.managers.io_struct import ProfileReq, ProfileReqType  # noqa: E402
-from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
-from sglang.srt.runtime_context import get_parallel  # noqa: E402
-
-P, D, M, I = ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.MIXED, ForwardMode.IDLE
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def scheduler_process():
-    """A scheduler process as far as the plugin sees it: plugins loaded by SGLang, TP rank 0 of
-    one, a gloo group for SGLang's own barriers."""
-    os.environ["SGLANG_PLUGINS"] = "stepscope"
-    from sglang.srt import plugins
-
-    plugins.load_plugins()
-    if not dist.is_initialized():
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-        )
-    group = SimpleNamespace(cpu_group=dist.group.WORLD)
-    original = pm.get_dp_tp_group
-    pm.get_dp_tp_group = lambda: group
-    ranks = dict(tp_rank=0, tp_size=1, num_dp_ranks=1, dp_rank=0, pp_size=1, pp_rank=0,
-                 moe_ep_size=1, moe_ep_rank=0)  # fmt: skip
-    try:
-        with get_parallel().override(**ranks):
-            yield
-    finally:
-        pm.get_dp_tp_group = original
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def sglang_process():
     with scheduler_process():
         yield
-
-
-class Scheduler:
-    """What SGLang's ``Scheduler.run_batch`` does around the profiler: count the batch, call
-    the predicate, run the forward (here CPU matmuls, more for bigger batches)."""
-
-    def __init__(self) -> None:
-        self.forward_ct = 0
-        self.manager = pm.SchedulerProfilerManager(get_forward_ct=lambda: self.forward_ct)
-        self.x = torch.randn(64, 64)
-
-    def profile(self, **fields):
-        return self.manager._profile(ProfileReq(**fields))
-
-    def stop(self):
-        return self.manager._profile(ProfileReq(req_type=ProfileReqType.STOP_PROFILE))
-
-    def run(self, mode, reqs=2, tokens=None, decoding=0):
-        """One forward batch; a prefill's token count defaults to 100 + its forward count,
-        so each captured batch can be told from the others by its annotation. Its requests'
-        ``rid`` s are ``f"{forward count}.{i}"``."""
-        self.forward_ct += 1
-        tokens = 100 + self.forward_ct if tokens is None else tokens
-        batch = SimpleNamespace(
-            forward_mode=mode,
-            reqs=[SimpleNamespace(rid=f"{self.forward_ct}.{i}") for i in range(reqs)],
-            extend_num_tokens=tokens if mode.is_extend() else None,
-            decoding_reqs=[object()] * decoding if decoding else None,
-            batch_size=lambda: reqs,
-        )
-        self.manager._profile_batch_predicate(batch)
-        for _ in range(reqs):
-            self.x = torch.mm(self.x, self.x).tanh()
 
 
 def profile_req(tmp_path: Path, profile_id: str, **fields) -> dict:
@@ -194,15 +120,22 @@ def test_with_request_ids_each_captured_batch_names_its_rids(tmp_path, monkeypat
     ]
 
 
-def test_a_start_step_already_passed_is_refused_naming_it(tmp_path):
+def test_a_start_step_already_passed_begins_in_the_next_forward_pass_as_sglangs_does(
+    tmp_path, caplog
+):
+    caplog.set_level(logging.INFO, logger="stepscope.sglang")
     s = Scheduler()
     for _ in range(5):
         s.run(D)
     reply = s.profile(**profile_req(tmp_path, "late", start_step=3, num_steps=2))
-    assert not reply.success
-    assert "start_step 3 has passed" in reply.message and "forward pass 5" in reply.message
-    s.run(D)
-    assert not list(tmp_path.iterdir())
+    assert reply.success, reply.message
+    assert "start_step 3 has passed on this rank (forward pass 5)" in caplog.text
+    for _ in range(3):  # 6, 7 captured; 8 ends the window
+        s.run(D, reqs=3)
+    m = wait_complete(tmp_path / "late-TP-0.stepscope.json")
+    assert annotations(tmp_path / m["trace_file"]) == [decode(3), decode(3)]
+    # The manifest says which forward pass the window began in.
+    assert m["metadata"]["sglang_first_forward_pass"] == 6
 
 
 def test_profile_by_stage_writes_one_trace_per_stage_named_as_sglang_does(tmp_path):
@@ -232,21 +165,24 @@ def test_profile_by_stage_writes_one_trace_per_stage_named_as_sglang_does(tmp_pa
     ]  # fmt: skip
 
 
-def test_by_stage_windows_begin_at_start_step(tmp_path):
+def test_by_stage_windows_begin_at_each_stages_first_batch_whatever_the_start_step(tmp_path):
+    """SGLang's own by-stage profiler does not read start_step; neither does stepscope."""
     s = Scheduler()
     s.run(P)
     s.run(P)
     reply = s.profile(**profile_req(tmp_path, "late", profile_by_stage=True, num_steps=2,
                                     start_step=5))  # fmt: skip
     assert reply.success, reply.message
-    for _ in range(5):  # 3, 4: before start_step; 5, 6 captured; 7 ends the window
+    for _ in range(3):  # 3, 4 captured; 5 ends the window
         s.run(P)
-    for _ in range(3):  # 8, 9 captured; 10 ends it
+    for _ in range(3):  # 6, 7 captured; 8 ends it
         s.run(D)
     extend = wait_complete(tmp_path / "late-TP-0-EXTEND.stepscope.json")
     dec = wait_complete(tmp_path / "late-TP-0-DECODE.stepscope.json")
-    assert annotations(tmp_path / extend["trace_file"]) == [prefill(5), prefill(6)]
+    assert annotations(tmp_path / extend["trace_file"]) == [prefill(3), prefill(4)]
     assert annotations(tmp_path / dec["trace_file"]) == [decode(), decode()]
+    assert (extend["metadata"]["sglang_first_forward_pass"],
+            dec["metadata"]["sglang_first_forward_pass"]) == (3, 6)  # fmt: skip
 
 
 def test_a_stage_window_ends_at_a_batch_of_another_stage_and_stages_can_be_chosen(tmp_path):
@@ -364,10 +300,11 @@ def test_an_sglang_the_plugin_does_not_know_keeps_its_own_profiler(caplog):
 
     module = SimpleNamespace(__name__="fake", SchedulerProfilerManager=Manager,
                              ProfileReq=pm.ProfileReq)  # fmt: skip
+    v2 = importlib.import_module(plugin.V2_MODULE)
     plugin._warned.discard("interface")
-    assert not plugin.interface_known(module)
+    assert not plugin.interface_known(module, v2)
     assert "SchedulerProfilerManager._profile(self, recv_req, extra)" in caplog.text
-    assert plugin.interface_known(pm)
+    assert plugin.interface_known(pm, v2)
 
 
 def test_cuda_profiler_drives_the_cuda_backend_with_one_nvtx_range_per_batch(engine_script):
@@ -376,7 +313,7 @@ def test_cuda_profiler_drives_the_cuda_backend_with_one_nvtx_range_per_batch(eng
     r = engine_script(
         f"""
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        import test_sglang as t
+        import sglang_harness as t
         with t.scheduler_process():
             s = t.Scheduler()
             s.run(t.D)
@@ -384,9 +321,171 @@ def test_cuda_profiler_drives_the_cuda_backend_with_one_nvtx_range_per_batch(eng
             RESULT["reply"] = [reply.success, reply.message]
             for _ in range(4):
                 s.run(t.D, reqs=5)
+            # The second GPU of the node: SGLang calls cudaProfilerStart on the first only.
+            from sglang.srt.runtime_context import get_device
+            with get_device().override(gpu_id=1):
+                s = t.Scheduler()
+                reply = s.profile(profile_id="nsys1", activities=["CUDA_PROFILER"], num_steps=2)
+                RESULT["second"] = [reply.success, reply.message]
+                for _ in range(4):
+                    s.run(t.D, reqs=5)
         """
     )
     assert r.result["reply"] == [True, "Succeeded"]
+    assert r.result["second"] == [True, "Succeeded"]
+    # One start and one stop: the first GPU's.
     assert r.driver() == [("cuProfilerStart", "0"), ("cuProfilerStop", "0")]
     pushes = [e.arg(1) for e in r.events if e.name == "push"]
     assert pushes == [decode(5), decode(5)]
+
+
+def test_a_start_while_a_window_runs_is_refused_and_the_window_goes_on(tmp_path):
+    """SGLang's own refuses in _init_profile, then calls _start_profile anyway, which replaces
+    its running torch.profiler without writing it; stepscope refuses and keeps the window."""
+    s = Scheduler()
+    assert s.profile(**profile_req(tmp_path, "first")).success
+    s.run(P)
+    busy = s.profile(**profile_req(tmp_path, "second"))
+    assert not busy.success and "already in progress" in busy.message
+    s.run(P)
+    assert s.stop().success
+    m = wait_complete(tmp_path / "first-TP-0.stepscope.json")
+    assert annotations(tmp_path / m["trace_file"]) == [prefill(1), prefill(2)]
+    assert sorted(p.name for p in tmp_path.glob("*.trace.json.gz")) == ["first-TP-0.trace.json.gz"]
+
+
+def test_a_pending_start_step_reached_during_a_later_window_does_not_restart_it(tmp_path):
+    """A /stop_profile before a start_step window began leaves SGLang's start forward count
+    set: SGLang starts again there, inside whatever window runs then. stepscope's window of
+    the same name goes on."""
+    s = Scheduler()
+    assert s.profile(**profile_req(tmp_path, "early", start_step=3)).success
+    assert not s.stop().success  # SGLang's answer: nothing in progress (the start stays)
+    assert s.profile(**profile_req(tmp_path, "manual")).success
+    for _ in range(4):  # 1..4; forward 3 is the stale start
+        s.run(P)
+    assert s.stop().success
+    m = wait_complete(tmp_path / "manual-TP-0.stepscope.json")
+    assert annotations(tmp_path / m["trace_file"]) == [prefill(i) for i in (1, 2, 3, 4)]
+
+
+def test_a_stage_window_begun_inside_another_stages_writes_both(tmp_path):
+    """By stage, a decode batch first begins the decode window; a prefill batch inside it
+    begins the prefill window (SGLang's own drops the decode window's profiler there)."""
+    s = Scheduler()
+    reply = s.profile(**profile_req(tmp_path, "both", profile_by_stage=True, num_steps=2))
+    assert reply.success, reply.message
+    s.run(D, reqs=3)  # 1: the decode window
+    s.run(P)  # 2: the prefill window; the decode one is written as it stands
+    s.run(P)  # 3
+    s.run(P)  # 4: ends the prefill window
+    dec = wait_complete(tmp_path / "both-TP-0-DECODE.stepscope.json")
+    extend = wait_complete(tmp_path / "both-TP-0-EXTEND.stepscope.json")
+    assert annotations(tmp_path / dec["trace_file"]) == [decode(3)]
+    assert annotations(tmp_path / extend["trace_file"]) == [prefill(2), prefill(3)]
+
+
+def test_profile_stages_chooses_the_windows_without_v2_too(tmp_path):
+    """SGLang's default profiler ignores profile_stages (its V2 honours it); stepscope honours
+    it under both."""
+    s = Scheduler()
+    reply = s.profile(**profile_req(tmp_path, "dec", profile_by_stage=True, num_steps=2,
+                                    profile_stages=["decode"]))  # fmt: skip
+    assert reply.success, reply.message
+    for mode in (P, P, D, D, D, P):
+        s.run(mode)
+    m = wait_complete(tmp_path / "dec-TP-0-DECODE.stepscope.json")
+    assert annotations(tmp_path / m["trace_file"]) == [decode(), decode()]
+    assert sorted(p.name for p in tmp_path.glob("*.trace.json.gz")) == [
+        "dec-TP-0-DECODE.trace.json.gz"
+    ]
+
+
+def test_under_profile_v2_windows_follow_its_stage_trigger_and_what_it_asserts_is_refused(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SGLANG_PROFILE_V2", "1")
+    s = Scheduler()
+    assert s.manager._profile_manager is not None
+    cases = [
+        (dict(), "only by stage"),
+        (dict(profile_by_stage=True, num_steps=2, start_step=4), "start_step is not supported"),
+        (dict(profile_by_stage=True, num_steps=2, merge_profiles=True), "merge_profiles"),
+    ]
+    for fields, message in cases:
+        reply = s.profile(**profile_req(tmp_path, "bad", **fields))
+        assert not reply.success and message in reply.message, (fields, reply.message)
+    reply = s.profile(**profile_req(tmp_path, "v2", profile_by_stage=True, num_steps=2))
+    assert reply.success, reply.message
+    s.run(P)  # 1
+    s.run(I)  # 2: idle, inside the window, not counted
+    s.run(P)  # 3
+    s.run(D)  # 4: ends the prefill window (another stage), begins the decode one
+    busy = s.profile(**profile_req(tmp_path, "v2b", profile_by_stage=True, num_steps=2))
+    assert not busy.success and "already in progress" in busy.message
+    s.run(D)  # 5
+    # V2's own manual stop raises NotImplementedError; stepscope's ends the running window.
+    reply = s.stop()
+    assert reply.success, reply.message
+    s.run(D)
+    extend = wait_complete(tmp_path / "v2-TP-0-prefill.stepscope.json")
+    dec = wait_complete(tmp_path / "v2-TP-0-decode.stepscope.json")
+    idle = stepscope.Iteration().name()
+    assert annotations(tmp_path / extend["trace_file"]) == [prefill(1), idle, prefill(3)]
+    assert annotations(tmp_path / dec["trace_file"]) == [decode(), decode()]
+    assert not s.stop().success  # nothing runs, nothing pending
+
+
+def test_server_info_carries_each_schedulers_status_and_ctl_status_reads_it(tmp_path):
+    """The hook on SGLang's internal-state controller adds the scheduler's stepscope status to
+    its GetInternalStateReqOutput; `stepscope ctl status --engine sglang` reads /server_info
+    (here served by a plain HTTP server with that output, SGLang's HTTP layer's place)."""
+    import http.server
+    import subprocess
+    import threading
+
+    from sglang.srt.managers.io_struct import GetInternalStateReq, GetInternalStateReqOutput
+
+    ism = importlib.import_module(plugin.STATE_MODULE)
+    hooked = ism.SchedulerInternalStateController.get_internal_state
+    assert hooked.__wrapped__ is not None, "the /server_info hook is not applied"
+    s = Scheduler()
+    assert s.profile(**profile_req(tmp_path, "st", num_steps=5)).success
+    s.run(D, reqs=3)
+    controller = SimpleNamespace(scheduler=SimpleNamespace(profiler_manager=s.manager))
+    out = plugin._after_internal_state(
+        GetInternalStateReqOutput(internal_state={"max_total_num_tokens": 8}),
+        controller,
+        GetInternalStateReq(),
+    )
+    mine = out.internal_state["stepscope"]
+    assert mine["plugin"] == "sglang" and mine["workers"][0]["phase"] == "running"
+    info = json.dumps({"version": "0.5.23", "internal_states": [out.internal_state]}).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200 if self.path == "/server_info" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(info)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cli = os.environ.get(plugin.CLI_ENV) or str(REPO / "target" / "debug" / "stepscope")
+        if not Path(cli).is_file():
+            pytest.skip("the stepscope command is not built (make test builds it)")
+        run = subprocess.run(
+            [cli, "ctl", "status", "--engine", "sglang", "--json",
+             "--worker", f"http://127.0.0.1:{server.server_port}"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        s.stop()
+    assert run.returncode == 0, run.stderr
+    (outcome,) = json.loads(run.stdout)["workers"]
+    assert outcome["ok"] and outcome["engine_workers"][0]["phase"] == "running", outcome

@@ -78,7 +78,7 @@ pub(super) fn explain_transport(e: &ureq::Error, url: &str) -> String {
 
 /// What an HTTP error status means for this action and engine.
 pub(super) fn explain_status(engine: Engine, action: Action, status: u16, body: &str) -> String {
-    let path = action.path();
+    let path = action.path(engine);
     match (status, engine, action) {
         (404, Engine::Vllm, Action::Start | Action::Stop) => format!(
             "{path} not found: the server was started without a profiler config; restart it \
@@ -121,7 +121,7 @@ pub fn call_worker(
     retries: u32,
 ) -> Outcome {
     let start = Instant::now();
-    let url = format!("{worker}{}", action.path());
+    let url = format!("{worker}{}", action.path(engine));
     let mut attempt = 0;
     let result = loop {
         let result = match action {
@@ -138,22 +138,12 @@ pub fn call_worker(
     let mut engine_workers = None;
     let (ok, status, error) = match result {
         Ok((s, body)) if (200..300).contains(&s) && action == Action::Status => {
-            match serde_json::from_str::<Value>(&body)
-                .ok()
-                .and_then(|v| v.get("workers")?.as_array().cloned())
-            {
-                Some(list) => {
+            match status_workers(engine, &body) {
+                Ok(list) => {
                     engine_workers = Some(list);
                     (true, Some(s), None)
                 }
-                None => (
-                    false,
-                    Some(s),
-                    Some(format!(
-                        "the answer is not {{\"workers\": [...]}}: {}",
-                        excerpt(&body)
-                    )),
-                ),
+                Err(e) => (false, Some(s), Some(e)),
             }
         }
         Ok((s, _)) if (200..300).contains(&s) => (true, Some(s), None),
@@ -175,6 +165,50 @@ pub fn call_worker(
         engine_workers,
         elapsed_ms,
         error,
+    }
+}
+
+/// The engine workers' states in a status answer: vLLM's `{"workers": [...]}`; SGLang's
+/// `/server_info`, whose `internal_states` (one per answering scheduler) each carry the
+/// plugin's `{"stepscope": {"workers": [...]}}`.
+pub(super) fn status_workers(engine: Engine, body: &str) -> Result<Vec<Value>, String> {
+    let value: Option<Value> = serde_json::from_str(body).ok();
+    match engine {
+        Engine::Vllm => value
+            .as_ref()
+            .and_then(|v| v.get("workers")?.as_array().cloned())
+            .ok_or_else(|| {
+                format!(
+                    "the answer is not {{\"workers\": [...]}}: {}",
+                    excerpt(body)
+                )
+            }),
+        Engine::Sglang => {
+            let states = value
+                .as_ref()
+                .and_then(|v| v.get("internal_states")?.as_array().cloned())
+                .ok_or_else(|| {
+                    format!(
+                        "/server_info has no internal_states list: {}",
+                        excerpt(body)
+                    )
+                })?;
+            let ours: Vec<&Value> = states.iter().filter_map(|s| s.get("stepscope")).collect();
+            if ours.is_empty() {
+                return Err(
+                    "/server_info carries no stepscope status: install stepscope in the \
+                            server's environment (with SGLANG_PLUGINS set, it must name \
+                            stepscope)"
+                        .to_string(),
+                );
+            }
+            Ok(ours
+                .iter()
+                .filter_map(|s| s.get("workers")?.as_array())
+                .flatten()
+                .cloned()
+                .collect())
+        }
     }
 }
 

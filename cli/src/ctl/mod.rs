@@ -47,17 +47,20 @@ pub enum Action {
     Stop,
     /// List the workers and their health.
     Workers,
-    /// Each server's engine workers' stepscope state (GET /stepscope/status).
+    /// Each server's engine workers' stepscope state: vLLM's `GET /stepscope/status` (the
+    /// plugin's endpoint), SGLang's `GET /server_info` (each answering scheduler's
+    /// `internal_states[i].stepscope`, which the plugin adds).
     Status,
 }
 
 impl Action {
-    fn path(self) -> &'static str {
-        match self {
-            Action::Start => "/start_profile",
-            Action::Stop => "/stop_profile",
-            Action::Workers => "/health",
-            Action::Status => "/stepscope/status",
+    fn path(self, engine: Engine) -> &'static str {
+        match (self, engine) {
+            (Action::Start, _) => "/start_profile",
+            (Action::Stop, _) => "/stop_profile",
+            (Action::Workers, _) => "/health",
+            (Action::Status, Engine::Vllm) => "/stepscope/status",
+            (Action::Status, Engine::Sglang) => "/server_info",
         }
     }
 }
@@ -159,7 +162,7 @@ pub fn command(c: &CtlCommand) -> Result<ExitCode, Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::http::explain_status;
+    use super::http::{explain_status, status_workers};
     use super::render::engine_worker_line;
     use super::*;
     use serde_json::json;
@@ -282,5 +285,26 @@ mod tests {
         assert!(m.contains("--profiler-config"), "{m}");
         let m = explain_status(Engine::Vllm, Action::Stop, 503, "overloaded\n  now");
         assert!(m.contains("server error 503: overloaded now"), "{m}");
+    }
+
+    #[test]
+    fn sglang_status_is_read_from_server_infos_internal_states() {
+        let info = json!({"version": "0.5.23", "internal_states": [
+            {"max_total_num_tokens": 1, "stepscope": {"plugin": "sglang", "workers": [{"phase": "idle"}]}},
+            {"stepscope": {"plugin": "sglang", "workers": [{"phase": "running"}, {"phase": "idle"}]}},
+        ]});
+        let workers = status_workers(Engine::Sglang, &info.to_string()).unwrap();
+        let phases: Vec<&str> = workers
+            .iter()
+            .map(|w| w["phase"].as_str().unwrap())
+            .collect();
+        assert_eq!(phases, ["idle", "running", "idle"]);
+        let without = json!({"internal_states": [{"max_total_num_tokens": 1}]});
+        let err = status_workers(Engine::Sglang, &without.to_string()).unwrap_err();
+        assert!(err.contains("no stepscope status"), "{err}");
+        assert!(status_workers(Engine::Sglang, "{}")
+            .unwrap_err()
+            .contains("internal_states"));
+        assert_eq!(Action::Status.path(Engine::Sglang), "/server_info");
     }
 }
