@@ -19,9 +19,11 @@ PYTHON := $(VENV)/bin/python
 VENV033 := $(CURDIR)/.venv-vllm033
 # SGLang 0.5.23 on torch 2.14.1 (scripts/setup.sh): the SGLang plugin's tests.
 VENVSGL := $(CURDIR)/.venv-sglang
+# torch 2.15.0 alone (scripts/setup.sh): the wheel's glue for it.
+VENV215 := $(CURDIR)/.venv-torch215
 UV := $(VENV)/bin/uv
 
-.PHONY: all setup demo test fmt-check clippy test-rust glue python wheel sdist test-python test-sdist bench bench-vllm bench-sglang install clean
+.PHONY: all setup demo test fmt-check clippy test-rust glue cli-bin python wheel sdist test-python test-wheel test-sdist bench bench-vllm bench-sglang install clean
 
 all: test
 
@@ -50,7 +52,7 @@ demo: setup python
 
 # Each phase timed (scripts/phases.sh prints a line per phase at the end, also on a failure).
 test:
-	@scripts/phases.sh setup fmt-check clippy test-rust test-python test-sdist
+	@scripts/phases.sh setup fmt-check clippy test-rust test-python test-wheel test-sdist
 	@echo "make test: all checks passed"
 
 fmt-check:
@@ -73,14 +75,15 @@ test-rust:
 	$(CARGO) test -p stepscope --features torch --lib
 	$(CARGO) test -p stepscope-torch-engine --all-targets
 
-# The Kineto glue for each torch of the two environments, built under target/glue/ (about 10 s
-# each when cpp/ changed, else nothing), then staged in the package (python/stepscope/_glue/,
-# git-ignored) with its C++ sources: what the wheel carries and the torch backend loads, per
-# torch minor version.
+# The Kineto glue for each torch minor version the environments hold (2.13, 2.14, 2.15), built
+# under target/glue/ (about 10 s each when cpp/ changed, else nothing), then staged in the
+# package (python/stepscope/_glue/, git-ignored) with its C++ sources: what the wheel carries
+# and the torch backend loads, per torch minor version.
 GLUE := target/glue
 glue: setup
 	$(PYTHON) python/stepscope/glue.py build --src cpp --out $(GLUE)
 	$(VENV033)/bin/python python/stepscope/glue.py build --src cpp --out $(GLUE)
+	$(VENV215)/bin/python python/stepscope/glue.py build --src cpp --out $(GLUE)
 	rm -rf python/stepscope/_glue
 	mkdir -p python/stepscope/_glue/src
 	cp -p $(GLUE)/libstepscope_kineto-torch*.so python/stepscope/_glue/
@@ -92,10 +95,23 @@ glue: setup
 python: glue
 	$(VENV)/bin/maturin develop --quiet
 
-# One wheel (abi3, glue for torch 2.13 and 2.14) under dist/.
-wheel: glue
+# The stepscope command for the wheel: built as maturin builds a binary's wheel (release, linked
+# by zig against glibc 2.28), then taken out of that wheel into the package
+# (python/stepscope/_bin/, git-ignored).
+CLI_BIN := python/stepscope/_bin/stepscope
+# bindgen (nvtx-sys) parses C headers for the target zig names: the host's headers are named.
+CLANG_INCLUDE = $(lastword $(wildcard /usr/lib/llvm-*/lib/clang/*/include))
+ZIG_BINDGEN := BINDGEN_EXTRA_CLANG_ARGS="-isystem $(CLANG_INCLUDE) -isystem /usr/include/x86_64-linux-gnu -isystem /usr/include"
+cli-bin: setup
+	cd cli && $(ZIG_BINDGEN) $(VENV)/bin/maturin build --quiet --release --zig --out ../target/cli-wheel
+	$(PYTHON) scripts/take_cli.py target/cli-wheel $(CLI_BIN)
+
+# The release wheel under dist/: abi3, manylinux_2_28 (linked by zig against glibc 2.28, as
+# torch's own wheels), optimized, with the Kineto glue for torch 2.13, 2.14 and 2.15 and the
+# stepscope command. What the tests install, and what would be published.
+wheel: glue cli-bin
 	rm -f dist/stepscope-*.whl
-	$(VENV)/bin/maturin build --quiet --out dist
+	$(ZIG_BINDGEN) $(VENV)/bin/maturin build --quiet --release --zig --out dist
 
 # The source distribution: built with `pip install --no-build-isolation` where a torch is
 # installed, it carries glue for that torch (bindings/python/build.rs).
@@ -116,6 +132,12 @@ test-python: wheel
 	$(CARGO) build --quiet -p stepscope-cli
 	scripts/pytest_envs.sh $(PYTHON) $(VENV033)/bin/python $(VENVSGL)/bin/python \
 		$(CURDIR)/target/debug/stepscope
+
+# The wheel as a package index and a user get it (scripts/check_wheel.sh): auditwheel's
+# manylinux_2_28, an optimized extension, and in a fresh environment with torch 2.15 only (no
+# Rust, no compiler) a Kineto capture from Python that the packaged stepscope command analyzes.
+test-wheel: wheel
+	scripts/check_wheel.sh $(UV)
 
 # The sdist built with --no-build-isolation where only torch 2.14 is installed: it carries glue
 # for that torch and captures a trace (scripts/check_sdist.sh, a scratch venv, 1-3 min).

@@ -23,6 +23,28 @@
 #include <string_view>
 #include <utility>
 
+// glibc 2.32 added __libc_single_threaded, which libstdc++'s headers (GCC 11 on) read to skip
+// atomic reference counts while a process has one thread; a glue built on a newer glibc would
+// then need 2.32, above torch's own floor (manylinux_2_28, glibc 2.28). This hidden definition
+// of our own says "not single-threaded" always: every count this file changes is atomic (right
+// in every process, a few cycles dearer in a single-threaded one), and the glue needs nothing
+// newer than glibc 2.28.
+#if __has_include(<sys/single_threaded.h>)
+extern "C" {
+__attribute__((visibility("hidden"))) char __libc_single_threaded = 0;
+}
+#endif
+
+// The same for libstdc++: GCC 11's allocator throws through std::__throw_bad_array_new_length,
+// which only libstdc++ 3.4.29 (GCC 11) exports, above torch's floor (manylinux_2_28 allows
+// 3.4.24). A definition of our own, doing what libstdc++'s does (libstdc++'s declaration makes
+// it visible; the glue is loaded RTLD_LOCAL, so nothing else binds to it).
+#if defined(__GLIBCXX__) && defined(_GLIBCXX_RELEASE) && _GLIBCXX_RELEASE >= 11
+namespace std {
+void __throw_bad_array_new_length() { throw bad_array_new_length(); }
+}  // namespace std
+#endif
+
 namespace tap = torch::autograd::profiler;
 namespace tpi = torch::profiler::impl;
 

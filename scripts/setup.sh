@@ -89,8 +89,9 @@ uv_env() {
 # feature, torch-sys finds it through this venv's python with LIBTORCH_USE_PYTORCH=1); maturin
 # builds the Python package, pytest runs its tests, ruff checks the Python code, vllm==0.32.0 is
 # what the vLLM plugin's tests import (on CPU).
+# ziglang links the release wheel against glibc 2.28 (maturin --zig), auditwheel checks it.
 uv_env "$VENV" "torch 2.13, vLLM 0.32" "torch==2.13.0" "maturin==1.16.0" "pytest==9.2.0" \
-  "ruff==0.17.6" "vllm==0.32.0" "uv==$UV_VERSION"
+  "ruff==0.17.6" "vllm==0.32.0" "uv==$UV_VERSION" "ziglang==0.17.1" "auditwheel==6.8.2"
 
 # vLLM's CPU build of the same version, over the vllm package, so the live-server tests run a
 # real `vllm serve` on this CPU (AVX2 kernels, `vllm/_C_AVX2.abi3.so`). Its metadata pins
@@ -118,6 +119,10 @@ uv_env .venv-vllm033 "vLLM 0.33, torch 2.14" --override scripts/vllm033-override
 # patch release loads the glue built for torch 2.14.
 uv_env .venv-sglang "SGLang 0.5.23, torch 2.14.1" "sglang==0.5.23" "torch==2.14.1" "pytest==9.2.0"
 
+# The fourth: torch 2.15.0 alone, for the wheel's Kineto glue for it (make glue builds it here;
+# scripts/check_wheel.sh captures with it from a fresh environment of the same pin).
+uv_env .venv-torch215 "torch 2.15" "torch==2.15.0"
+
 # What the environments hold on disk, files shared through the cache counted once (after an
 # install only: du walks some 100,000 files).
-[ "$installed" -eq 0 ] || say "Python environments: $(du -shc .venv .venv-vllm033 .venv-sglang 2>/dev/null | tail -1 | cut -f1) on disk (shared files counted once)"
+[ "$installed" -eq 0 ] || say "Python environments: $(du -shc .venv .venv-vllm033 .venv-sglang .venv-torch215 2>/dev/null | tail -1 | cut -f1) on disk (shared files counted once)"

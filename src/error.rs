@@ -20,6 +20,10 @@ pub enum Error {
         field: String,
         /// What is wrong and what is allowed.
         message: String,
+        /// The key is not one stepscope knows (as opposed to a known key with a bad value):
+        /// an engine newer than stepscope may pass it (the vLLM plugin drops one at its
+        /// default).
+        unknown_key: bool,
     },
     /// The config text is not valid JSON, or not a JSON object.
     Json {
@@ -64,6 +68,16 @@ impl Error {
         Error::Config {
             field: field.into(),
             message: message.into(),
+            unknown_key: false,
+        }
+    }
+
+    /// A config error for a key stepscope does not know.
+    pub(crate) fn unknown_key(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Config {
+            field: field.into(),
+            message: message.into(),
+            unknown_key: true,
         }
     }
 
@@ -101,7 +115,9 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Config { field, message } => write!(f, "profiler config: `{field}` {message}"),
+            Error::Config { field, message, .. } => {
+                write!(f, "profiler config: `{field}` {message}")
+            }
             Error::Json { source, message } => {
                 write!(f, "profiler config from {source} is not valid: {message}")
             }

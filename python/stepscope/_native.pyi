@@ -10,6 +10,8 @@ class ConfigError(ValueError):
 
     #: The offending key's dotted path (``"stepscope.nvtx"``), or None for malformed JSON.
     field: str | None
+    #: Whether the key is one stepscope does not know (not a bad value of a known one).
+    unknown_key: bool
 
 class BackendError(RuntimeError):
     """A profiling backend failed."""

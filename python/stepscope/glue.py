@@ -163,10 +163,11 @@ def build(
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DGLOG_USE_GLOG_EXPORT",
         *(f for d in includes for f in ("-isystem", str(d))),
         str(src_dir / "kineto.cc"), "-o", tmp,
-        f"-L{lib}", "-ltorch_cpu", "-lc10",
-        # Installed: stepscope/_glue/ beside torch/lib; the libraries are loaded already when
-        # torch is imported, which the torch backend requires.
-        "-Wl,-rpath,$ORIGIN/../../torch/lib", f"-Wl,-rpath,{lib}",
+        # No libtorch at link time (no DT_NEEDED, no rpath): the glue takes torch's symbols
+        # from the torch already loaded in the process, whose libtorch_cpu and libc10 the
+        # loader makes visible before it loads the glue (src/backend/torch/kineto.rs). So the
+        # wheel needs no libtorch and passes auditwheel as manylinux.
+        "-Wl,--as-needed",
     ]  # fmt: skip
     print(f"stepscope.glue: building {target.name} for torch {version} (10-60 s)", flush=True)
     began = time.monotonic()

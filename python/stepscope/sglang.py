@@ -951,7 +951,9 @@ def merge_when_written(
         for m in done
         if m.get("status") == "complete" and m.get("trace_file")
     ]
-    cli = os.environ.get(CLI_ENV) or shutil.which("stepscope")
+    from stepscope._cli import executable
+
+    cli = os.environ.get(CLI_ENV) or executable() or shutil.which("stepscope")
     if not traces:
         logger.error(
             "stepscope: merge_profiles: no complete trace of %s to merge",
@@ -960,8 +962,8 @@ def merge_when_written(
         return None
     if cli is None:
         logger.error(
-            "stepscope: merge_profiles needs the stepscope command (cargo install stepscope-cli, "
-            "or %s=/path/to/stepscope); the %d traces are in %s, unmerged",
+            "stepscope: merge_profiles needs the stepscope command (this package carries none: "
+            "set %s=/path/to/stepscope); the %d traces are in %s, unmerged",
             CLI_ENV,
             len(traces),
             window.output_dir,

@@ -145,27 +145,95 @@ def config_dict(profiler_config: Any) -> dict[str, Any]:
 
 def build_profiler(profiler_config: Any, *, worker_name: str, local_rank: int) -> Any:
     """stepscope's profiler for vLLM's config and ``STEPSCOPE_CONFIG``'s keys, validated
-    together. A bad ``stepscope.*`` key is logged as an error naming it and left out (the rest
-    still apply); a vLLM field stepscope does not accept raises :class:`stepscope.ConfigError`.
-    """
+    together (see :func:`make_with_known_fields`)."""
     import stepscope
 
-    config = config_dict(profiler_config)
+    def make(config: dict[str, Any]) -> Any:
+        return stepscope.WorkerProfiler(
+            config, worker_name=worker_name, local_rank=local_rank, rank=rank_of(worker_name)
+        )
+
+    profiler = make_with_known_fields(profiler_config, config_dict(profiler_config), make)
+    add_version_metadata(profiler)
+    return profiler
+
+
+def make_with_known_fields(
+    profiler_config: Any, config: dict[str, Any], make: Callable[[dict[str, Any]], Any]
+) -> Any:
+    """``make(config)``, where ``config`` is vLLM's ``profiler_config`` as stepscope's config. A
+    bad ``stepscope.*`` key is logged as an error naming it and left out (the rest still
+    apply). A ``ProfilerConfig`` field stepscope does not know (a newer vLLM's) is left out with
+    one info line when it holds its default, else raises :class:`stepscope.ConfigError` after
+    one warning naming the field and its value (vLLM's own profiler then serves the process),
+    as does any other vLLM field stepscope does not accept."""
+    import stepscope
+
     keys = config.get("stepscope", {})
+    defaults = field_defaults(profiler_config)
     while True:
         try:
-            profiler = stepscope.WorkerProfiler(
-                config, worker_name=worker_name, local_rank=local_rank, rank=rank_of(worker_name)
-            )
-            add_version_metadata(profiler)
-            return profiler
+            return make(config)
         except stepscope.ConfigError as e:
             field = getattr(e, "field", None) or ""
             key = field.split(".")[1] if field.startswith("stepscope.") else None
-            if key not in keys:
+            if key is not None and key in keys:
+                logger.error("stepscope: %s; %s left out (from %s)", e, field, CONFIG_ENV)
+                del keys[key]
+                continue
+            if not getattr(e, "unknown_key", False) or field not in defaults:
                 raise
-            logger.error("stepscope: %s; %s left out (from %s)", e, field, CONFIG_ENV)
-            del keys[key]
+            value = config[field]
+            if not _is_default(value, defaults[field]):
+                _warn_once(
+                    f"field:{field}",
+                    "stepscope: vLLM's ProfilerConfig field %s is %r, which this stepscope "
+                    "does not know (vLLM %s); vLLM's own profiler serves this process",
+                    field,
+                    value,
+                    _vllm_version(),
+                )
+                raise
+            _info_once(
+                f"field:{field}",
+                "stepscope: vLLM's ProfilerConfig field %s (vLLM %s) is not one this stepscope "
+                "knows; at its default (%r), left out",
+                field,
+                _vllm_version(),
+                value,
+            )
+            del config[field]
+
+
+def field_defaults(profiler_config: Any) -> dict[str, Any]:
+    """Each field's default in vLLM's config dataclass (pydantic's or the standard one);
+    fields without one are left out."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(profiler_config):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            try:
+                out[f.name] = f.default_factory()
+            except Exception:  # noqa: BLE001 - no default to compare with
+                continue
+    return out
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    try:
+        return bool(value == default)
+    except Exception:  # noqa: BLE001 - an odd type: treat as set
+        return False
+
+
+_informed: set[str] = set()
+
+
+def _info_once(key: str, message: str, *args: Any) -> None:
+    if key not in _informed:
+        _informed.add(key)
+        logger.info(message, *args)
 
 
 def add_version_metadata(profiler: Any) -> None:
@@ -212,8 +280,9 @@ def _make_factory(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             profiler = build_profiler(profiler_config, worker_name=worker_name, local_rank=local_rank)
         except stepscope.ConfigError as e:
-            # A vLLM field this stepscope does not know: vLLM's own profiler honours it.
-            logger.warning("stepscope: %s; using vLLM's own profiler for %s", e, worker_name)
+            # A vLLM field this stepscope does not accept: vLLM's own profiler honours it.
+            if not getattr(e, "unknown_key", False):
+                logger.warning("stepscope: %s; using vLLM's own profiler for %s", e, worker_name)
             return vllms_own()
         if extra.get("profiler_kwargs"):
             profiler.set_profiler_kwargs(extra["profiler_kwargs"])
@@ -346,9 +415,12 @@ def _make_frontend_factory(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return FrontendProfiler(profiler_config, worker_name)
         except Exception as e:  # noqa: BLE001 - vLLM's own profiler takes over
-            logger.warning(
-                "stepscope: %s; using vLLM's own profiler for the API server (%s)", e, worker_name
-            )
+            if not getattr(e, "unknown_key", False):  # else warned once already
+                logger.warning(
+                    "stepscope: %s; using vLLM's own profiler for the API server (%s)",
+                    e,
+                    worker_name,
+                )
             return original(profiler_config, worker_name=worker_name)
 
     create_frontend_profiler.__doc__ = "stepscope's profiler for the API server (stepscope.vllm)."
@@ -381,7 +453,11 @@ class FrontendProfiler:
         )
         keys = {k: v for k, v in config.get("stepscope", {}).items() if k not in _ITERATION_KEYS}
         config["stepscope"] = keys
-        self._profiler = stepscope.WorkerProfiler(config, worker_name=worker_name)
+        self._profiler = make_with_known_fields(
+            profiler_config,
+            config,
+            lambda c: stepscope.WorkerProfiler(c, worker_name=worker_name),
+        )
         add_version_metadata(self._profiler)
         self._thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="stepscope-frontend"

@@ -163,7 +163,7 @@ impl Fields {
     pub(super) fn finish(self) -> Result<()> {
         match self.map.keys().next() {
             None => Ok(()),
-            Some(key) => Err(Error::config(
+            Some(key) => Err(Error::unknown_key(
                 self.name(key),
                 if self.prefix.is_empty() {
                     "is not a profiler config key (vLLM 0.32's ProfilerConfig fields and the \

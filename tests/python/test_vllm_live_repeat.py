@@ -3,10 +3,12 @@ of the series begins at a decode batch of at least `min_batch_requests` requests
 one too when the batch at its due step is smaller. Its own server: the series' keys change how
 every start of a server behaves.
 
-The load is shaped by request counts and lengths, never by time: four requests decode
-together (the first window), one of them ends early so that decode batches of three pass the
-second window's due step (the worker's status says when it has passed), then four more
-requests bring batches of at least four again.
+The load is shaped by request counts and lengths, and by what the server reports, never by
+time: three long requests decode (vLLM's `vllm:num_requests_running` says when all three run),
+then a short one joins them (the first window begins at a batch of four) and ends early, so
+that batches of three pass the second window's due step (the worker's status says when it has
+passed); then four more requests bring batches of at least four again, whether the long ones
+still run or not (the four alone make one).
 """
 
 from __future__ import annotations
@@ -65,6 +67,22 @@ def requests_in(trace: Path) -> list[int]:
     return found
 
 
+def wait_running(server, n: int, timeout: float = 600) -> None:
+    """Until vLLM's own gauge says `n` requests run (`timeout` only bounds a broken run)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, text, _ = server.get("/metrics")
+        running = [
+            float(line.rsplit(" ", 1)[1])
+            for line in str(text).splitlines()
+            if line.startswith("vllm:num_requests_running")
+        ]
+        if status == 200 and running and running[0] >= n:
+            return
+        assert time.monotonic() < deadline, f"never {n} running: {running}"
+        time.sleep(0.05)
+
+
 def test_every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size(server):
     status, _, _ = server.post("/start_profile")
     assert status == 200, server.log_tail()
@@ -76,11 +94,14 @@ def test_every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size(s
         except BaseException as e:  # noqa: BLE001 - reported by the test
             errors.append(e)
 
-    # Three long requests and one short: decode batches of four, then of three.
-    threads = [threading.Thread(target=complete, args=(400, i)) for i in range(3)]
-    threads.append(threading.Thread(target=complete, args=(6, 3)))
+    # Three long requests; once all three run, a short one: decode batches of four, then of
+    # three.
+    threads = [threading.Thread(target=complete, args=(480, i)) for i in range(3)]
     for t in threads:
         t.start()
+    wait_running(server, 3)
+    threads.append(threading.Thread(target=complete, args=(6, 3)))
+    threads[-1].start()
     first = server.wait_for_worker(lambda w: w["windows_done"] >= 1, "first window")
     due = first["next_window_at"]
     assert first["phase"] == "between" and due is not None, json.dumps(first)
@@ -88,7 +109,7 @@ def test_every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size(s
     passed = server.wait_for_worker(lambda w: w["step_index"] >= due + 2, "the due step passing")
     assert (passed["phase"], passed["windows_done"]) == ("between", 1), passed
     # Four more requests: batches of at least four again, and the second window.
-    more = [threading.Thread(target=complete, args=(24, 10 + i)) for i in range(4)]
+    more = [threading.Thread(target=complete, args=(200, 10 + i)) for i in range(4)]
     for t in more:
         t.start()
     done = server.wait_for_worker(lambda w: w["windows_done"] >= 2, "second window")

@@ -266,6 +266,70 @@ def test_one_bad_stepscope_key_is_left_out_and_the_others_apply(vllm_loaded, mon
     assert any("stepscope.nvtx" in m and "left out" in m for m in messages), messages
 
 
+def next_vllms_profiler_config():
+    """vLLM's real ProfilerConfig with one field more, as a newer vLLM would have it: a
+    pydantic dataclass subclass (vLLM's own kind of config class)."""
+    from pydantic.dataclasses import dataclass as pydantic_dataclass
+    from vllm.config import ProfilerConfig
+
+    @pydantic_dataclass
+    class NextProfilerConfig(ProfilerConfig):
+        torch_profiler_with_modules: bool = False
+
+    return NextProfilerConfig
+
+
+def test_a_field_of_a_newer_vllm_at_its_default_is_left_out_with_one_info_line(
+    vllm_loaded, tmp_path
+):
+    import logging
+
+    # The API server's profiler too.
+    front_cfg = next_vllms_profiler_config()(profiler="torch", torch_profiler_dir=str(tmp_path))
+    front = plugin.FrontendProfiler(front_cfg, "api")
+    assert isinstance(front.profiler, stepscope.WorkerProfiler)
+    front.shutdown()
+    cfg = next_vllms_profiler_config()(profiler="cuda", max_iterations=2)
+    plugin._informed.discard("field:torch_profiler_with_modules")
+    with _captured_log() as records:
+        p = vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
+        vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
+    assert isinstance(p, stepscope.WorkerProfiler)
+    assert json.loads(p.config_json)["max_iterations"] == 2
+    named = [r for r in records if "torch_profiler_with_modules" in r.getMessage()]
+    assert [r.levelno for r in named] == [logging.INFO], [r.getMessage() for r in records]
+    assert "left out" in named[0].getMessage()
+
+
+def test_a_field_of_a_newer_vllm_set_keeps_vllms_own_profiler_with_one_warning(vllm_loaded):
+    import logging
+
+    cfg = next_vllms_profiler_config()(profiler="cuda", torch_profiler_with_modules=True)
+    plugin._warned.discard("field:torch_profiler_with_modules")
+    with _captured_log() as records:
+        p = vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
+        vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
+    assert not isinstance(p, stepscope.WorkerProfiler), "a set field stepscope cannot honour"
+    named = [r for r in records if "torch_profiler_with_modules" in r.getMessage()]
+    assert [r.levelno for r in named] == [logging.WARNING], [r.getMessage() for r in records]
+    assert "True" in named[0].getMessage() and "vLLM's own profiler" in named[0].getMessage()
+
+
+def test_profilers_stepscope_does_not_drive_stay_vllms(vllm_loaded, tmp_path):
+    from vllm.config import ProfilerConfig
+
+    fields = {f.name for f in __import__("dataclasses").fields(ProfilerConfig)}
+    if "proton_profiler_dir" not in fields:
+        pytest.skip("this vLLM has no Proton profiler")
+    cfg = ProfilerConfig(profiler="proton", proton_profiler_dir=str(tmp_path))
+    try:
+        p = vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
+    except Exception as e:  # noqa: BLE001 - vLLM's own Proton wrapper needs triton's proton
+        assert "stepscope" not in repr(e), e
+        return
+    assert not isinstance(p, stepscope.WorkerProfiler)
+
+
 class _captured_log:
     """Records of the ``stepscope.vllm`` logger inside a ``with`` block."""
 
@@ -276,11 +340,14 @@ class _captured_log:
         self.handler = logging.Handler()
         self.handler.emit = self.records.append  # type: ignore[method-assign]
         self.logger = logging.getLogger("stepscope.vllm")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.INFO)
         self.logger.addHandler(self.handler)
         return self.records
 
     def __exit__(self, *exc: object) -> None:
         self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
 
 
 CHILD = """

@@ -42,12 +42,15 @@ pyo3::create_exception!(
 fn to_py(e: &Error) -> PyErr {
     let text = e.to_string();
     match e {
-        Error::Config { field, .. } => {
+        Error::Config {
+            field, unknown_key, ..
+        } => {
             let err = ConfigError::new_err(text);
             Python::attach(|py| {
                 // Setting an attribute on a fresh exception instance cannot fail in practice;
                 // were it to, the message still names the field.
                 let _ = err.value(py).setattr("field", field.as_str());
+                let _ = err.value(py).setattr("unknown_key", *unknown_key);
             });
             err
         }
@@ -55,6 +58,7 @@ fn to_py(e: &Error) -> PyErr {
             let err = ConfigError::new_err(text);
             Python::attach(|py| {
                 let _ = err.value(py).setattr("field", py.None());
+                let _ = err.value(py).setattr("unknown_key", false);
             });
             err
         }

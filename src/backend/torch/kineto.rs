@@ -571,7 +571,42 @@ mod loader {
         )
     }
 
+    /// The torch libraries whose symbols the glue uses; it is linked without them (the wheel
+    /// carries no libtorch), so they are made visible to it before it loads.
+    const TORCH_LIBRARIES: [&str; 2] = ["libc10.so", "libtorch_cpu.so"];
+
+    /// Adds the loaded torch libraries to the process's global symbol scope (`RTLD_NOLOAD`:
+    /// the very objects torch loaded, never a second copy), where the glue's undefined symbols
+    /// are resolved when it loads. What `TORCH_USE_RTLD_GLOBAL` does at torch's import, done
+    /// only at the first torch capture.
+    fn expose_torch() -> Result<(), String> {
+        for name in TORCH_LIBRARIES {
+            let path = loaded_object(name).ok_or_else(|| {
+                format!("{name} is not loaded in this process: import torch before a torch capture")
+            })?;
+            let c = CString::new(path.as_os_str().as_bytes())
+                .map_err(|_| format!("{} has a NUL byte", path.display()))?;
+            // SAFETY: c is a NUL-terminated path; RTLD_NOLOAD returns the loaded object (or
+            // NULL) and changes only its scope. The handle's reference is kept for the process.
+            let handle = unsafe {
+                libc::dlopen(
+                    c.as_ptr(),
+                    libc::RTLD_LAZY | libc::RTLD_NOLOAD | libc::RTLD_GLOBAL,
+                )
+            };
+            if handle.is_null() {
+                return Err(format!(
+                    "cannot reach {} for the Kineto glue: {}",
+                    path.display(),
+                    dl_error()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn open(path: &Path) -> Result<Api, String> {
+        expose_torch()?;
         let c = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| format!("{} has a NUL byte", path.display()))?;
         // SAFETY: c is a NUL-terminated path; RTLD_LOCAL keeps the glue's symbols to itself.
