@@ -11,7 +11,8 @@ trap 'rm -rf "$logs"' EXIT
 "$py033" -m pytest -q --durations=8 -p no:cacheprovider tests/python \
   --ignore tests/python/test_vllm_live.py >"$logs/vllm033" 2>&1 &
 p033=$!
-STEPSCOPE_CLI=$cli "$pysgl" -m pytest -q -p no:cacheprovider tests/python/test_sglang.py \
+STEPSCOPE_CLI=$cli "$pysgl" -m pytest -q --durations=4 -p no:cacheprovider tests/python/test_sglang.py \
+  tests/python/test_sglang_differential.py \
   >"$logs/sglang" 2>&1 &
 psgl=$!
 echo "== pytest, vLLM 0.32 / torch 2.13 ($py)"

@@ -28,6 +28,8 @@ and leaves vLLM untouched. :func:`register` is idempotent.
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
 import dataclasses
 import importlib.abc
 import inspect
@@ -37,6 +39,7 @@ import re
 import sys
 import threading
 import time
+import weakref
 from contextlib import nullcontext
 from types import ModuleType
 from typing import Any, Callable
@@ -428,6 +431,33 @@ def _make_frontend_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     return create_frontend_profiler
 
 
+class _OwnThread:
+    """One daemon thread running the calls given to :meth:`run`, one at a time. Not a
+    ThreadPoolExecutor: an executor refuses work once the interpreter begins to exit, before
+    ``atexit`` handlers run, and Kineto's session must be stopped on the thread that began it."""
+
+    def __init__(self, name: str) -> None:
+        import queue
+
+        self._calls: queue.Queue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = (
+            queue.Queue()
+        )
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, future = self._calls.get()
+            try:
+                future.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                future.set_exception(e)
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._calls.put((fn, future))
+        return future.result()
+
+
 class FrontendProfiler:
     """The API server's CPU profiler around ``AsyncLLM`` (vLLM's ``create_frontend_profiler``,
     used while ``ignore_frontend`` is false), as stepscope's: ``stop()`` returns once Kineto has
@@ -439,8 +469,6 @@ class FrontendProfiler:
     """
 
     def __init__(self, profiler_config: Any, worker_name: str) -> None:
-        import concurrent.futures
-
         import stepscope
 
         config = config_dict(profiler_config)
@@ -459,9 +487,12 @@ class FrontendProfiler:
             lambda c: stepscope.WorkerProfiler(c, worker_name=worker_name),
         )
         add_version_metadata(self._profiler)
-        self._thread = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="stepscope-frontend"
-        )
+        self._thread = _OwnThread("stepscope-frontend")
+        # A session still running when the API server exits (a /start_profile nobody stopped)
+        # is stopped and written first: torch's profiler state destroyed at exit with its
+        # session on crashed the process (segfault in ~ProfilerStateBase).
+        ref = weakref.ref(self)
+        atexit.register(lambda: (p := ref()) is not None and p._at_exit())
         logger.info(
             "stepscope: the API server's CPU trace is stepscope's (written off the request "
             "path) under %s",
@@ -469,7 +500,15 @@ class FrontendProfiler:
         )
 
     def _on_thread(self, fn: Callable[[], Any]) -> Any:
-        return self._thread.submit(fn).result()
+        return self._thread.run(fn)
+
+    def _at_exit(self) -> None:
+        try:
+            if self._profiler.is_active:
+                logger.info("stepscope: the API server exits with its profile running: stopped")
+            self._on_thread(self._profiler.shutdown)
+        except Exception:  # noqa: BLE001 - exiting anyway
+            logger.debug("stepscope: the frontend's shutdown at exit failed", exc_info=True)
 
     def start(self) -> None:
         self._on_thread(self._profiler.start)

@@ -77,6 +77,7 @@ class VllmServer:
         profiler_config: dict[str, Any],
         env: dict[str, str] | None = None,
         model_config: dict[str, Any] | None = None,
+        max_model_len: int = 512,
     ) -> None:
         self.workdir = workdir
         self.model = workdir / "model"
@@ -84,6 +85,7 @@ class VllmServer:
         self.profiler_config = profiler_config
         self.env = env or {}
         self.model_config = {**MODEL_CONFIG, **(model_config or {})}
+        self.max_model_len = max_model_len
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         # vLLM's ZMQ sockets (VLLM_RPC_BASE_PATH, else /tmp, where they outlive the server):
@@ -110,7 +112,7 @@ class VllmServer:
             str(vllm_cli), "serve", str(self.model),
             "--load-format", "dummy", "--skip-tokenizer-init",
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--max-model-len", "512",
+            "--max-model-len", str(self.max_model_len),
             "--profiler-config", json.dumps(self.profiler_config),
         ]  # fmt: skip
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child holds it

@@ -3,12 +3,13 @@ of the series begins at a decode batch of at least `min_batch_requests` requests
 one too when the batch at its due step is smaller. Its own server: the series' keys change how
 every start of a server behaves.
 
-The load is shaped by request counts and lengths, and by what the server reports, never by
-time: three long requests decode (vLLM's `vllm:num_requests_running` says when all three run),
-then a short one joins them (the first window begins at a batch of four) and ends early, so
-that batches of three pass the second window's due step (the worker's status says when it has
-passed); then four more requests bring batches of at least four again, whether the long ones
-still run or not (the four alone make one).
+The load is shaped by request counts and lengths, and by what the worker reports, never by
+time: three long prompts in one completion request (vLLM adds them to the engine together; far
+longer than the test, which does not wait for them), then, once the worker steps, a short
+request joins them (the first window begins at a batch of
+four) and ends early, so that batches of three pass the second window's due step (the worker's
+status says when it has passed); then four more prompts in one request bring batches of at
+least four again, whether the long ones still run or not.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_
 MIN_BATCH = 4
 EVERY = 12
 MAX_ITERATIONS = 3
+# The long requests' tokens: enough steps for the test's own next request to join them however
+# slowly it runs; they are not waited for (the server's stop ends them).
+LONG = 4000
 GENERATION = re.compile(r"^execute_context_(\d+)\(\d+\)_generation_(\d+)\(\d+\)$")
 
 
@@ -47,12 +51,17 @@ def server(tmp_path_factory):
                 "repeat_every": EVERY,
             }}),
         },
+        model_config={"max_position_embeddings": LONG + 16},
+        max_model_len=LONG + 16,
     )  # fmt: skip
     srv.traces = traces
     try:
         yield srv.start()
     finally:
         srv.stop()
+    # The test leaves the API server's profile running (no /stop_profile): it is written at
+    # the server's exit, without a crash.
+    assert "Segfault" not in srv.log_path.read_text(errors="replace"), srv.log_tail()
 
 
 def requests_in(trace: Path) -> list[int]:
@@ -67,20 +76,18 @@ def requests_in(trace: Path) -> list[int]:
     return found
 
 
-def wait_running(server, n: int, timeout: float = 600) -> None:
-    """Until vLLM's own gauge says `n` requests run (`timeout` only bounds a broken run)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        status, text, _ = server.get("/metrics")
-        running = [
-            float(line.rsplit(" ", 1)[1])
-            for line in str(text).splitlines()
-            if line.startswith("vllm:num_requests_running")
-        ]
-        if status == 200 and running and running[0] >= n:
-            return
-        assert time.monotonic() < deadline, f"never {n} running: {running}"
-        time.sleep(0.05)
+def completion(server, prompts: int, max_tokens: int, seed: int) -> None:
+    """One completion request of `prompts` prompts (token ids), `max_tokens` each (EOS ignored):
+    vLLM adds them to its engine at once."""
+    body = {
+        "model": str(server.model),
+        "prompt": [[3 + (seed + i * 7 + k) % 500 for k in range(8)] for i in range(prompts)],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    status, answer, _ = server.post("/v1/completions", body)
+    assert status == 200, answer
 
 
 def test_every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size(server):
@@ -88,20 +95,23 @@ def test_every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size(s
     assert status == 200, server.log_tail()
     errors: list[BaseException] = []
 
-    def complete(max_tokens: int, seed: int) -> None:
-        try:
-            server.completion(8, max_tokens, seed=seed)
-        except BaseException as e:  # noqa: BLE001 - reported by the test
-            errors.append(e)
+    def complete(prompts: int, max_tokens: int, seed: int) -> threading.Thread:
+        def run() -> None:
+            try:
+                completion(server, prompts, max_tokens, seed)
+            except BaseException as e:  # noqa: BLE001 - reported by the test
+                errors.append(e)
 
-    # Three long requests; once all three run, a short one: decode batches of four, then of
-    # three.
-    threads = [threading.Thread(target=complete, args=(480, i)) for i in range(3)]
-    for t in threads:
+        t = threading.Thread(target=run)
         t.start()
-    wait_running(server, 3)
-    threads.append(threading.Thread(target=complete, args=(6, 3)))
-    threads[-1].start()
+        return t
+
+    # Three long prompts together; once the worker steps, a short request joins them: decode
+    # batches of four, then of three.
+    began = server.wait_for_worker(lambda w: True, "status")["step_index"]
+    complete(3, LONG, 0)  # not waited for: the server's stop ends it
+    server.wait_for_worker(lambda w: w["step_index"] > began + 1, "the long prompts running")
+    threads = [complete(1, 6, 3)]
     first = server.wait_for_worker(lambda w: w["windows_done"] >= 1, "first window")
     due = first["next_window_at"]
     assert first["phase"] == "between" and due is not None, json.dumps(first)
@@ -109,9 +119,7 @@ def test_every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size(s
     passed = server.wait_for_worker(lambda w: w["step_index"] >= due + 2, "the due step passing")
     assert (passed["phase"], passed["windows_done"]) == ("between", 1), passed
     # Four more requests: batches of at least four again, and the second window.
-    more = [threading.Thread(target=complete, args=(200, 10 + i)) for i in range(4)]
-    for t in more:
-        t.start()
+    more = [complete(4, 200, 10)]
     done = server.wait_for_worker(lambda w: w["windows_done"] >= 2, "second window")
     assert done["phase"] == "idle", done
     for t in threads + more:

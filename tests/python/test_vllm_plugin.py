@@ -613,3 +613,27 @@ def test_captured_iterations_name_the_scheduler_outputs_requests(
     # stepscope's writer as the trace streams to disk; its record id is its step.
     assert (args["Record function id"], args["requests"]) == (1, ["a", "c", "b"])
     assert list(args).count("requests") == 1
+
+
+def test_the_api_servers_profile_left_running_is_written_at_exit_not_crashed(tmp_path):
+    """A /start_profile nobody stopped: the API server's process exits with its CPU profile on.
+    torch's profiler state destroyed at exit with the session on segfaulted the process; the
+    session is stopped and its trace written first."""
+    code = textwrap.dedent(
+        """
+        import sys, torch
+        from vllm.config import ProfilerConfig
+        import stepscope.vllm as plugin
+        cfg = ProfilerConfig(profiler="torch", torch_profiler_dir=sys.argv[1])
+        p = plugin.FrontendProfiler(cfg, "api")
+        p.start()
+        for _ in range(3):
+            torch.mm(torch.ones(4, 4), torch.ones(4, 4))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                       text=True, timeout=300, env=env, check=False)  # fmt: skip
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    (manifest,) = tmp_path.glob("*.stepscope.json")
+    assert json.loads(manifest.read_text())["status"] == "complete"
