@@ -3,13 +3,13 @@ of the series begins at a decode batch of at least `min_batch_requests` requests
 one too when the batch at its due step is smaller. Its own server: the series' keys change how
 every start of a server behaves.
 
-The load is shaped by request counts and lengths, and by what the worker reports, never by
-time: three long prompts in one completion request (vLLM adds them to the engine together; far
-longer than the test, which does not wait for them), then, once the worker steps, a short
-request joins them (the first window begins at a batch of
-four) and ends early, so that batches of three pass the second window's due step (the worker's
-status says when it has passed); then four more prompts in one request bring batches of at
-least four again, whether the long ones still run or not.
+The load is shaped by request contents, never by time or by how fast the test itself runs: one
+completion request of four prompts (vLLM admits them together), three short prompts whose
+generations outlast the test and one prompt so long that vLLM leaves it room for only a few
+tokens (its `max_tokens` is cut to what the model length leaves). So decode batches hold four
+requests (the first window begins), then three, past the second window's due step (the
+worker's status says when it has passed); then four more prompts bring batches of at least
+four again, whether the others still run or not.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_
 MIN_BATCH = 4
 EVERY = 12
 MAX_ITERATIONS = 3
-# The long requests' tokens: enough steps for the test's own next request to join them however
-# slowly it runs; they are not waited for (the server's stop ends them).
+# The long generations' tokens (far more steps than the test needs), the model length, and the
+# tokens vLLM leaves the prompt that fills the model length but for SHORT.
 LONG = 4000
+MODEL_LEN = LONG + 16
+SHORT = 6
 GENERATION = re.compile(r"^execute_context_(\d+)\(\d+\)_generation_(\d+)\(\d+\)$")
 
 
@@ -51,8 +53,8 @@ def server(tmp_path_factory):
                 "repeat_every": EVERY,
             }}),
         },
-        model_config={"max_position_embeddings": LONG + 16},
-        max_model_len=LONG + 16,
+        model_config={"max_position_embeddings": MODEL_LEN},
+        max_model_len=MODEL_LEN,
     )  # fmt: skip
     srv.traces = traces
     try:
@@ -76,12 +78,12 @@ def requests_in(trace: Path) -> list[int]:
     return found
 
 
-def completion(server, prompts: int, max_tokens: int, seed: int) -> None:
-    """One completion request of `prompts` prompts (token ids), `max_tokens` each (EOS ignored):
-    vLLM adds them to its engine at once."""
+def completion(server, prompts: list[list[int]], max_tokens: int) -> None:
+    """One completion request of `prompts` (token ids), `max_tokens` each (EOS ignored; vLLM
+    cuts it to what the model length leaves a prompt): vLLM admits them together."""
     body = {
         "model": str(server.model),
-        "prompt": [[3 + (seed + i * 7 + k) % 500 for k in range(8)] for i in range(prompts)],
+        "prompt": prompts,
         "max_tokens": max_tokens,
         "ignore_eos": True,
         "temperature": 0,
@@ -90,28 +92,29 @@ def completion(server, prompts: int, max_tokens: int, seed: int) -> None:
     assert status == 200, answer
 
 
+def prompt(length: int, seed: int) -> list[int]:
+    return [3 + (seed + k) % 500 for k in range(length)]
+
+
 def test_every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size(server):
     status, _, _ = server.post("/start_profile")
     assert status == 200, server.log_tail()
     errors: list[BaseException] = []
 
-    def complete(prompts: int, max_tokens: int, seed: int) -> threading.Thread:
+    def complete(prompts: list[list[int]], max_tokens: int) -> threading.Thread:
         def run() -> None:
             try:
-                completion(server, prompts, max_tokens, seed)
+                completion(server, prompts, max_tokens)
             except BaseException as e:  # noqa: BLE001 - reported by the test
                 errors.append(e)
 
-        t = threading.Thread(target=run)
+        t = threading.Thread(target=run, daemon=True)
         t.start()
         return t
 
-    # Three long prompts together; once the worker steps, a short request joins them: decode
-    # batches of four, then of three.
-    began = server.wait_for_worker(lambda w: True, "status")["step_index"]
-    complete(3, LONG, 0)  # not waited for: the server's stop ends it
-    server.wait_for_worker(lambda w: w["step_index"] > began + 1, "the long prompts running")
-    threads = [complete(1, 6, 3)]
+    # Three short prompts generating LONG tokens (not waited for: the server's stop ends them)
+    # and one prompt leaving room for SHORT tokens: decode batches of four, then of three.
+    complete([prompt(8, i) for i in range(3)] + [prompt(MODEL_LEN - SHORT, 99)], LONG)
     first = server.wait_for_worker(lambda w: w["windows_done"] >= 1, "first window")
     due = first["next_window_at"]
     assert first["phase"] == "between" and due is not None, json.dumps(first)
@@ -119,11 +122,10 @@ def test_every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size(s
     passed = server.wait_for_worker(lambda w: w["step_index"] >= due + 2, "the due step passing")
     assert (passed["phase"], passed["windows_done"]) == ("between", 1), passed
     # Four more requests: batches of at least four again, and the second window.
-    more = [complete(4, 200, 10)]
+    more = complete([prompt(8, 10 + i) for i in range(4)], 200)
     done = server.wait_for_worker(lambda w: w["windows_done"] >= 2, "second window")
     assert done["phase"] == "idle", done
-    for t in threads + more:
-        t.join()
+    more.join()
     assert not errors, errors
 
     deadline = time.monotonic() + 300  # bounds a broken run only
