@@ -136,7 +136,8 @@ test-python: wheel
 # The wheel as a package index and a user get it (scripts/check_wheel.sh): auditwheel's
 # manylinux_2_28, an optimized extension, and in a fresh environment with torch 2.15 only (no
 # Rust, no compiler) a Kineto capture from Python that the packaged stepscope command analyzes.
-test-wheel: wheel
+# The wheel test-python built (`make wheel` first when run alone).
+test-wheel: setup
 	scripts/check_wheel.sh $(UV)
 
 # The sdist built with --no-build-isolation where only torch 2.14 is installed: it carries glue

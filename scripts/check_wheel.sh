@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 uv=${1:?usage: check_wheel.sh UV}
 bin=$(dirname "$uv")
 wheels=(dist/stepscope-*.whl)
-[ ${#wheels[@]} -eq 1 ] && [ -f "${wheels[0]}" ] || { echo "check_wheel: want one wheel in dist/, found: ${wheels[*]}" >&2; exit 1; }
+[ ${#wheels[@]} -eq 1 ] && [ -f "${wheels[0]}" ] || { echo "check_wheel: want one wheel in dist/ (make wheel), found: ${wheels[*]}" >&2; exit 1; }
 wheel=${wheels[0]}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

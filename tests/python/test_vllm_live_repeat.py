@@ -45,7 +45,10 @@ def server(tmp_path_factory):
     srv = VllmServer(
         workdir,
         {"profiler": "torch", "torch_profiler_dir": str(traces),
-         "torch_profiler_with_stack": False, "max_iterations": MAX_ITERATIONS},
+         "torch_profiler_with_stack": False, "max_iterations": MAX_ITERATIONS,
+         # The worker's windows only: the API server's CPU profile would run, unstopped,
+         # through the long generations and be written at the server's stop.
+         "ignore_frontend": True},
         env={
             "VLLM_PLUGINS": "stepscope",
             "STEPSCOPE_CONFIG": json.dumps({"stepscope": {
@@ -61,9 +64,6 @@ def server(tmp_path_factory):
         yield srv.start()
     finally:
         srv.stop()
-    # The test leaves the API server's profile running (no /stop_profile): it is written at
-    # the server's exit, without a crash.
-    assert "Segfault" not in srv.log_path.read_text(errors="replace"), srv.log_tail()
 
 
 def requests_in(trace: Path) -> list[int]:
