@@ -32,7 +32,7 @@ import stepscope  # noqa: E402
 from sglang_harness import D, I, M, P, Scheduler, scheduler_process  # noqa: E402
 
 #: Generated sequences per profile manager (each runs twice: SGLang's own, then stepscope).
-LEGACY_SEQUENCES = 60
+LEGACY_SEQUENCES = 40
 V2_SEQUENCES = 30
 FORWARD = re.compile(r"^fwd#(\d+)$")
 MODES = {"E": P, "D": D, "M": M, "I": I}
