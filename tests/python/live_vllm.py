@@ -172,9 +172,12 @@ class VllmServer:
         returns its response id and latency in seconds."""
         return self.completion_of([3 + (seed + k) % 500 for k in range(prompt_len)], max_tokens)
 
-    def completion_of(self, prompt: list[int], max_tokens: int) -> tuple[str, float]:
-        """One completion of `max_tokens` tokens (EOS ignored) of the token ids `prompt`;
-        returns its response id and latency in seconds."""
+    def completion_of(
+        self, prompt: list[int] | list[list[int]], max_tokens: int
+    ) -> tuple[str, float]:
+        """One completion of `max_tokens` tokens (EOS ignored) of the token ids `prompt` (or of
+        several prompts, which vLLM admits together, each cut to what the model length leaves
+        it); returns its response id and latency in seconds."""
         body = {
             "model": str(self.model),
             "prompt": prompt,

@@ -78,20 +78,6 @@ def requests_in(trace: Path) -> list[int]:
     return found
 
 
-def completion(server, prompts: list[list[int]], max_tokens: int) -> None:
-    """One completion request of `prompts` (token ids), `max_tokens` each (EOS ignored; vLLM
-    cuts it to what the model length leaves a prompt): vLLM admits them together."""
-    body = {
-        "model": str(server.model),
-        "prompt": prompts,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0,
-    }
-    status, answer, _ = server.post("/v1/completions", body)
-    assert status == 200, answer
-
-
 def prompt(length: int, seed: int) -> list[int]:
     return [3 + (seed + k) % 500 for k in range(length)]
 
@@ -104,7 +90,7 @@ def test_every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size(s
     def complete(prompts: list[list[int]], max_tokens: int) -> threading.Thread:
         def run() -> None:
             try:
-                completion(server, prompts, max_tokens)
+                server.completion_of(prompts, max_tokens)
             except BaseException as e:  # noqa: BLE001 - reported by the test
                 errors.append(e)
 
