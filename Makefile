@@ -55,8 +55,11 @@ test:
 	@scripts/phases.sh setup fmt-check clippy test-rust test-python test-wheel test-sdist
 	@echo "make test: all checks passed"
 
+# Formatting, and which way the modules depend (no import circle; the library's layers in
+# ARCHITECTURE.md's order).
 fmt-check:
 	$(CARGO) fmt --all -- --check
+	python3 scripts/check_imports.py
 
 # Cargo unifies features across the packages of one invocation: a workspace-wide build turns
 # on stepscope's `torch` feature (torch-engine asks for it; the Python extension for

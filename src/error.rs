@@ -41,6 +41,13 @@ pub enum Error {
         /// The operating system's error ([`std::error::Error::source`]).
         source: IoSource,
     },
+    /// A file stepscope reads back (a manifest) is not in its format.
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it, with the parser's line and column.
+        message: String,
+    },
     /// An argument passed to an API call is invalid (e.g. a negative override).
     InvalidArgument {
         /// The argument's name as the caller wrote it, e.g. `delay_iterations`.
@@ -122,6 +129,7 @@ impl fmt::Display for Error {
                 write!(f, "profiler config from {source} is not valid: {message}")
             }
             Error::Io { path, message, .. } => write!(f, "{}: {message}", path.display()),
+            Error::Format { path, message } => write!(f, "{}: {message}", path.display()),
             Error::InvalidArgument { name, message } => write!(f, "`{name}` {message}"),
             Error::Backend { backend, message } => write!(f, "profiler '{backend}': {message}"),
             Error::Timeout { what } => write!(f, "timed out waiting for {what}"),

@@ -65,7 +65,7 @@ fn code_of(e: &Error) -> c_int {
         Error::Config { .. } | Error::Json { .. } => STEPSCOPE_ERR_CONFIG,
         Error::InvalidArgument { .. } => STEPSCOPE_ERR_INVALID_ARGUMENT,
         Error::Backend { .. } => STEPSCOPE_ERR_BACKEND,
-        Error::Io { .. } => STEPSCOPE_ERR_IO,
+        Error::Io { .. } | Error::Format { .. } => STEPSCOPE_ERR_IO,
         Error::Timeout { .. } => STEPSCOPE_ERR_TIMEOUT,
     }
 }
@@ -529,43 +529,259 @@ pub extern "C" fn stepscope_version() -> *const c_char {
 mod tests {
     use super::*;
 
-    /// The Rust declarations have exactly the C header's signatures.
+    /// The C type of a header parameter or return as the Rust type `type_name` prints, with
+    /// this module's path left out.
+    fn rust_type_of_c(c: &str) -> String {
+        let c = c.split_whitespace().collect::<Vec<_>>().join(" ");
+        let c = c.replace(" *", "*").replace("* ", "*");
+        // Pointers: innermost type first, `const` binding to what it follows or precedes.
+        let mut base = c.trim_end_matches(['*', ' ']).to_string();
+        let stars = c.len() - c.trim_end_matches('*').len();
+        let mut levels: Vec<bool> = Vec::new(); // const-ness of each pointer level, outer last
+        let outer_const = base.starts_with("const ");
+        if outer_const {
+            base = base["const ".len()..].to_string();
+        }
+        // `const char *const *`: the inner pointer is const.
+        let mut inner_const = false;
+        if let Some(b) = base.strip_suffix("*const") {
+            inner_const = true;
+            base = b.to_string();
+        }
+        for i in 0..stars + usize::from(inner_const) {
+            levels.push(if i == 0 {
+                outer_const
+            } else {
+                inner_const && i == 1
+            });
+        }
+        let scalar = match base.as_str() {
+            "int" => "i32",
+            "void" => "()",
+            "char" => "i8",
+            "int64_t" => "i64",
+            "uint32_t" => "u32",
+            "size_t" => "usize",
+            other => other,
+        };
+        let mut out = scalar.to_string();
+        for constant in levels {
+            out = format!("{}{out}", if constant { "*const " } else { "*mut " });
+        }
+        out
+    }
+
+    /// The header's function declarations: name -> `extern "C" fn(...) -> ...` as Rust's
+    /// `type_name` prints the matching function pointer.
+    fn header_functions() -> Vec<(String, String)> {
+        let text = include_str!("../include/stepscope.h");
+        let mut code = String::new();
+        let mut rest = text;
+        while let Some(at) = rest.find("/*") {
+            code.push_str(&rest[..at]);
+            rest = rest[at..]
+                .find("*/")
+                .map_or("", |end| &rest[at + end + 2..]);
+        }
+        code.push_str(rest);
+        let code: String = code
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#') && !l.contains("extern \"C\""))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut out = Vec::new();
+        for decl in code.split(';') {
+            let decl = decl.trim();
+            let Some(open) = decl.find('(') else { continue };
+            let head = &decl[..open];
+            let Some(name_at) = head.rfind("stepscope_") else {
+                continue;
+            };
+            if head.contains("typedef") || head.contains('}') || head.contains('{') {
+                continue;
+            }
+            let name = head[name_at..].trim().to_string();
+            let ret = rust_type_of_c(&head[..name_at]);
+            let params = decl[open + 1..decl.rfind(')').unwrap_or(decl.len())].trim();
+            let params: Vec<String> = if params == "void" {
+                Vec::new()
+            } else {
+                params
+                    .split(',')
+                    .map(|p| {
+                        let p = p.trim();
+                        // Drop the parameter's name: the identifier after the last `*` or space.
+                        let cut = p.rfind(['*', ' ']).map_or(0, |i| i + 1);
+                        rust_type_of_c(&p[..cut])
+                    })
+                    .collect()
+            };
+            let ret = if ret == "()" {
+                String::new()
+            } else {
+                format!(" -> {ret}")
+            };
+            out.push((name, format!("extern \"C\" fn({}){ret}", params.join(", "))));
+        }
+        out.sort();
+        out
+    }
+
+    /// A function's pointer type as `type_name` prints it, `unsafe` and this module's path left
+    /// out.
+    fn rust_signature<T>(_: T) -> String {
+        std::any::type_name::<T>()
+            .replace("unsafe ", "")
+            .replace("stepscope::ffi::", "")
+    }
+
+    /// The Rust definitions have exactly the signatures `include/stepscope.h` declares, every
+    /// function of it and no other; its error codes are the Rust constants.
     #[test]
     fn signatures_match_the_header() {
         type P = stepscope_profiler;
-        let _: unsafe extern "C" fn(*const c_char, *const c_char, *mut *mut P) -> c_int =
-            stepscope_profiler_new;
-        let _: unsafe extern "C" fn(*mut P) = stepscope_profiler_free;
-        let _: unsafe extern "C" fn(*mut P, i64, i64) -> c_int = stepscope_start;
-        let _: unsafe extern "C" fn(*mut P) -> c_int = stepscope_stop;
-        let _: unsafe extern "C" fn(*mut P, *const stepscope_iteration) -> c_int = stepscope_step;
-        let _: unsafe extern "C" fn(*mut P) -> c_int = stepscope_step_end;
-        let _: unsafe extern "C" fn(*mut P) -> c_int = stepscope_shutdown;
-        let _: unsafe extern "C" fn(*const P) -> c_int = stepscope_is_active;
-        let _: unsafe extern "C" fn(*const P) -> c_int = stepscope_is_running;
-        let _: unsafe extern "C" fn(*const P) -> c_int = stepscope_wants_request_ids;
-        let _: unsafe extern "C" fn(
-            *mut P,
-            *const stepscope_iteration,
-            *const *const c_char,
-            usize,
-        ) -> c_int = stepscope_step_with_requests;
-        let _: unsafe extern "C" fn(*mut P, u32) -> c_int = stepscope_flush;
-        let _: extern "C" fn() -> *const c_char = stepscope_last_error;
-        let _: extern "C" fn() -> *const c_char = stepscope_version;
-        assert_eq!(std::mem::size_of::<stepscope_iteration>(), 16);
-        assert_eq!(
-            [
-                STEPSCOPE_OK,
+        type I = stepscope_iteration;
+        let mut rust = vec![
+            (
+                "stepscope_profiler_new",
+                rust_signature(
+                    stepscope_profiler_new
+                        as unsafe extern "C" fn(*const c_char, *const c_char, *mut *mut P) -> c_int,
+                ),
+            ),
+            (
+                "stepscope_profiler_free",
+                rust_signature(stepscope_profiler_free as unsafe extern "C" fn(*mut P)),
+            ),
+            (
+                "stepscope_start",
+                rust_signature(stepscope_start as unsafe extern "C" fn(*mut P, i64, i64) -> c_int),
+            ),
+            (
+                "stepscope_start_at",
+                rust_signature(
+                    stepscope_start_at as unsafe extern "C" fn(*mut P, i64, i64) -> c_int,
+                ),
+            ),
+            (
+                "stepscope_set_rank",
+                rust_signature(stepscope_set_rank as unsafe extern "C" fn(*mut P, u32) -> c_int),
+            ),
+            (
+                "stepscope_status_json",
+                rust_signature(
+                    stepscope_status_json
+                        as unsafe extern "C" fn(*const P, *mut c_char, usize, *mut usize) -> c_int,
+                ),
+            ),
+            (
+                "stepscope_stop",
+                rust_signature(stepscope_stop as unsafe extern "C" fn(*mut P) -> c_int),
+            ),
+            (
+                "stepscope_step",
+                rust_signature(stepscope_step as unsafe extern "C" fn(*mut P, *const I) -> c_int),
+            ),
+            (
+                "stepscope_step_with_requests",
+                rust_signature(
+                    stepscope_step_with_requests
+                        as unsafe extern "C" fn(
+                            *mut P,
+                            *const I,
+                            *const *const c_char,
+                            usize,
+                        ) -> c_int,
+                ),
+            ),
+            (
+                "stepscope_wants_request_ids",
+                rust_signature(
+                    stepscope_wants_request_ids as unsafe extern "C" fn(*const P) -> c_int,
+                ),
+            ),
+            (
+                "stepscope_step_end",
+                rust_signature(stepscope_step_end as unsafe extern "C" fn(*mut P) -> c_int),
+            ),
+            (
+                "stepscope_shutdown",
+                rust_signature(stepscope_shutdown as unsafe extern "C" fn(*mut P) -> c_int),
+            ),
+            (
+                "stepscope_is_active",
+                rust_signature(stepscope_is_active as unsafe extern "C" fn(*const P) -> c_int),
+            ),
+            (
+                "stepscope_is_running",
+                rust_signature(stepscope_is_running as unsafe extern "C" fn(*const P) -> c_int),
+            ),
+            (
+                "stepscope_flush",
+                rust_signature(stepscope_flush as unsafe extern "C" fn(*mut P, u32) -> c_int),
+            ),
+            (
+                "stepscope_last_error",
+                rust_signature(stepscope_last_error as extern "C" fn() -> *const c_char),
+            ),
+            (
+                "stepscope_version",
+                rust_signature(stepscope_version as extern "C" fn() -> *const c_char),
+            ),
+        ]
+        .into_iter()
+        .map(|(n, s)| (n.to_string(), s))
+        .collect::<Vec<_>>();
+        rust.sort();
+        assert_eq!(header_functions(), rust);
+
+        // The iteration struct: four uint32_t in the header, 16 bytes here.
+        let header = include_str!("../include/stepscope.h");
+        let fields = header
+            .split("typedef struct stepscope_iteration {")
+            .nth(1)
+            .and_then(|s| s.split('}').next())
+            .unwrap_or("");
+        let fields: usize = fields
+            .lines()
+            .filter_map(|l| l.split("/*").next()?.trim().strip_prefix("uint32_t "))
+            .map(|l| l.trim_end_matches(';').split(',').count())
+            .sum();
+        assert_eq!(fields * 4, std::mem::size_of::<stepscope_iteration>());
+        let codes = [
+            ("STEPSCOPE_OK", STEPSCOPE_OK),
+            (
+                "STEPSCOPE_ERR_INVALID_ARGUMENT",
                 STEPSCOPE_ERR_INVALID_ARGUMENT,
-                STEPSCOPE_ERR_CONFIG,
-                STEPSCOPE_ERR_BACKEND,
-                STEPSCOPE_ERR_IO,
-                STEPSCOPE_ERR_TIMEOUT,
-                STEPSCOPE_ERR_INTERNAL
-            ],
-            [0, 1, 2, 3, 4, 5, 6]
+            ),
+            ("STEPSCOPE_ERR_CONFIG", STEPSCOPE_ERR_CONFIG),
+            ("STEPSCOPE_ERR_BACKEND", STEPSCOPE_ERR_BACKEND),
+            ("STEPSCOPE_ERR_IO", STEPSCOPE_ERR_IO),
+            ("STEPSCOPE_ERR_TIMEOUT", STEPSCOPE_ERR_TIMEOUT),
+            ("STEPSCOPE_ERR_INTERNAL", STEPSCOPE_ERR_INTERNAL),
+        ];
+        for (name, value) in codes {
+            assert!(
+                header.contains(&format!("{name} = {value}")),
+                "{name} is not {value} in the header"
+            );
+        }
+    }
+
+    /// The reading above catches a changed declaration: one parameter's type changed in the
+    /// header's text reads as a different signature.
+    #[test]
+    fn a_changed_header_declaration_reads_differently() {
+        assert_eq!(rust_type_of_c("const char *const *"), "*const *const i8");
+        assert_eq!(
+            rust_type_of_c("stepscope_profiler **"),
+            "*mut *mut stepscope_profiler"
         );
+        assert_eq!(
+            rust_type_of_c("const stepscope_profiler *"),
+            "*const stepscope_profiler"
+        );
+        assert_ne!(rust_type_of_c("uint32_t"), rust_type_of_c("int64_t"));
     }
 
     #[test]

@@ -35,8 +35,12 @@ pub mod backend;
 pub mod config;
 mod error;
 mod ffi;
+// Without a backend that writes traces, only the manifest's atomic write uses it.
+#[cfg_attr(not(feature = "torch-dynamic"), allow(dead_code))]
+mod files;
 pub mod flush;
 pub mod iteration;
+pub mod manifest;
 mod profiler;
 pub mod schedule;
 mod sys;
@@ -45,8 +49,6 @@ pub mod trace;
 pub use config::ProfilerConfig;
 pub use error::{Error, IoSource, Result};
 pub use iteration::{IterationDetail, IterationInfo, PhaseSums, RequestIds, Stage};
-#[allow(deprecated)]
-pub use profiler::Iteration;
 pub use profiler::{IterationGuard, StartOutcome, Status, StepTime, StopOutcome, WorkerProfiler};
 pub use schedule::{SlowStepSeen, StartOptions};
 

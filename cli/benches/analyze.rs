@@ -10,7 +10,7 @@ use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use stepscope::trace::{EventSink, EventStream, Meta, Summarizer};
-use stepscope_cli::{analyze, trace};
+use stepscope_cli::{trace, trace_report};
 
 const TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -63,7 +63,7 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.bench_function("gunzip_stream_summarize", |b| {
-        b.iter(|| analyze::analyze_file(black_box(path), 15).unwrap())
+        b.iter(|| trace_report::analyze_file(black_box(path), 15).unwrap())
     });
     g.finish();
 }

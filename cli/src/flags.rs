@@ -5,8 +5,6 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::ctl::Engine;
-
 #[derive(Parser)]
 #[command(
     name = "stepscope",
@@ -200,4 +198,13 @@ pub fn positive_secs(s: &str) -> Result<f64, String> {
         Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
         _ => Err(format!("{s:?} is not a positive number of seconds")),
     }
+}
+
+/// The request dialect: which engine's control API the workers speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    /// vLLM's `/start_profile` (body: profile_prefix, delay_iterations, max_iterations).
+    Vllm,
+    /// SGLang's `/start_profile` (body: output_dir, num_steps, activities, ...).
+    Sglang,
 }

@@ -11,12 +11,12 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use serde::Deserialize;
+use stepscope::manifest::{is_manifest_name, Manifest, Status};
 
-use crate::analyze::{self, Summary, TraceReport};
 use crate::error::Error;
 use crate::flags::Inputs;
-use crate::trace::{self, TraceError, MANIFEST_SUFFIX};
+use crate::trace::{self, TraceError};
+use crate::trace_report::{analyze_all, TraceReport};
 
 /// What was loaded: reports in the inputs' order (a directory's by file name), and the
 /// traces that could not be read.
@@ -55,15 +55,6 @@ fn reading_cost(path: &Path) -> u64 {
     (8 << 20) + if gz { size * 4 } else { size / 2 }
 }
 
-/// The fields of a manifest that a report needs.
-#[derive(Deserialize)]
-struct ManifestHead {
-    status: String,
-    trace_file: String,
-    #[serde(default)]
-    summary: Option<Summary>,
-}
-
 /// The reports of a directory's manifests that hold a summary of a complete trace; the trace
 /// files they cover.
 fn from_manifests(dir: &Path, top: usize) -> (Vec<TraceReport>, HashSet<PathBuf>) {
@@ -76,22 +67,21 @@ fn from_manifests(dir: &Path, top: usize) -> (Vec<TraceReport>, HashSet<PathBuf>
         let path = entry.path();
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if name.starts_with('.') || !name.ends_with(MANIFEST_SUFFIX) {
+        if !is_manifest_name(name) {
             continue;
         }
-        // A manifest that cannot be read or has no summary is passed over: its trace is read.
-        let head: Option<ManifestHead> = std::fs::read(&path)
-            .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok());
-        let Some(ManifestHead {
-            status,
+        // A manifest that cannot be read, of a trace not complete, or without a summary is
+        // passed over: its trace is read.
+        let Ok(Manifest {
+            status: Status::Complete,
             trace_file,
             summary: Some(mut summary),
-        }) = head
+            ..
+        }) = Manifest::read(&path)
         else {
             continue;
         };
-        if status != "complete" {
+        if trace_file.is_empty() {
             continue;
         }
         summary.keep_top(top);
@@ -169,7 +159,7 @@ pub fn load(inputs: &Inputs, top: usize) -> Result<Loaded, Error> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let widest = files.iter().map(|f| reading_cost(f)).max().unwrap_or(1);
     let threads = cores.min((MEMORY_BUDGET / widest.max(1)).max(1) as usize);
-    let mut read = analyze::analyze_all(&files, top, threads).into_iter();
+    let mut read = analyze_all(&files, top, threads).into_iter();
     if show_progress {
         eprintln!(
             "stepscope: done in {:.1} s",

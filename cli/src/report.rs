@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use crate::analyze::{ranks, TraceReport};
+use crate::analyze::ranks;
 use crate::trace::TraceError;
+use crate::trace_report::TraceReport;
 
 /// The page around the charts: style, an explanation, the table sorter. `{{traces}}` and
 /// `{{body}}` are filled in.

@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader, ErrorKind, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
+use stepscope::manifest::MANIFEST_SUFFIX;
 pub use stepscope::trace::{DeviceProperties, Event, EventSink, Id, Meta};
 use stepscope::trace::{EventStream, ReadError, StreamErrorKind};
 
@@ -157,9 +158,6 @@ pub fn read_events<S: EventSink>(path: &Path, sink: &mut S) -> Result<Meta, Trac
             ReadError::Io(io) => err(path, format!("cannot read: {io}")),
         })
 }
-
-/// The suffix of the manifest stepscope writes beside each trace.
-pub const MANIFEST_SUFFIX: &str = ".stepscope.json";
 
 /// Whether a path looks like a trace file: `.json` or `.json.gz`, not hidden (a temporary
 /// still being written), not a stepscope manifest.

@@ -38,9 +38,20 @@ from typing import Any, Mapping, Union
 # backend loads its Kineto glue (built per torch minor version, see stepscope.glue) at the first
 # torch capture, matching the torch imported in the process.
 from stepscope import glue as _glue
-from stepscope._native import BackendError, ConfigError, Iteration, __version__, kineto_glue
+from stepscope._native import (
+    MANIFEST_SUFFIX,
+    MANIFEST_VERSION,
+    BackendError,
+    ConfigError,
+    Iteration,
+    __version__,
+    kineto_glue,
+    manifest_name,
+)
 from stepscope._native import WorkerProfiler as _NativeWorkerProfiler
-from stepscope._native import _add_kineto_glue_dir
+from stepscope._native import _add_kineto_glue_dir, _read_manifest_json
+from stepscope._native import flushing_marker as _flushing_marker
+from stepscope._native import flushing_markers
 
 #: Rust's name for an iteration's counts (``stepscope::IterationInfo``; C: ``stepscope_iteration``).
 IterationInfo = Iteration
@@ -50,13 +61,19 @@ if not os.environ.get("STEPSCOPE_KINETO_GLUE_DIR"):  # set: it replaces these
         _add_kineto_glue_dir(str(_dir))
 
 __all__ = [
+    "MANIFEST_SUFFIX",
+    "MANIFEST_VERSION",
     "BackendError",
     "ConfigError",
     "Iteration",
     "IterationInfo",
     "WorkerProfiler",
     "__version__",
+    "flushing_marker",
+    "flushing_markers",
     "kineto_glue",
+    "manifest_name",
+    "read_manifest",
     "torch_backend_error",
 ]
 
@@ -318,8 +335,17 @@ def flushing_marker(pid: int) -> str:
     flush timeout (``stepscope.flush_timeout_s``) of its writers in seconds. The library keeps
     it while a trace is in flight. A process manager that would kill the process after a short
     grace period can wait while the marker is there, up to that many seconds (the vLLM plugin
-    does)."""
-    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"stepscope-flushing-{pid}")
+    does). :func:`flushing_markers` lists those there are."""
+    return _flushing_marker(pid)
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest at ``path`` (``{stem}.stepscope.json``, see :data:`MANIFEST_SUFFIX`), read
+    through the library's manifest type: a dict with every key of the current format
+    (``manifest_version``, ``status``: ``writing``, ``complete``, ``failed`` or ``unfinished``,
+    ``trace_file``, ``summary``, ...), whichever version wrote it. Raises ``OSError`` when it
+    cannot be read and ``ValueError`` (naming the file) when it is not a manifest."""
+    return json.loads(_read_manifest_json(os.fspath(path)))
 
 
 def _flush_at_exit() -> None:

@@ -98,3 +98,15 @@ class WorkerProfiler:
     def worker_name(self) -> str: ...
     @property
     def local_rank(self) -> int: ...
+
+MANIFEST_SUFFIX: str
+MANIFEST_VERSION: int
+
+def manifest_name(stem: str) -> str:
+    """The manifest's file name for a trace stem: ``{stem}.stepscope.json``."""
+
+def flushing_marker(pid: int) -> str: ...
+def flushing_markers() -> dict[int, float]:
+    """The flushing markers there are: ``{pid: flush timeout in seconds}``."""
+
+def _read_manifest_json(path: str | os.PathLike[str]) -> str: ...

@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys as cu;
 
-use super::{Backend, CaptureStart};
+use super::api::{Backend, CaptureStart};
 use crate::error::{panic_message, Error, Result};
 
 const NAME: &str = "cuda";

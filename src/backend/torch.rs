@@ -2,10 +2,11 @@
 //!
 //! The engine thread does only what Kineto requires of it: prepare and enable the profiler at
 //! the start, open one `USER_SCOPE` `RecordFunction` per captured iteration (named as vLLM
-//! names it), and disable the profiler at the stop. The disabled session's result goes over a
-//! channel to one writer thread ([`writer`]), which serializes, compresses and renames the
-//! trace, writes the op summary and the manifest. `stop()` therefore costs the disable, never
-//! the serialization.
+//! names it), and disable the profiler at the stop (its cheap half). The detached session goes
+//! over a channel to the flush layer's two writer threads (`crate::flush`): the finalizer runs
+//! the expensive half of the disable, the saver serializes, compresses and renames the trace,
+//! then writes the op table and the manifest. `stop()` therefore costs the cheap half of the
+//! disable, never the finalizing or the serialization.
 //!
 //! vLLM's torch schedule (`wait_iterations`, `warmup_iterations`, `active_iterations`, one
 //! repeat) is followed step by step: nothing runs during wait, Kineto is prepared but not
@@ -14,7 +15,7 @@
 
 mod flushed;
 mod kineto;
-mod summary;
+mod op_table;
 
 pub use kineto::{add_glue_dir, glue_info, GlueInfo};
 
@@ -27,12 +28,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 #[cfg(feature = "torch")]
 use torch_sys as _;
 
-use super::{Backend, CaptureStart, WindowEnd};
+use super::api::{Backend, CaptureStart, WindowEnd};
 use crate::config::{is_uri_path, ProfilerConfig, TorchActivity};
 use crate::error::{Error, Result};
-use crate::flush::{self, Job, Manifest, PendingWrites, StepRequests, Trigger, Writer};
+use crate::flush::{self, HowToWrite, Job, PendingWrites, Writer};
 use crate::iteration::{IterationInfo, RequestIds};
+use crate::manifest::Manifest;
 use crate::schedule::{CutShort, SlowStepSeen};
+use crate::trace::{StepRequests, TraceHeader, Trigger};
 
 use flushed::KinetoCapture;
 use kineto::{Kineto, Options, Range};
@@ -107,23 +110,6 @@ struct Session {
     cut_short: Option<CutShort>,
     /// What the capture holds in memory at its peak, as the profiler projected it.
     held_bytes: u64,
-}
-
-/// stepscope's key in each trace's header (`"stepscope": {...}`).
-#[derive(serde::Serialize)]
-struct Header<'a> {
-    version: &'static str,
-    worker_name: &'a str,
-    local_rank: u32,
-    first_step: Option<u64>,
-    last_step: Option<u64>,
-    iterations: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    trigger: Option<Trigger>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    steps: Option<&'a [StepRequests]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cut_short: Option<CutShort>,
 }
 
 /// The torch (Kineto) backend. See the module docs.
@@ -219,13 +205,13 @@ impl SessionOptions {
 
     /// vLLM's choice of table: device time when any device activity is recorded (and the dump
     /// is on), else CPU time when CPU is the only activity.
-    fn table(&self) -> Option<summary::SortBy> {
+    fn table(&self) -> Option<op_table::SortBy> {
         let o = &self.options;
         let devices = [o.cuda, o.xpu, o.privateuse1];
         if devices.iter().any(|d| *d) && self.dump_device_time_total {
-            Some(summary::SortBy::SelfDevice)
+            Some(op_table::SortBy::SelfDevice)
         } else if o.cpu && !devices.iter().any(|d| *d) {
-            Some(summary::SortBy::SelfCpu)
+            Some(op_table::SortBy::SelfCpu)
         } else {
             None
         }
@@ -346,31 +332,29 @@ impl TorchBackend {
         let glue = self.glue()?;
         self.end_range();
         let stop_unix_ns = unix_ns();
-        // The requests leave the session: the header borrows them, the manifest takes them.
+        // The requests leave the session for the header, then the manifest: moved, not copied.
         let steps = self
             .session
             .as_mut()
             .map(|s| std::mem::take(&mut s.steps))
-            .filter(|s| !s.is_empty());
+            .unwrap_or_default();
         let session = self.session.as_ref();
         let worker_name = session.map_or("", |s| s.worker_name.as_str()).to_string();
         let (first_step, last_step, iterations) = session.map_or((None, None, 0), |s| {
             (s.first_step, s.last_step, s.iterations)
         });
-        let trigger = session
-            .and_then(|s| s.trigger)
-            .map(|slow_step| Trigger { slow_step });
-        let cut_short = session.and_then(|s| s.cut_short);
-        let header = Header {
-            version: crate::VERSION,
-            worker_name: &worker_name,
+        let mut header = TraceHeader {
+            version: crate::VERSION.into(),
+            worker_name: worker_name.clone(),
             local_rank: self.local_rank,
             first_step,
             last_step,
             iterations,
-            trigger,
-            steps: steps.as_deref(),
-            cut_short,
+            trigger: session
+                .and_then(|s| s.trigger)
+                .map(|slow_step| Trigger { slow_step }),
+            steps,
+            cut_short: session.and_then(|s| s.cut_short),
         };
         // Metadata only enters the trace while the profiler is live, so before disabling.
         // torch.profiler's own keys first (a fresh trace id, the options recorded), then the
@@ -386,8 +370,7 @@ impl TorchBackend {
         let entries = std::iter::once(("trace_id", trace_id.as_str()))
             .chain(flags.iter().filter(|(_, on)| *on).map(|(k, _)| (*k, "1")))
             .chain(self.metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        // Serialized once, borrowing the requests (a header for every trace; the ids only with
-        // request_ids).
+        // Serialized once (a header for every trace; the ids only with request_ids).
         let stepscope = serde_json::to_string(&header)
             .map_err(|e| kineto_error("the trace header", &e.to_string()))?;
         for (key, value) in entries.chain(std::iter::once(("stepscope", stepscope.as_str()))) {
@@ -409,19 +392,21 @@ impl TorchBackend {
             start_time_unix_ns: session.map_or(0, |s| s.start_unix_ns),
             stop_time_unix_ns: stop_unix_ns,
             config: Arc::clone(&self.recording.config),
-            trace_name: session.and_then(|s| s.trace_name.clone()),
-            trigger,
-            cut_short,
+            trigger: header.trigger,
+            cut_short: header.cut_short,
             metadata: (!self.metadata.is_empty()).then(|| {
                 self.metadata
                     .iter()
                     .filter_map(|(k, v)| Some((k.clone(), serde_json::from_str(v).ok()?)))
                     .collect()
             }),
-            // Kineto writes the annotations' kwinputs (the requests) only with shapes.
-            requests_into_args: steps.is_some() && !o.record_shapes,
-            steps,
+            steps: Some(std::mem::take(&mut header.steps)).filter(|s| !s.is_empty()),
             ..Manifest::default()
+        };
+        let how = HowToWrite {
+            // Kineto writes the annotations' kwinputs (the requests) only with shapes.
+            requests_into_args: manifest.steps.is_some() && !o.record_shapes,
+            trace_name: session.and_then(|s| s.trace_name.clone()),
         };
         self.writer.submit(Job {
             session: Box::new(KinetoCapture {
@@ -432,6 +417,7 @@ impl TorchBackend {
             queued: Instant::now(),
             manifest,
             held_bytes: session.map_or(0, |s| s.held_bytes),
+            how,
         })
     }
 

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use memchr::memmem;
 
-use super::manifest::StepRequests;
+use crate::trace::StepRequests;
 
 const CATEGORY: &[u8] = b"\"cat\": \"";
 const ANNOTATION: &[u8] = b"user_annotation\"";

@@ -28,30 +28,50 @@ struct InFlightCount {
 
 const MARKER_PREFIX: &str = "stepscope-flushing-";
 
-pub(super) fn flushing_marker() -> PathBuf {
-    std::env::temp_dir().join(format!("{MARKER_PREFIX}{}", std::process::id()))
+/// The flushing marker of process `pid`: `$TMPDIR/stepscope-flushing-{pid}` (TMPDIR unset:
+/// `/tmp`). It holds the longest flush timeout of the process's writers with work, in seconds,
+/// and exists while a trace of the process is being finalized or written.
+pub fn flushing_marker_of(pid: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("{MARKER_PREFIX}{pid}"))
+}
+
+fn flushing_marker() -> PathBuf {
+    flushing_marker_of(std::process::id())
+}
+
+/// The flushing markers there are, of live processes and dead ones: each process's pid and the
+/// flush timeout its marker holds, seconds (0 when it cannot be read).
+pub fn flushing_markers() -> Vec<(u32, f64)> {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let pid = name.to_str()?.strip_prefix(MARKER_PREFIX)?.parse().ok()?;
+            let timeout = fs::read_to_string(entry.path())
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or(0.0);
+            Some((pid, timeout))
+        })
+        .collect()
 }
 
 /// Removes the flushing markers of processes that died with traces in flight (killed): no
 /// parent waits on a dead process. Markers of live processes are left alone.
 pub(super) fn clean_stale_markers() {
-    let dir = std::env::temp_dir();
-    let Ok(entries) = fs::read_dir(&dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let pid = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(MARKER_PREFIX))
-            .and_then(|p| p.parse::<u32>().ok());
-        if let Some(pid) = pid.filter(|p| !super::files::process_alive(*p)) {
-            if fs::remove_file(entry.path()).is_ok() {
-                log::info!(
-                    "stepscope: removed {} (process {pid} ended with traces in flight)",
-                    entry.path().display()
-                );
-            }
+    for (pid, _) in flushing_markers() {
+        if crate::files::process_alive(pid) {
+            continue;
+        }
+        let path = flushing_marker_of(pid);
+        if fs::remove_file(&path).is_ok() {
+            log::info!(
+                "stepscope: removed {} (process {pid} ended with traces in flight)",
+                path.display()
+            );
         }
     }
 }

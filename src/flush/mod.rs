@@ -5,15 +5,17 @@
 //!   without holding a lock the engine thread needs.
 //! - `writer` (with the torch backend): the finalizer and saver threads, fed a backend's
 //!   `Capture` through a channel from `stop()`.
-//! - `files`: temporaries that name their process, fsync and rename, gzip streamed from a FIFO.
+//! - `pump`: gzip streamed from the FIFO the serializer writes into, feeding `annotate` and
+//!   `summarize` on the way.
 //! - `annotate`: each captured iteration's requests written into its annotation's args as the
 //!   trace streams through.
-//! - `manifest`: `{stem}.stepscope.json` beside each trace, and the clean-up after processes
-//!   that died writing.
 //! - `summarize`: the manifest's `summary`, read from the JSON as it streams to disk.
 //! - `in_flight`: the flushing marker a parent process waits on at shutdown.
+//! - `stale`: the clean-up after processes that died writing.
 //!
-//! Nothing here knows Kineto: a backend implements `Capture` and `Trace`.
+//! The files themselves are `crate::files`' (temporaries, fsync, rename) and the manifest's
+//! format is `crate::manifest`'s. Nothing here knows Kineto: a backend implements `Capture` and
+//! `Trace`.
 
 mod pending;
 
@@ -22,19 +24,19 @@ pub use pending::PendingWrites;
 #[cfg(feature = "torch-dynamic")]
 mod annotate;
 #[cfg(feature = "torch-dynamic")]
-mod files;
-#[cfg(feature = "torch-dynamic")]
 mod in_flight;
 #[cfg(feature = "torch-dynamic")]
-mod manifest;
+mod pump;
+#[cfg(feature = "torch-dynamic")]
+mod stale;
 #[cfg(feature = "torch-dynamic")]
 mod summarize;
 #[cfg(feature = "torch-dynamic")]
 mod writer;
 
 #[cfg(feature = "torch-dynamic")]
-pub(crate) use files::write_atomic;
+pub use in_flight::{flushing_marker_of, flushing_markers};
 #[cfg(feature = "torch-dynamic")]
-pub(crate) use manifest::{clean_stale, Manifest, StepRequests, Trigger};
+pub(crate) use stale::clean_stale;
 #[cfg(feature = "torch-dynamic")]
-pub(crate) use writer::{Capture, Job, Settings, Trace, Writer};
+pub(crate) use writer::{Capture, HowToWrite, Job, Settings, Trace, Writer};

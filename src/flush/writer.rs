@@ -27,14 +27,13 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
 use super::annotate::RequestArgs;
-use super::files::{
-    check_complete, compress, is_regular_file, stream_gzip, suffixed, temp_path, TempFile,
-};
 use super::in_flight::{in_flight_begin, in_flight_end, publish_in_flight};
-use super::manifest::{write_manifest, Manifest};
+use super::pump::{check_complete, compress, stream_gzip};
 use super::summarize::summarize_file;
 use super::PendingWrites;
 use crate::error::{panic_message, Error, Result};
+use crate::files::{is_regular_file, suffixed, temp_path, TempFile};
+use crate::manifest::{manifest_name, trace_names, Manifest, Status, MANIFEST_VERSION};
 use crate::trace::Summary;
 
 /// A stopped capture on its way to disk: what a backend hands the writer. `finalize` runs on
@@ -80,6 +79,19 @@ pub(crate) struct Job {
     /// What the capture is projected to hold in memory at its peak until it is written (the
     /// process's growth over its window times the writer's expansion); 0 when not measured.
     pub held_bytes: u64,
+    /// How its files are written.
+    pub how: HowToWrite,
+}
+
+/// How one job's files are written, beside what its manifest says.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HowToWrite {
+    /// Write the manifest's `steps` (the requests) into the annotations' args as the trace
+    /// streams through (the serializer leaves them out: Kineto without shapes recorded).
+    pub requests_into_args: bool,
+    /// The exact file stem the engine asked for (`set_trace_name`), in place of
+    /// `{worker}.{time_ns}.pt`.
+    pub trace_name: Option<String>,
 }
 
 /// A finalized capture, ready to save.
@@ -89,6 +101,7 @@ struct Finalized {
     manifest: Manifest,
     queued: Instant,
     held_bytes: u64,
+    how: HowToWrite,
 }
 
 /// Jobs the writer has not finished, by manifest path: what the backend marks `unfinished`
@@ -198,24 +211,19 @@ impl Writer {
     /// job); never blocks on Kineto or I/O.
     pub fn submit(&mut self, mut job: Job) -> Result<()> {
         let s = &self.settings;
-        let (stem, ext) = match &job.manifest.trace_name {
-            Some(name) => (name.clone(), "trace.json"),
-            None => (
-                format!("{}.{}", job.manifest.worker_name, job.time_ns),
-                "pt.trace.json",
-            ),
-        };
-        let ext = if s.gzip {
-            format!("{ext}.gz")
-        } else {
-            ext.to_string()
-        };
-        job.manifest.stepscope_version = crate::VERSION;
-        job.manifest.backend = "torch";
-        job.manifest.status = "writing";
+        let (stem, trace_file) = trace_names(
+            &job.manifest.worker_name,
+            job.time_ns,
+            job.how.trace_name.as_deref(),
+            s.gzip,
+        );
+        job.manifest.manifest_version = MANIFEST_VERSION;
+        job.manifest.stepscope_version = crate::VERSION.into();
+        job.manifest.backend = "torch".into();
+        job.manifest.status = Status::Writing;
         job.manifest.pid = std::process::id();
-        job.manifest.trace_file = format!("{stem}.{ext}");
-        let manifest_path = s.dir.join(format!("{stem}.stepscope.json"));
+        job.manifest.trace_file = trace_file;
+        let manifest_path = s.dir.join(manifest_name(&stem));
         if self.tx.is_none() {
             self.tx = Some(self.spawn()?);
         }
@@ -256,7 +264,7 @@ impl Drop for Writer {
         }
         let mut in_flight = self.in_flight.lock();
         for (path, manifest) in in_flight.iter_mut() {
-            manifest.status = "unfinished";
+            manifest.status = Status::Unfinished;
             manifest.error = Some(format!(
                 "the profiler was dropped before this trace was written (waited {:?}, \
                  stepscope.flush_timeout_s)",
@@ -332,6 +340,14 @@ impl OffEngineCpus {
     }
 }
 
+/// Writes a manifest; failures are logged, since the manifest is what would have reported
+/// them.
+fn write_manifest(path: &Path, manifest: &Manifest) {
+    if let Err(e) = manifest.write(path) {
+        log::error!("stepscope: cannot write the manifest: {e}");
+    }
+}
+
 /// What the writer threads update when a job ends.
 struct Done {
     pending: PendingWrites,
@@ -389,17 +405,18 @@ fn finalize_loop(
                     manifest,
                     queued: job.queued,
                     held_bytes: job.held_bytes,
+                    how: job.how,
                 };
                 if let Err(crossbeam_channel::SendError(f)) = save_tx.send(next) {
                     let mut manifest = f.manifest;
-                    manifest.status = "failed";
+                    manifest.status = Status::Failed;
                     manifest.error = Some("the trace writer has stopped".into());
                     conclude(&f.manifest_path, &manifest, f.held_bytes, done);
                 }
             }
             Err(message) => {
                 log::error!("stepscope: {} failed: {message}", manifest.trace_file);
-                manifest.status = "failed";
+                manifest.status = Status::Failed;
                 manifest.error = Some(message);
                 conclude(&manifest_path, &manifest, job.held_bytes, done);
             }
@@ -411,16 +428,16 @@ fn save_loop(settings: &Settings, rx: &Receiver<Finalized>, done: &Done) {
     for mut job in rx.iter() {
         let began = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            write_job(settings, &mut job.result, &job.manifest)
+            write_job(settings, &mut job.result, &job.manifest, &job.how)
         }))
         .unwrap_or_else(|p| Err(format!("the writer panicked: {}", panic_message(&*p))));
         let manifest = &mut job.manifest;
         match outcome {
             Ok(written) => {
-                manifest.status = "complete";
+                manifest.status = Status::Complete;
                 manifest.trace_bytes = Some(written.trace_bytes);
                 manifest.json_bytes = Some(written.json_bytes);
-                manifest.summary_file = written.summary_file;
+                manifest.op_table_file = written.op_table_file;
                 manifest.summary = written.summary;
                 manifest.writer_seconds =
                     Some(written.renamed.duration_since(job.queued).as_secs_f64());
@@ -436,7 +453,7 @@ fn save_loop(settings: &Settings, rx: &Receiver<Finalized>, done: &Done) {
                     "stepscope: writing {} failed: {message}",
                     manifest.trace_file
                 );
-                manifest.status = "failed";
+                manifest.status = Status::Failed;
                 manifest.error = Some(message);
             }
         }
@@ -457,7 +474,7 @@ enum SummaryFrom<'a> {
 struct Written {
     trace_bytes: u64,
     json_bytes: u64,
-    summary_file: Option<String>,
+    op_table_file: Option<String>,
     summary: Option<Summary>,
     renamed: Instant,
 }
@@ -466,14 +483,15 @@ fn write_job(
     settings: &Settings,
     trace: &mut Box<dyn Trace>,
     manifest: &Manifest,
+    how: &HowToWrite,
 ) -> std::result::Result<Written, String> {
     let dir = &settings.dir;
     let final_name = &manifest.trace_file;
     let final_path = dir.join(final_name);
     // A serializer like Kineto saves to `{json_path}.tmp`, then renames that to `json_path`.
     let json_path = temp_path(dir, final_name, ".json");
-    let serializer_tmp = TempFile(Some(suffixed(&json_path, ".tmp")));
-    let json_tmp = TempFile(Some(json_path.clone()));
+    let serializer_tmp = TempFile::new(suffixed(&json_path, ".tmp"));
+    let json_tmp = TempFile::new(json_path.clone());
     let io_err = |what: &str, path: &Path, e: io::Error| format!("{what} {}: {e}", path.display());
 
     let json_str = json_path
@@ -483,11 +501,11 @@ fn write_job(
     let mut save = || trace.save(&json_str);
 
     let (json_bytes, summary) = if settings.gzip {
-        let gz_tmp = TempFile(Some(temp_path(dir, final_name, "")));
+        let gz_tmp = TempFile::new(temp_path(dir, final_name, ""));
         let requests = manifest
             .steps
             .as_deref()
-            .filter(|_| manifest.requests_into_args)
+            .filter(|_| how.requests_into_args)
             .and_then(RequestArgs::new);
         let pumped = stream_gzip(serializer_tmp.path(), gz_tmp.path(), requests, &mut save)?;
         let (json_bytes, summary) = match pumped {
@@ -534,15 +552,12 @@ fn write_job(
         SummaryFrom::Streamed(summary) => summary.map(|s| *s),
         SummaryFrom::File(json) => summarize_file(json),
     };
-    let stem = manifest
-        .trace_name
-        .as_deref()
-        .unwrap_or(&manifest.worker_name);
-    let summary_file = trace.write_extras(dir, stem)?;
+    let stem = how.trace_name.as_deref().unwrap_or(&manifest.worker_name);
+    let op_table_file = trace.write_extras(dir, stem)?;
     Ok(Written {
         trace_bytes,
         json_bytes,
-        summary_file,
+        op_table_file,
         summary,
         renamed,
     })

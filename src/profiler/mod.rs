@@ -18,28 +18,20 @@
 //! With nothing armed, `step()` is one relaxed load of the gate plus the engine-owned step
 //! counter's increment (a relaxed load and store, no read-modify-write): no lock, no allocation,
 //! no formatting. Everything else lives in `#[cold]` functions. `benches/step.rs` measures it.
-
 //!
 //! Layout: the handle, its gate and the engine-thread fast path here; what the slow paths do to
 //! the schedule and the backend in `driver.rs`; the start overrides and outcomes in
-//! `options.rs`; `status.rs`; the per-iteration guard in `iteration.rs`.
+//! `options.rs`; the state it reports in `status.rs`. The per-iteration guard lives here beside
+//! `step()`, which opens what the guard closes.
 
 mod driver;
-mod iteration;
 mod options;
 mod status;
 
-pub use iteration::IterationGuard;
-
-/// The former name of [`IterationGuard`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed IterationGuard: `Iteration` names an iteration's counts in C and Python"
-)]
-pub type Iteration<'a> = IterationGuard<'a>;
 pub use options::{StartOutcome, StopOutcome};
 pub use status::{Status, StepTime};
 
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -463,6 +455,11 @@ impl WorkerProfiler {
         self.inner.lock().schedule.phase()
     }
 
+    /// The profiler's state, for `stepscope ctl status` and logs.
+    pub fn status(&self) -> Status {
+        Status::of(&self.inner.lock(), self.step_index(), self.request_ids)
+    }
+
     /// How many times `step()` has been called (the last step's index; the first is 1).
     pub fn step_index(&self) -> u64 {
         self.steps.load(Relaxed)
@@ -613,5 +610,51 @@ impl std::fmt::Debug for WorkerProfiler {
             .field("phase", &g.schedule.phase())
             .field("step_index", &self.step_index())
             .finish()
+    }
+}
+
+/// One engine iteration, from `step()` to the guard's drop. While capturing, the iteration's
+/// annotation is open for the guard's life.
+///
+/// `!Send`: the annotation is a push/pop range on the engine thread, so it must close there.
+#[must_use = "the iteration's annotation closes when this guard drops; bind it with `let _iteration = ...`"]
+pub struct IterationGuard<'a> {
+    profiler: Option<&'a WorkerProfiler>,
+    captured: bool,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl<'a> IterationGuard<'a> {
+    #[inline]
+    fn idle() -> Self {
+        IterationGuard {
+            profiler: None,
+            captured: false,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// A guard closing `profiler`'s iteration (if any) when it drops.
+    #[inline]
+    fn new(profiler: Option<&'a WorkerProfiler>, captured: bool) -> IterationGuard<'a> {
+        IterationGuard {
+            profiler,
+            captured,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// Whether this iteration is being captured (the backend runs).
+    pub fn is_captured(&self) -> bool {
+        self.captured
+    }
+}
+
+impl Drop for IterationGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(p) = self.profiler {
+            p.step_end();
+        }
     }
 }

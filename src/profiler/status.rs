@@ -1,6 +1,6 @@
 //! The profiler's state, as `status()` reports it.
 
-use super::WorkerProfiler;
+use super::driver::Inner;
 use crate::error::Error;
 use crate::schedule::{CutShort, SlowStepSeen};
 
@@ -26,7 +26,7 @@ fn ns_to_ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-/// A profiler's state ([`WorkerProfiler::status`]); serializes to the JSON that
+/// A profiler's state ([`crate::WorkerProfiler::status`]); serializes to the JSON that
 /// `stepscope_status_json` and Python's `status()` return.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[non_exhaustive]
@@ -91,10 +91,9 @@ pub struct Status {
     pub last_error: Option<String>,
 }
 
-impl WorkerProfiler {
-    /// The profiler's state, for `stepscope ctl status` and logs.
-    pub fn status(&self) -> Status {
-        let g = self.inner.lock();
+impl Status {
+    /// The state of the profiler whose state behind the lock is `g`.
+    pub(super) fn of(g: &Inner, step_index: u64, request_ids: bool) -> Status {
         let s = &g.schedule;
         let limits = s.limits();
         Status {
@@ -105,7 +104,7 @@ impl WorkerProfiler {
             phase: s.phase().as_str(),
             active: s.is_active(),
             running: s.is_running(),
-            step_index: self.step_index(),
+            step_index,
             steps_since_start: s.steps_since_start(),
             delay_iterations: limits.delay,
             max_iterations: limits.max,
@@ -123,7 +122,7 @@ impl WorkerProfiler {
             median_step_ms: s.median_step_ns().map(ns_to_ms),
             slowest_step: s.slowest_step().map(StepTime::from),
             trigger_step: s.window_trigger().map(StepTime::from),
-            request_ids: self.request_ids,
+            request_ids,
             max_capture_mb: g.budget.max_growth_bytes >> 20,
             max_capture_s: g.budget.max_age_ns as f64 / 1e9,
             last_cut: g.last_cut,

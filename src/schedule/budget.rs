@@ -31,7 +31,7 @@ impl Default for Budget {
 }
 
 /// Which limit ended a window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CutBy {
     /// The capture's projected peak went over `stepscope.max_capture_mb`.
     #[serde(rename = "max_capture_mb")]
@@ -54,7 +54,7 @@ impl CutBy {
 /// A window the budget ended, as the manifest and the trace header record it:
 /// `"cut_short": {"by": "max_capture_mb", "step", "grew_mb", "expansion", "projected_mb",
 /// "limit_mb", "seconds", "limit_s"}`.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CutShort {
     /// The limit that ended it.
     pub by: CutBy,

@@ -21,7 +21,7 @@ pub struct SlowStep {
 impl Eq for SlowStep {}
 
 /// The step that fired a trigger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SlowStepSeen {
     /// The slow step's index.
     pub step: u64,

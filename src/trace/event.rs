@@ -8,6 +8,8 @@ use std::marker::PhantomData;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
+use super::header::TraceHeader;
+
 /// An id that traces write as a number or a string (pid, tid).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Id<'a> {
@@ -112,30 +114,9 @@ pub struct Meta {
     /// `deviceProperties`.
     pub devices: Vec<DeviceProperties>,
     /// stepscope's header (`stepscope`): the captured steps' requests and the trigger.
-    pub stepscope: StepscopeHeader,
+    pub stepscope: TraceHeader,
     /// Whether a `traceEvents` array was found.
     pub has_events: bool,
-}
-
-/// The parts of stepscope's trace header (`"stepscope": {...}`) analysis reads.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct StepscopeHeader {
-    /// Each captured iteration's requests (`request_ids`).
-    #[serde(default)]
-    pub steps: Vec<HeaderStep>,
-    /// What started the capture (`{"slow_step": {"step", "duration_ns", …}}`).
-    #[serde(default)]
-    pub trigger: Option<serde_json::Value>,
-}
-
-/// One entry of the header's `steps`.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct HeaderStep {
-    /// The step index.
-    pub step: u64,
-    /// The requests it served.
-    #[serde(default)]
-    pub requests: Vec<String>,
 }
 
 /// One entry of `deviceProperties`.

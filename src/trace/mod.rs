@@ -29,9 +29,11 @@
 //! ```
 
 mod event;
+mod header;
 mod stream;
 mod summary;
 
-pub use event::{Args, DeviceProperties, Event, HeaderStep, Id, Meta, StepscopeHeader};
+pub use event::{Args, DeviceProperties, Event, Id, Meta};
+pub use header::{StepRequests, TraceHeader, Trigger};
 pub use stream::{EventSink, EventStream, ReadError, StreamError, StreamErrorKind};
 pub use summary::{Gap, KernelKind, KernelStat, Kernels, OpStat, Split, Step, Summarizer, Summary};

@@ -16,7 +16,8 @@ use std::io::{self, Read};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::event::{DeviceProperties, DistributedInfo, Meta, StepscopeHeader};
+use super::event::{DeviceProperties, DistributedInfo, Meta};
+use super::header::TraceHeader;
 
 /// What consumes a trace's events: the type each event is parsed as (borrowing from the
 /// reader's buffer for the length of the call) and what is done with it.
@@ -325,7 +326,7 @@ impl EventStream {
                     }
                     Key::Stepscope => {
                         // Kineto writes metadata values as strings of JSON.
-                        self.meta.stepscope = serde_json::from_str::<StepscopeHeader>(text)
+                        self.meta.stepscope = serde_json::from_str::<TraceHeader>(text)
                             .or_else(|e| match serde_json::from_str::<String>(text) {
                                 Ok(inner) => serde_json::from_str(&inner),
                                 Err(_) => Err(e),

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::event::{DeviceProperties, Event, Id, Meta};
+use super::header::Trigger;
 use super::stream::EventSink;
 
 /// What a device event's time counts as, as Holistic Trace Analysis classifies kernels.
@@ -173,9 +174,9 @@ pub struct Summary {
     /// CPU operators by total time, longest first (the top N).
     #[serde(default)]
     pub cpu_ops: Vec<OpStat>,
-    /// What started the capture, from stepscope's header (e.g. `{"slow_step": …}`).
+    /// What started the capture, from stepscope's header (`{"slow_step": …}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trigger: Option<serde_json::Value>,
+    pub trigger: Option<Trigger>,
 }
 
 impl Summary {

@@ -62,7 +62,7 @@ fn to_py(e: &Error) -> PyErr {
             });
             err
         }
-        Error::InvalidArgument { .. } => PyValueError::new_err(text),
+        Error::InvalidArgument { .. } | Error::Format { .. } => PyValueError::new_err(text),
         Error::Io { .. } => PyOSError::new_err(text),
         Error::Timeout { .. } => PyTimeoutError::new_err(text),
         _ => BackendError::new_err(text),
@@ -541,6 +541,38 @@ fn kineto_glue(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
+/// The manifest at `path` (`{stem}.stepscope.json`), read through the library's one manifest
+/// type and returned as its JSON text: every key of the current format, whatever version wrote
+/// it. Raises `OSError` when it cannot be read, `ValueError` when it is not a manifest.
+#[pyfunction]
+fn _read_manifest_json(py: Python<'_>, path: std::path::PathBuf) -> PyResult<String> {
+    let manifest = py
+        .detach(|| stepscope::manifest::Manifest::read(&path))
+        .map_err(|e| to_py(&e))?;
+    Ok(String::from_utf8_lossy(&manifest.to_vec()).into_owned())
+}
+
+/// The manifest's file name for a trace stem: `{stem}.stepscope.json`.
+#[pyfunction]
+fn manifest_name(stem: &str) -> String {
+    stepscope::manifest::manifest_name(stem)
+}
+
+/// Process `pid`'s flushing marker (see `stepscope.flushing_marker`).
+#[pyfunction]
+fn flushing_marker(pid: u32) -> String {
+    stepscope::flush::flushing_marker_of(pid)
+        .display()
+        .to_string()
+}
+
+/// The flushing markers there are: `{pid: flush timeout in seconds}`, of live processes and
+/// dead ones.
+#[pyfunction]
+fn flushing_markers() -> std::collections::HashMap<u32, f64> {
+    stepscope::flush::flushing_markers().into_iter().collect()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -554,6 +586,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyIteration>()?;
     m.add_function(wrap_pyfunction!(_add_kineto_glue_dir, m)?)?;
     m.add_function(wrap_pyfunction!(kineto_glue, m)?)?;
+    m.add_function(wrap_pyfunction!(_read_manifest_json, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest_name, m)?)?;
+    m.add_function(wrap_pyfunction!(flushing_marker, m)?)?;
+    m.add_function(wrap_pyfunction!(flushing_markers, m)?)?;
+    m.add("MANIFEST_SUFFIX", stepscope::manifest::MANIFEST_SUFFIX)?;
+    m.add("MANIFEST_VERSION", stepscope::manifest::MANIFEST_VERSION)?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("BackendError", py.get_type::<BackendError>())?;
     m.add("__version__", stepscope::VERSION)?;

@@ -2,8 +2,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::Engine;
-use crate::flags::StartFields;
+use crate::flags::{Engine, StartFields};
 
 /// The JSON body for `/start_profile`: only the fields given. A field of the other dialect is
 /// a usage error naming the flag to use instead.

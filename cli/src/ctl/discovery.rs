@@ -2,8 +2,8 @@
 
 use serde_json::Value;
 
+use super::fleet::Worker;
 use super::http::{excerpt, explain_transport, get};
-use super::Worker;
 
 /// A failure before any worker was contacted (exit 2).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{Action, Engine, Outcome};
+use super::fleet::{Action, Outcome};
+use crate::flags::Engine;
 
 /// An HTTP agent whose every call ends within `timeout`, and which hands back 4xx/5xx as
 /// responses (their bodies explain them).
@@ -222,7 +223,7 @@ pub fn fan_out(
     concurrency: usize,
     retries: u32,
 ) -> Vec<Outcome> {
-    crate::par_map(workers, concurrency, |worker| {
+    crate::par::par_map(workers, concurrency, |worker| {
         call_worker(agent, engine, action, worker, body, retries)
     })
     .into_iter()

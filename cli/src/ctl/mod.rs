@@ -4,6 +4,7 @@
 //! so one hung or dead worker costs one timeout, not the whole fleet's patience; every result
 //! is reported, with what to check when it failed.
 //!
+//! - `fleet`: the workers, what is asked of them and what each answered;
 //! - `discovery`: base URLs, the router's worker list;
 //! - `http`: the calls, their retries and what their failures mean, the fan-out;
 //! - `body`: the `/start_profile` body in each engine's dialect;
@@ -12,85 +13,23 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use serde_json::Value;
 
+use crate::error::{partial, Error};
 use crate::flags::{Common, CtlCommand};
-use crate::Error;
 
 mod body;
 mod discovery;
+mod fleet;
 mod http;
 mod render;
 
-pub use crate::flags::StartFields;
+pub use crate::flags::{Engine, StartFields};
 pub use body::start_body;
 pub use discovery::{discover, normalize_url, parse_worker_list, DiscoveryError};
+pub use fleet::{Action, Outcome, Worker};
 pub use http::{agent, call_worker, fan_out};
 pub use render::{render_json, render_table};
-
-/// The request dialect: which engine's control API the workers speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Engine {
-    /// vLLM's `/start_profile` (body: profile_prefix, delay_iterations, max_iterations).
-    Vllm,
-    /// SGLang's `/start_profile` (body: output_dir, num_steps, activities, ...).
-    Sglang,
-}
-
-/// What to do on every worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// POST /start_profile.
-    Start,
-    /// POST /stop_profile.
-    Stop,
-    /// List the workers and their health.
-    Workers,
-    /// Each server's engine workers' stepscope state: vLLM's `GET /stepscope/status` (the
-    /// plugin's endpoint), SGLang's `GET /server_info` (each answering scheduler's
-    /// `internal_states[i].stepscope`, which the plugin adds).
-    Status,
-}
-
-impl Action {
-    fn path(self, engine: Engine) -> &'static str {
-        match (self, engine) {
-            (Action::Start, _) => "/start_profile",
-            (Action::Stop, _) => "/stop_profile",
-            (Action::Workers, _) => "/health",
-            (Action::Status, Engine::Vllm) => "/stepscope/status",
-            (Action::Status, Engine::Sglang) => "/server_info",
-        }
-    }
-}
-
-/// A worker to talk to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Worker {
-    /// Base URL, e.g. `http://10.0.0.5:8000`.
-    pub url: String,
-    /// The router's view of its health; `None` when unknown (given with --worker).
-    pub healthy: Option<bool>,
-}
-
-/// The result for one worker.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Outcome {
-    /// The worker's base URL.
-    pub url: String,
-    /// Whether the request succeeded (2xx).
-    pub ok: bool,
-    /// The HTTP status, when an answer came.
-    pub status: Option<u16>,
-    /// `ctl status`: the engine workers' states the server reported.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub engine_workers: Option<Vec<Value>>,
-    /// Time spent on this worker, retries included.
-    pub elapsed_ms: u64,
-    /// What went wrong and what to check; `None` on success.
-    pub error: Option<String>,
-}
 
 /// Sends `action` to every worker `c` names and prints what each answered: 0 when all
 /// succeeded, 1 when some did not.
@@ -144,7 +83,7 @@ pub fn run(action: Action, c: &Common, body: Option<Value>) -> Result<ExitCode, 
     } else {
         print!("{}", render_table(action, &outcomes, started.elapsed()));
     }
-    Ok(crate::error::partial(!outcomes.iter().all(|o| o.ok)))
+    Ok(partial(!outcomes.iter().all(|o| o.ok)))
 }
 
 /// `stepscope ctl …`.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{Action, Outcome};
+use super::fleet::{Action, Outcome};
 
 /// The human-readable table, with a summary line.
 pub fn render_table(action: Action, outcomes: &[Outcome], total: Duration) -> String {

@@ -4,7 +4,8 @@
 use std::path::Path;
 
 use super::kineto::{Detached, TraceResult};
-use super::summary::{self, SortBy};
+use super::op_table::{self, SortBy};
+use crate::files::write_atomic;
 use crate::flush::{self, Trace};
 
 /// A stopped Kineto session, with whether its op table is wanted.
@@ -54,9 +55,9 @@ fn write_table(
     sort: SortBy,
 ) -> Result<String, String> {
     let rows = result.events()?;
-    let events: Vec<summary::Event<'_>> = rows
+    let events: Vec<op_table::OpEvent<'_>> = rows
         .iter()
-        .map(|r| summary::Event {
+        .map(|r| op_table::OpEvent {
             name: &r.name,
             thread: r.thread,
             start_ns: r.start_ns,
@@ -65,16 +66,16 @@ fn write_table(
             is_async: r.is_async,
         })
         .collect();
-    let stats = summary::summarize(&events);
+    let stats = op_table::op_totals(&events);
     // Kineto's device activity here is CUDA's (the backend records no other device's).
     let device = "CUDA";
     let limit = match sort {
         SortBy::SelfDevice => 100,
         SortBy::SelfCpu => 50,
     };
-    let table = summary::table(&stats, sort, limit, device);
+    let table = op_table::table(&stats, sort, limit, device);
     let name = format!("{stem}.profiler_out.txt");
     // vLLM writes the table with print(): one more newline.
-    flush::write_atomic(dir, &name, (table + "\n").as_bytes())?;
+    write_atomic(&dir.join(&name), (table + "\n").as_bytes()).map_err(|e| e.to_string())?;
     Ok(name)
 }

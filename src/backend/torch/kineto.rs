@@ -49,7 +49,7 @@ struct RawEvent {
     is_async: u8,
 }
 
-/// One event of a finished session, as the op summary needs it.
+/// One event of a finished session, as the op table needs it.
 pub(crate) struct EventRow {
     pub name: String,
     pub thread: u64,

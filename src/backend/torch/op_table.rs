@@ -18,9 +18,9 @@ pub enum SortBy {
     SelfCpu,
 }
 
-/// One profiler event, as the summary reads it.
+/// one profiler event, as the op table reads it.
 #[derive(Debug, Clone, Copy)]
-pub struct Event<'a> {
+pub struct OpEvent<'a> {
     /// Operator, annotation or kernel name.
     pub name: &'a str,
     /// Recording thread (CPU events).
@@ -37,7 +37,7 @@ pub struct Event<'a> {
 
 /// Totals for one name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EventStats {
+pub struct OpTotals {
     /// The name.
     pub name: String,
     /// Occurrences.
@@ -51,7 +51,7 @@ pub struct EventStats {
 }
 
 /// Per-name totals of `events`, in no particular order.
-pub fn summarize(events: &[Event<'_>]) -> Vec<EventStats> {
+pub fn op_totals(events: &[OpEvent<'_>]) -> Vec<OpTotals> {
     // Self time: per thread, events in start order (longer first on ties), each one's direct
     // parent is the innermost open event that contains it.
     let mut self_ns: Vec<u64> = events.iter().map(|e| e.duration_ns).collect();
@@ -88,11 +88,11 @@ pub fn summarize(events: &[Event<'_>]) -> Vec<EventStats> {
         stack.push(i);
     }
 
-    let mut by_name: HashMap<&str, EventStats> = HashMap::new();
+    let mut by_name: HashMap<&str, OpTotals> = HashMap::new();
     for (i, e) in events.iter().enumerate() {
-        let s = by_name.entry(e.name).or_insert_with(|| EventStats {
+        let s = by_name.entry(e.name).or_insert_with(|| OpTotals {
             name: e.name.to_string(),
-            ..EventStats::default()
+            ..OpTotals::default()
         });
         s.calls += 1;
         if e.device {
@@ -136,12 +136,12 @@ const COLUMN_WIDTH: usize = 12;
 /// same columns, widths, truncation and totals. Device columns appear when any device time
 /// was recorded, named after `device` (`CUDA`, `XPU`). A CPU op's device total is not known
 /// here (Kineto's correlation is not read back), so device columns count device events only.
-pub fn table(stats: &[EventStats], sort: SortBy, limit: usize, device: &str) -> String {
-    let key = |s: &EventStats| match sort {
+pub fn table(stats: &[OpTotals], sort: SortBy, limit: usize, device: &str) -> String {
+    let key = |s: &OpTotals| match sort {
         SortBy::SelfDevice => s.self_device_ns,
         SortBy::SelfCpu => s.self_cpu_ns,
     };
-    let mut rows: Vec<&EventStats> = stats.iter().collect();
+    let mut rows: Vec<&OpTotals> = stats.iter().collect();
     rows.sort_by(|a, b| key(b).cmp(&key(a)).then_with(|| a.name.cmp(&b.name)));
     rows.truncate(limit);
     if rows.is_empty() {
@@ -232,8 +232,8 @@ pub fn table(stats: &[EventStats], sort: SortBy, limit: usize, device: &str) -> 
 mod tests {
     use super::*;
 
-    fn cpu(name: &str, thread: u64, start: u64, dur: u64) -> Event<'_> {
-        Event {
+    fn cpu(name: &str, thread: u64, start: u64, dur: u64) -> OpEvent<'_> {
+        OpEvent {
             name,
             thread,
             start_ns: start,
@@ -253,12 +253,12 @@ mod tests {
             cpu("leaf", 1, 20, 10),
             cpu("sib", 1, 70, 20),
             cpu("other", 2, 5, 90),
-            Event {
+            OpEvent {
                 device: true,
                 ..cpu("kernel", 0, 15, 40)
             },
         ];
-        let stats = summarize(&events);
+        let stats = op_totals(&events);
         let get = |n: &str| stats.iter().find(|s| s.name == n).unwrap().clone();
         assert_eq!(get("outer").self_cpu_ns, 30);
         assert_eq!(get("outer").cpu_total_ns, 100);
@@ -278,7 +278,7 @@ mod tests {
             cpu("b", 1, 60, 30),
             cpu("c", 1, 100, 5),
         ];
-        let t = table(&summarize(&events), SortBy::SelfCpu, 2, "CUDA");
+        let t = table(&op_totals(&events), SortBy::SelfCpu, 2, "CUDA");
         let rows: Vec<&str> = t
             .lines()
             .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_lowercase()))
@@ -298,7 +298,7 @@ mod tests {
         // column 4 wider than the longest name, 12 for the others, two spaces after each.
         let long = "x".repeat(60);
         let events = [cpu("aten::mm", 1, 0, 1500), cpu(&long, 1, 2000, 500)];
-        let t = table(&summarize(&events), SortBy::SelfCpu, 10, "CUDA");
+        let t = table(&op_totals(&events), SortBy::SelfCpu, 10, "CUDA");
         let lines: Vec<&str> = t.lines().collect();
         let rule = format!("{}  {}", "-".repeat(55), "------------  ".repeat(6));
         assert_eq!(lines[0], rule);
@@ -327,11 +327,11 @@ mod tests {
             .starts_with(&format!("{}...", "x".repeat(52))));
         assert_eq!(lines[6], "Self CPU time total: 2.000us");
         // Device time adds torch's four device columns, named after the device.
-        let kernel = Event {
+        let kernel = OpEvent {
             device: true,
             ..cpu("gemm", 0, 0, 4000)
         };
-        let t = table(&summarize(&[kernel]), SortBy::SelfDevice, 10, "CUDA");
+        let t = table(&op_totals(&[kernel]), SortBy::SelfDevice, 10, "CUDA");
         assert!(
             t.contains("Self CUDA %") && t.contains("CUDA time avg"),
             "{t}"

@@ -1,56 +1,17 @@
-//! Files that are only ever whole under their final names: temporaries that name their
-//! process (`.{name}.{pid}.partial…`), fsync and rename, and gzip streamed from a FIFO while the
-//! serializer writes into it.
+//! The gzip pump: a trace serialized into a FIFO is compressed as it is written, with the
+//! captured iterations' requests written into their annotations (`annotate`) and summarized
+//! (`summarize`) on the way; and the checks and compression for a serializer that wrote a plain
+//! file instead.
 
 use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::thread;
 
 use super::annotate::RequestArgs;
 use super::summarize::SummaryThread;
 use crate::error::panic_message;
 use crate::trace::Summary;
-
-/// Removes the file on drop unless disarmed: temporaries never outlive a failed write.
-pub(super) struct TempFile(pub(super) Option<PathBuf>);
-
-impl TempFile {
-    pub(super) fn path(&self) -> &Path {
-        self.0.as_deref().unwrap_or(Path::new(""))
-    }
-    pub(super) fn keep(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = fs::remove_file(p);
-        }
-    }
-}
-
-/// The marker every temporary name carries: `.{name}.{pid}.partial…`, so the next start in
-/// the directory can tell a dead process's leftovers from a live one's writes
-/// ([`clean_stale`]).
-pub(super) const PARTIAL: &str = "partial";
-
-/// `.{name}.{pid}.partial{suffix}` in `dir`.
-pub(crate) fn temp_path(dir: &Path, name: &str, suffix: &str) -> PathBuf {
-    dir.join(format!(".{name}.{}.{PARTIAL}{suffix}", std::process::id()))
-}
-
-pub(super) fn is_regular_file(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
-}
-
-pub(super) fn suffixed(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
 
 /// Runs `save` (Kineto serializing the trace) with a FIFO at `fifo` (the path Kineto writes
 /// through) and, on a second thread, gzips what comes out of it into `gz`: the JSON never
@@ -217,7 +178,7 @@ fn pump_into(
     Ok((json_bytes, last == b'}'))
 }
 
-pub(super) fn retry_interrupted<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+fn retry_interrupted<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
     loop {
         match f() {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -226,7 +187,7 @@ pub(super) fn retry_interrupted<T>(mut f: impl FnMut() -> io::Result<T>) -> io::
     }
 }
 
-pub(super) fn make_fifo(path: &Path) -> io::Result<()> {
+fn make_fifo(path: &Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))?;
@@ -241,7 +202,7 @@ pub(super) fn make_fifo(path: &Path) -> io::Result<()> {
 
 /// Opens the FIFO's write end without blocking and closes it: a reader still waiting in
 /// open() (no writer ever came) wakes to an empty stream. Harmless when nobody waits.
-pub(super) fn release_reader(fifo: &Path) {
+fn release_reader(fifo: &Path) {
     use std::os::unix::fs::OpenOptionsExt;
     let _ = fs::OpenOptions::new()
         .write(true)
@@ -297,45 +258,4 @@ pub(super) fn compress(src: &Path, dst: &Path) -> io::Result<()> {
     io::copy(&mut input, &mut gz)?;
     let out = gz.finish()?;
     out.into_inner().map_err(|e| e.into_error())?.sync_all()
-}
-
-/// The pid in a temporary's name, `.{name}.{pid}.partial…`.
-pub(super) fn temp_owner(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix('.')?;
-    let at = rest.rfind(&format!(".{PARTIAL}"))?;
-    let before = &rest[..at];
-    before[before.rfind('.')? + 1..].parse().ok()
-}
-
-pub(super) fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    // SAFETY: kill with signal 0 sends nothing; it only checks that the process exists.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
-/// Writes `bytes` to `dir/name` atomically (a temporary name, then a rename).
-pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), String> {
-    let path = dir.join(name);
-    let tmp = TempFile(Some(temp_path(dir, name, "")));
-    fs::write(tmp.path(), bytes).map_err(|e| format!("writing {}: {e}", tmp.path().display()))?;
-    fs::rename(tmp.path(), &path).map_err(|e| format!("renaming {}: {e}", path.display()))?;
-    tmp.keep();
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn temporaries_name_their_process() {
-        let p = temp_path(Path::new("/d"), "w.1.pt.trace.json.gz", ".json");
-        let name = p.file_name().unwrap().to_str().unwrap();
-        assert_eq!(temp_owner(name), Some(std::process::id()));
-        assert_eq!(temp_owner("w.1.pt.trace.json.gz"), None);
-        assert_eq!(temp_owner(".w.1.stepscope.json.x.partial"), None);
-    }
 }

@@ -1,0 +1,128 @@
+//! Files that are only ever whole under their final names: temporaries that name their process
+//! (`.{name}.{pid}.partial…`), written, fsynced and renamed into place; and whether the process
+//! a temporary names is still alive. A leaf: it imports nothing of the crate but the error.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Removes the file on drop unless disarmed: temporaries never outlive a failed write.
+pub(crate) struct TempFile(Option<PathBuf>);
+
+impl TempFile {
+    /// A temporary at `path`, removed on drop unless [`TempFile::keep`] is called.
+    pub(crate) fn new(path: PathBuf) -> Self {
+        TempFile(Some(path))
+    }
+    pub(crate) fn path(&self) -> &Path {
+        self.0.as_deref().unwrap_or(Path::new(""))
+    }
+    pub(crate) fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
+/// The marker every temporary name carries: `.{name}.{pid}.partial…`, so the next start in
+/// the directory can tell a dead process's leftovers from a live one's writes.
+const PARTIAL: &str = "partial";
+
+/// `.{name}.{pid}.partial{suffix}` in `dir`.
+pub(crate) fn temp_path(dir: &Path, name: &str, suffix: &str) -> PathBuf {
+    dir.join(format!(".{name}.{}.{PARTIAL}{suffix}", std::process::id()))
+}
+
+/// The pid in a temporary's name, `.{name}.{pid}.partial…`.
+pub(crate) fn temp_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix('.')?;
+    let at = rest.rfind(&format!(".{PARTIAL}"))?;
+    let before = &rest[..at];
+    before[before.rfind('.')? + 1..].parse().ok()
+}
+
+/// Whether `path` is a regular file (not a FIFO, not a link).
+pub(crate) fn is_regular_file(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
+}
+
+/// `path` with `suffix` appended to its last component.
+pub(crate) fn suffixed(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Whether process `pid` exists (one of another user's counts).
+pub(crate) fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 sends nothing; it only checks that the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Writes `bytes` to `path` so that `path` only ever holds a whole file: into a temporary
+/// beside it (named after this process), fsynced, then renamed over `path`. The temporary is
+/// removed when any step fails.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = TempFile::new(temp_path(dir, &name, ""));
+    File::create(tmp.path())
+        .and_then(|mut f| {
+            f.write_all(bytes)?;
+            f.sync_all()
+        })
+        .map_err(|e| Error::io(tmp.path(), format!("cannot write: {e}"), e))?;
+    fs::rename(tmp.path(), path).map_err(|e| {
+        Error::io(
+            path,
+            format!("cannot rename the written file into place: {e}"),
+            e,
+        )
+    })?;
+    tmp.keep();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temporaries_name_their_process() {
+        let p = temp_path(Path::new("/d"), "w.1.pt.trace.json.gz", ".json");
+        let name = p.file_name().unwrap().to_str().unwrap();
+        assert_eq!(temp_owner(name), Some(std::process::id()));
+        assert_eq!(temp_owner("w.1.pt.trace.json.gz"), None);
+        assert_eq!(temp_owner(".w.1.stepscope.json.x.partial"), None);
+    }
+
+    #[test]
+    fn an_atomic_write_leaves_the_whole_file_and_no_temporary() {
+        let dir = std::env::temp_dir().join(format!("stepscope-files-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("a.txt");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"two");
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+        // Into a directory that is not there: an error naming the temporary, nothing left.
+        let e = write_atomic(&dir.join("missing/b.txt"), b"x").unwrap_err();
+        assert!(e.to_string().contains("missing"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

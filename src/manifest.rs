@@ -1,0 +1,325 @@
+//! The manifest: the file stepscope writes beside each trace (`{stem}.stepscope.json`), saying
+//! what was captured, where the trace is and whether it is whole. This module owns the format:
+//! its one type ([`Manifest`], `Serialize + Deserialize`), its states ([`Status`]), its version
+//! ([`MANIFEST_VERSION`]) and the names of the files it sits among. The trace writer writes it,
+//! `stepscope analyze` reads its `summary`, the Python package reads it through the extension
+//! (`stepscope.read_manifest`); nobody matches on its text.
+//!
+//! # The format
+//!
+//! A JSON object, pretty printed, written whole (a temporary, fsync, rename):
+//!
+//! | key | since | meaning |
+//! |---|---|---|
+//! | `manifest_version` | 1 | this format's version; absent in manifests written before it had one (read as 0) |
+//! | `stepscope_version` | 0 | the stepscope that wrote it |
+//! | `status` | 0 | `writing` (the job began), `complete`, `failed` (see `error`), `unfinished` (the process ended or the profiler was dropped before the trace was written) |
+//! | `error` | 0 | why a trace is `failed` or `unfinished` |
+//! | `backend` | 0 | `torch` |
+//! | `pid` | 0 | the writing process: a `writing` manifest whose process has ended is marked `unfinished` by the next start in the directory |
+//! | `worker_name`, `local_rank` | 0 | the worker |
+//! | `first_step`, `last_step`, `iterations` | 0 | the captured steps |
+//! | `start_time_unix_ns`, `stop_time_unix_ns` | 0 | the session's start and stop |
+//! | `trace_file` | 0 | the trace, relative to the manifest's directory |
+//! | `trace_bytes`, `json_bytes` | 0 | its size on disk and as JSON |
+//! | `summary_file` | 0 | the op table written beside it (`{stem}.profiler_out.txt`), if any |
+//! | `writer_seconds`, `finalize_seconds`, `write_seconds` | 0 | the stop to the rename; of which finalizing in Kineto; of which serializing, compressing and renaming |
+//! | `trigger` | 0 | `{"slow_step": {...}}` when the slow-step trigger started the capture |
+//! | `cut_short` | 0 | why the capture budget ended the window early |
+//! | `steps` | 0 | each captured iteration's requests (`stepscope.request_ids`) |
+//! | `metadata` | 0 | the keys the engine added to the trace's header (`set_trace_metadata`) |
+//! | `summary` | 0 | what the trace holds ([`crate::trace::Summary`]), read from its JSON as it was written |
+//! | `config` | 0 | the session's profiler config |
+//!
+//! A reader needs `status`; it takes any other absent key as absent (empty, zero) and ignores
+//! keys it does not know (a newer writer's): a manifest of any earlier version reads.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::files::write_atomic;
+use crate::schedule::CutShort;
+use crate::trace::{StepRequests, Summary, Trigger};
+
+/// The version this stepscope writes (`manifest_version`). Manifests written before the field
+/// existed read as 0; their keys are a subset of version 1's.
+pub const MANIFEST_VERSION: u32 = 1;
+
+/// The manifest's file name ends so: `{stem}.stepscope.json`.
+pub const MANIFEST_SUFFIX: &str = ".stepscope.json";
+
+/// The manifest file's name for a trace's stem.
+pub fn manifest_name(stem: &str) -> String {
+    format!("{stem}{MANIFEST_SUFFIX}")
+}
+
+/// Whether a file name is a manifest's (a hidden name is a temporary still being written).
+pub fn is_manifest_name(name: &str) -> bool {
+    name.ends_with(MANIFEST_SUFFIX) && !name.starts_with('.')
+}
+
+/// The stem and trace file name of a capture: `{name}` and `{name}.trace.json[.gz]` for a
+/// capture the engine named (`set_trace_name`), else `{worker}.{time_ns}` and
+/// `{worker}.{time_ns}.pt.trace.json[.gz]` (torch's tensorboard naming).
+pub fn trace_names(
+    worker_name: &str,
+    time_ns: u128,
+    trace_name: Option<&str>,
+    gzip: bool,
+) -> (String, String) {
+    let gz = if gzip { ".gz" } else { "" };
+    match trace_name {
+        Some(name) => (name.to_string(), format!("{name}.trace.json{gz}")),
+        None => {
+            let stem = format!("{worker_name}.{time_ns}");
+            let file = format!("{stem}.pt.trace.json{gz}");
+            (stem, file)
+        }
+    }
+}
+
+/// Where a trace stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum Status {
+    /// Its job has begun; the trace is not in place yet.
+    #[default]
+    Writing,
+    /// The trace is in place, whole.
+    Complete,
+    /// It could not be written (`error` says why).
+    Failed,
+    /// Its process ended, or its profiler was dropped, before it was written.
+    Unfinished,
+}
+
+impl Status {
+    /// The word the manifest holds.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Writing => "writing",
+            Status::Complete => "complete",
+            Status::Failed => "failed",
+            Status::Unfinished => "unfinished",
+        }
+    }
+}
+
+/// A manifest: the file beside each trace. See the module docs for each key.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The format's version ([`MANIFEST_VERSION`] when written; 0 when absent).
+    #[serde(default)]
+    pub manifest_version: u32,
+    /// The stepscope that wrote it.
+    #[serde(default)]
+    pub stepscope_version: String,
+    /// Where the trace stands.
+    pub status: Status,
+    /// Why it is `failed` or `unfinished`.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The backend that made the capture (`torch`).
+    #[serde(default)]
+    pub backend: String,
+    /// The writing process.
+    #[serde(default)]
+    pub pid: u32,
+    /// The worker's name.
+    #[serde(default)]
+    pub worker_name: String,
+    /// The worker's local rank.
+    #[serde(default)]
+    pub local_rank: u32,
+    /// The first captured step.
+    #[serde(default)]
+    pub first_step: Option<u64>,
+    /// The last captured step.
+    #[serde(default)]
+    pub last_step: Option<u64>,
+    /// Iterations captured.
+    #[serde(default)]
+    pub iterations: u64,
+    /// The session's start, ns since the Unix epoch.
+    #[serde(default)]
+    pub start_time_unix_ns: u128,
+    /// The session's stop, ns since the Unix epoch (in the trace's file name).
+    #[serde(default)]
+    pub stop_time_unix_ns: u128,
+    /// The trace's file name, in the manifest's directory.
+    #[serde(default)]
+    pub trace_file: String,
+    /// The trace's size on disk.
+    #[serde(default)]
+    pub trace_bytes: Option<u64>,
+    /// The trace's size as JSON.
+    #[serde(default)]
+    pub json_bytes: Option<u64>,
+    /// The op table written beside the trace (`{stem}.profiler_out.txt`). Its key keeps the
+    /// name of the format's first version.
+    #[serde(default, rename = "summary_file")]
+    pub op_table_file: Option<String>,
+    /// Seconds from the stop to the trace's rename into place.
+    #[serde(default)]
+    pub writer_seconds: Option<f64>,
+    /// Of which finalizing the session in Kineto (the second half of `disableProfiler`).
+    #[serde(default)]
+    pub finalize_seconds: Option<f64>,
+    /// Of which serializing, compressing and renaming the trace.
+    #[serde(default)]
+    pub write_seconds: Option<f64>,
+    /// The slow step the capture follows, when a slow-step trigger started it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<Trigger>,
+    /// Why the window ended early, when the capture budget ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut_short: Option<CutShort>,
+    /// Each captured iteration's requests (`stepscope.request_ids`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<Vec<StepRequests>>,
+    /// The keys the engine added to the trace's header (`set_trace_metadata`), e.g. the SGLang
+    /// plugin's `sglang_first_forward_pass`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// What the trace holds, per captured iteration and per kernel and operator, read from
+    /// its JSON as it was written (`stepscope analyze DIR` uses it instead of the trace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<Summary>,
+    /// The session's profiler config (shared with the backend: never copied on the engine
+    /// thread).
+    #[serde(default)]
+    pub config: Arc<serde_json::Value>,
+}
+
+impl Manifest {
+    /// Parses a manifest's text; `path` names it in the error.
+    pub fn from_slice(bytes: &[u8], path: &Path) -> Result<Manifest> {
+        serde_json::from_slice(bytes).map_err(|e| Error::Format {
+            path: path.to_path_buf(),
+            message: format!("not a stepscope manifest: {e}"),
+        })
+    }
+
+    /// Reads the manifest at `path`.
+    pub fn read(path: &Path) -> Result<Manifest> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::io(path, format!("cannot read the manifest: {e}"), e))?;
+        Manifest::from_slice(&bytes, path)
+    }
+
+    /// The manifest as written: pretty JSON and a newline.
+    pub fn to_vec(&self) -> Vec<u8> {
+        // A manifest holds no map with non-string keys and no non-finite float that
+        // serde_json refuses: this cannot fail; if it ever did, the error is the text.
+        let mut bytes = serde_json::to_vec_pretty(self)
+            .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}").into_bytes());
+        bytes.push(b'\n');
+        bytes
+    }
+
+    /// Writes the manifest to `path` whole (a temporary, fsync, rename), as version
+    /// [`MANIFEST_VERSION`].
+    pub fn write(&self, path: &Path) -> Result<()> {
+        if self.manifest_version == MANIFEST_VERSION {
+            write_atomic(path, &self.to_vec())
+        } else {
+            let current = Manifest {
+                manifest_version: MANIFEST_VERSION,
+                ..self.clone()
+            };
+            write_atomic(path, &current.to_vec())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real manifest of stepscope 0.1.0 before `manifest_version` (a torch capture on CPU
+    /// with `request_ids`): it reads, as version 0.
+    const BEFORE_VERSIONS: &str =
+        include_str!("../tests/data/manifest-before-versions.stepscope.json");
+
+    #[test]
+    fn a_manifest_written_before_versions_reads() {
+        let m = Manifest::from_slice(BEFORE_VERSIONS.as_bytes(), Path::new("old")).unwrap();
+        assert_eq!(m.manifest_version, 0);
+        assert_eq!(m.status, Status::Complete);
+        assert_eq!(m.backend, "torch");
+        assert_eq!(m.worker_name, "rank0");
+        assert_eq!(
+            (m.first_step, m.last_step, m.iterations),
+            (Some(1), Some(2), 2)
+        );
+        assert!(m.trace_file.ends_with(".pt.trace.json.gz"));
+        assert_eq!(m.op_table_file.as_deref(), Some("rank0.profiler_out.txt"));
+        let steps = m.steps.as_deref().unwrap();
+        assert_eq!(steps[1].requests, ["r1a", "r1b"]);
+        let summary = m.summary.as_ref().unwrap();
+        assert_eq!(summary.steps.len(), 2);
+        assert_eq!(m.config["profiler"], "torch");
+    }
+
+    #[test]
+    fn a_manifest_reads_back_as_written_with_its_version() {
+        let old = Manifest::from_slice(BEFORE_VERSIONS.as_bytes(), Path::new("old")).unwrap();
+        let dir = std::env::temp_dir().join(format!("stepscope-manifest-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(manifest_name("w.1"));
+        old.write(&path).unwrap();
+        let back = Manifest::read(&path).unwrap();
+        assert_eq!(back.manifest_version, MANIFEST_VERSION);
+        assert_eq!(
+            Manifest {
+                manifest_version: 0,
+                ..back
+            },
+            old
+        );
+        // The version leads the file; the keys of version 0 keep their names.
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("{\n  \"manifest_version\": 1,"), "{text}");
+        assert!(text.contains("\"summary_file\": \"rank0.profiler_out.txt\""));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_newer_manifest_reads_and_a_bad_one_names_its_file() {
+        let newer = r#"{"manifest_version": 9, "stepscope_version": "9.0.0", "status": "complete",
+            "pid": 1, "worker_name": "w", "trace_file": "w.trace.json.gz", "new_key": [1]}"#;
+        let m = Manifest::from_slice(newer.as_bytes(), Path::new("n")).unwrap();
+        assert_eq!((m.manifest_version, m.status), (9, Status::Complete));
+        let minimal = r#"{"status": "writing", "pid": 7}"#;
+        let m = Manifest::from_slice(minimal.as_bytes(), Path::new("m")).unwrap();
+        assert_eq!(
+            (m.status, m.pid, m.trace_file.as_str()),
+            (Status::Writing, 7, "")
+        );
+        let e = Manifest::from_slice(b"{\"status\": \"done\"}", Path::new("/d/x.stepscope.json"))
+            .unwrap_err();
+        assert!(e.to_string().contains("/d/x.stepscope.json"), "{e}");
+        assert!(e.to_string().contains("not a stepscope manifest"), "{e}");
+    }
+
+    #[test]
+    fn file_names() {
+        assert_eq!(manifest_name("w.5"), "w.5.stepscope.json");
+        assert!(is_manifest_name("w.5.stepscope.json"));
+        assert!(!is_manifest_name(".w.5.stepscope.json.7.partial"));
+        assert!(!is_manifest_name(".w.5.stepscope.json"));
+        assert!(!is_manifest_name("w.5.pt.trace.json.gz"));
+        assert_eq!(
+            trace_names("w", 5, None, true),
+            ("w.5".into(), "w.5.pt.trace.json.gz".into())
+        );
+        assert_eq!(
+            trace_names("w", 5, Some("p-TP-0"), false),
+            ("p-TP-0".into(), "p-TP-0.trace.json".into())
+        );
+    }
+}
