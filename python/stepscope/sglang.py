@@ -44,7 +44,6 @@ executable for ``merge_profiles`` (default: the one installed with this package,
 from __future__ import annotations
 
 import glob
-import inspect
 import json
 import logging
 import os
@@ -56,7 +55,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from stepscope.vllm import signature_of
+from stepscope import _plugin
+from stepscope._plugin import POS, signature_of
 
 logger = logging.getLogger("stepscope.sglang")
 
@@ -74,19 +74,18 @@ V2_MANAGER = V2_MODULE + ".ProfileManager"
 STATE_MODULE = "sglang.srt.managers.scheduler_components.internal_state"
 STATE_CONTROLLER = STATE_MODULE + ".SchedulerInternalStateController"
 
-_POS = inspect.Parameter.POSITIONAL_OR_KEYWORD
 #: The parameter lists of the hooked methods, as SGLang 0.5.23 declares them, per class.
 #: Others: one warning, and SGLang's own profiler.
 KNOWN_SIGNATURES: dict[str, dict[str, tuple[tuple[str, Any], ...]]] = {
     "SchedulerProfilerManager": {
-        "_profile": (("self", _POS), ("recv_req", _POS)),
-        "_profile_batch_predicate": (("self", _POS), ("batch", _POS)),
-        "_start_profile": (("self", _POS), ("stage", _POS)),
-        "_stop_profile": (("self", _POS), ("stage", _POS)),
+        "_profile": (("self", POS), ("recv_req", POS)),
+        "_profile_batch_predicate": (("self", POS), ("batch", POS)),
+        "_start_profile": (("self", POS), ("stage", POS)),
+        "_stop_profile": (("self", POS), ("stage", POS)),
     },
     "ProfileManager": {
-        "_do_start": (("self", _POS), ("stage", _POS)),
-        "_do_stop": (("self", _POS),),
+        "_do_start": (("self", POS), ("stage", POS)),
+        "_do_stop": (("self", POS),),
     },
 }
 #: The ``ProfileReq`` fields the plugin reads.
@@ -162,8 +161,7 @@ def register() -> None:
 
 def enabled() -> bool:
     """False when ``STEPSCOPE_SGLANG`` turns the plugin off."""
-    value = os.environ.get(SWITCH_ENV, "1").strip().lower()
-    return value not in ("0", "false", "no", "off")
+    return _plugin.switched_on(SWITCH_ENV)
 
 
 def interface_known(module: Any, v2_module: Any = None) -> bool:
@@ -214,8 +212,8 @@ def _has_state_controller() -> bool:
                     STATE_CONTROLLER)  # fmt: skip
         return False
     return signature_of(getattr(cls, "get_internal_state", None)) == (
-        ("self", _POS),
-        ("recv_req", _POS),
+        ("self", POS),
+        ("recv_req", POS),
     )
 
 
@@ -229,9 +227,7 @@ def _sglang_version() -> str:
 
 
 def _warn_once(key: str, message: str, *args: Any) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(message, *args)
+    _plugin.once(logger, logging.WARNING, _warned, key, message, *args)
 
 
 def profile_v2() -> bool:
@@ -655,7 +651,7 @@ class _SchedulerProfiler:
     ) -> None:
         import stepscope
 
-        from stepscope.vllm import stepscope_keys_from_env
+        from stepscope._plugin import stepscope_keys_from_env
 
         keys = stepscope_keys_from_env()
         wanted: list[dict[str, Any]] = []
@@ -928,10 +924,13 @@ def merge_when_written(
     for p in profilers:
         timeout = float(p.config.get("stepscope", {}).get("flush_timeout_s", timeout))
         p.flush(timeout)
-    pattern = str(window.output_dir / glob.escape(window.profile + "-")) + "*.stepscope.json"
+    import stepscope
+
+    prefix = str(window.output_dir / glob.escape(window.profile + "-"))
+    pattern = prefix + "*" + stepscope.MANIFEST_SUFFIX
     deadline = time.monotonic() + timeout
     while True:
-        manifests = [_read_json(m) for m in sorted(glob.glob(pattern))]
+        manifests = [_read_manifest(m) for m in sorted(glob.glob(pattern))]
         done = [m for m in manifests if m is not None and m.get("status") != "writing"]
         if len(done) >= expected and len(done) == len(manifests):
             break
@@ -987,10 +986,10 @@ def merge_when_written(
     return out
 
 
-def _read_json(path: str) -> dict[str, Any] | None:
+def _read_manifest(path: str) -> dict[str, Any] | None:
+    import stepscope
+
     try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-        return value if isinstance(value, dict) else None
+        return stepscope.read_manifest(path)
     except (OSError, ValueError):
-        return None  # being replaced right now: read again at the next poll
+        return None  # removed, or not a manifest: read again at the next poll

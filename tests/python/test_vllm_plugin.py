@@ -198,8 +198,8 @@ def test_the_plugin_is_idempotent(vllm_loaded):
 
     before = (wrapper.create_worker_profiler, vllm_loaded.Worker.annotate_profile)
     plugin.register()
-    plugin._patch_wrapper(wrapper)
-    plugin._patch_gpu_worker(vllm_loaded)
+    plugin.factory._patch_wrapper(wrapper)
+    plugin.worker._patch_gpu_worker(vllm_loaded)
     assert (wrapper.create_worker_profiler, vllm_loaded.Worker.annotate_profile) == before
     original = wrapper.create_worker_profiler.__stepscope_original__
     assert not hasattr(original, "__stepscope_original__")
@@ -209,7 +209,7 @@ def test_stepscope_config_keys_reach_the_profiler(vllm_loaded, tmp_path, monkeyp
     from vllm.config import ProfilerConfig
 
     monkeypatch.setenv("STEPSCOPE_CONFIG", '{"stepscope": {"nvtx": "always", "flush_timeout_s": 5}}')
-    monkeypatch.setattr(plugin, "_stepscope_keys", None)
+    monkeypatch.setattr(plugin.environment, "_stepscope_keys", None)
     cfg = ProfilerConfig(profiler="cuda")
     p = vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
     keys = json.loads(p.config_json)["stepscope"]
@@ -236,7 +236,7 @@ def test_stepscope_keys_are_validated_with_vllms_fields(vllm_loaded, monkeypatch
     from vllm.config import ProfilerConfig
 
     monkeypatch.setenv("STEPSCOPE_CONFIG", '{"stepscope": {"repeat": 2, "repeat_every": 12}}')
-    monkeypatch.setattr(plugin, "_stepscope_keys", None)
+    monkeypatch.setattr(plugin.environment, "_stepscope_keys", None)
     cfg = ProfilerConfig(profiler="cuda", max_iterations=3)
     p = vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
     assert isinstance(p, stepscope.WorkerProfiler)
@@ -255,7 +255,7 @@ def test_one_bad_stepscope_key_is_left_out_and_the_others_apply(vllm_loaded, mon
     from vllm.config import ProfilerConfig
 
     monkeypatch.setenv("STEPSCOPE_CONFIG", '{"stepscope": {"nvtx": "loud", "flush_timeout_s": 5}}')
-    monkeypatch.setattr(plugin, "_stepscope_keys", None)
+    monkeypatch.setattr(plugin.environment, "_stepscope_keys", None)
     with _captured_log() as records:
         p = vllm_loaded.create_worker_profiler(
             ProfilerConfig(profiler="cuda"), worker_name="w", local_rank=0
@@ -290,7 +290,7 @@ def test_a_field_of_a_newer_vllm_at_its_default_is_left_out_with_one_info_line(
     assert isinstance(front.profiler, stepscope.WorkerProfiler)
     front.shutdown()
     cfg = next_vllms_profiler_config()(profiler="cuda", max_iterations=2)
-    plugin._informed.discard("field:torch_profiler_with_modules")
+    plugin.environment._informed.discard("field:torch_profiler_with_modules")
     with _captured_log() as records:
         p = vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
         vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
@@ -305,7 +305,7 @@ def test_a_field_of_a_newer_vllm_set_keeps_vllms_own_profiler_with_one_warning(v
     import logging
 
     cfg = next_vllms_profiler_config()(profiler="cuda", torch_profiler_with_modules=True)
-    plugin._warned.discard("field:torch_profiler_with_modules")
+    plugin.environment._warned.discard("field:torch_profiler_with_modules")
     with _captured_log() as records:
         p = vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
         vllm_loaded.create_worker_profiler(cfg, worker_name="w", local_rank=0)
@@ -587,7 +587,7 @@ def test_captured_iterations_name_the_scheduler_outputs_requests(
     from vllm.config import ProfilerConfig
 
     monkeypatch.setenv("STEPSCOPE_CONFIG", '{"stepscope": {"request_ids": true}}')
-    monkeypatch.setattr(plugin, "_stepscope_keys", None)
+    monkeypatch.setattr(plugin.environment, "_stepscope_keys", None)
     cfg = ProfilerConfig(
         profiler="torch",
         torch_profiler_dir=str(tmp_path),

@@ -1,0 +1,201 @@
+"""The engine worker: ``Worker.annotate_profile`` hands each iteration's counts (and request
+ids) to stepscope's profiler; ``Worker.stepscope_status`` answers ``collective_rpc``; and the
+API server's ``GET /stepscope/status`` route (:class:`StatusEndpoint`) asks every worker."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from types import ModuleType
+from typing import Any, Callable
+
+from stepscope.vllm.factory import make_factory
+from stepscope.vllm.interfaces import PATCHED_MARK, WRAPPER, signature_known, warn_unpatched
+
+def _patch_gpu_worker(module: ModuleType) -> None:
+    worker = getattr(module, "Worker", None)
+    original_annotate = getattr(worker, "annotate_profile", None)
+    factory = getattr(module, "create_worker_profiler", None)
+    try:
+        from vllm.v1.utils import compute_iteration_details
+    except ImportError:
+        compute_iteration_details = None
+    missing = [
+        name
+        for name, found in (
+            ("Worker.annotate_profile", original_annotate),
+            ("create_worker_profiler", factory),
+            ("vllm.v1.utils.compute_iteration_details", compute_iteration_details),
+        )
+        if found is None
+    ]
+    if missing:
+        warn_unpatched(module, ", ".join(missing))
+        return
+    # How the worker drives its profiler (profile) and hands it iterations (annotate_profile)
+    # must be as the plugin knows it; the factory it calls too.
+    if not all(
+        hasattr(fn, PATCHED_MARK) or signature_known(name, fn, module)
+        for name, fn in (
+            ("Worker.profile", getattr(worker, "profile", None)),
+            ("Worker.annotate_profile", original_annotate),
+            ("create_worker_profiler", factory),
+        )
+    ):
+        return
+    if not hasattr(factory, PATCHED_MARK):
+        # gpu_worker imported the factory by name before the wrapper module was patched.
+        wrapper = sys.modules.get(WRAPPER)
+        patched = getattr(wrapper, "create_worker_profiler", None)
+        module.create_worker_profiler = (
+            patched if hasattr(patched, PATCHED_MARK) else make_factory(factory)
+        )
+    if not hasattr(original_annotate, PATCHED_MARK):
+        worker.annotate_profile = _make_annotate(original_annotate, compute_iteration_details)
+    if not hasattr(worker, "stepscope_status"):
+        worker.stepscope_status = worker_status
+
+
+def _make_annotate(original: Callable[..., Any], compute_iteration_details: Any) -> Callable[..., Any]:
+    import stepscope
+
+    def annotate_profile(self: Any, scheduler_output: Any) -> Any:
+        profiler = getattr(self, "profiler", None)
+        if not isinstance(profiler, stepscope.WorkerProfiler):
+            return original(self, scheduler_output)
+        if not profiler.is_armed:
+            # Nothing will read counts: skip computing them (vLLM's idle cost).
+            profiler.step()
+            return _IDLE
+        detailed = bool(getattr(self.vllm_config.profiler_config, "detailed_trace_annotation", False))
+        # Request ids are read only when stepscope.request_ids asks for them.
+        ids = request_ids_of(scheduler_output) if profiler.wants_request_ids else None
+        profiler.step(iteration_of(scheduler_output, compute_iteration_details, detailed, ids))
+        return _IterationScope(profiler)
+
+    annotate_profile.__doc__ = original.__doc__
+    annotate_profile.__name__ = "annotate_profile"
+    annotate_profile.__qualname__ = getattr(original, "__qualname__", "annotate_profile")
+    setattr(annotate_profile, PATCHED_MARK, original)
+    return annotate_profile
+
+
+def worker_status(self: Any) -> dict[str, Any]:
+    """``Worker.stepscope_status``, for ``collective_rpc("stepscope_status")``: the worker's
+    profiler status, or what is known before its first ``/start_profile``."""
+    import stepscope
+
+    profiler = getattr(self, "profiler", None)
+    if isinstance(profiler, stepscope.WorkerProfiler):
+        return profiler.status()
+    config = getattr(self, "profiler_config", None)
+    return {
+        "rank": getattr(self, "rank", None),
+        "backend": getattr(config, "profiler", None),
+        "phase": "not_created",
+        "note": "no /start_profile has reached this worker yet"
+        if profiler is None
+        else f"vLLM's own {type(profiler).__name__} profiles this worker",
+    }
+
+
+class StatusEndpoint:
+    """The ``vllm.endpoint_plugins`` entry point: ``GET /stepscope/status`` on the API server,
+    answering ``{"workers": [status, ...]}`` from every engine worker (through vLLM's
+    ``collective_rpc``, to the method the general plugin installs)."""
+
+    name = "stepscope"
+    required_tasks = None
+
+    def attach_router(self, app: Any) -> None:
+        from fastapi import Request
+        from fastapi.responses import JSONResponse
+
+        async def stepscope_status(request):  # type: ignore[no-untyped-def]
+            engine = getattr(request.app.state, "stepscope_engine_client", None)
+            if engine is None:
+                return JSONResponse({"error": "this server has no engine"}, status_code=503)
+            try:
+                workers = await engine.collective_rpc("stepscope_status")
+            except Exception as e:  # noqa: BLE001 - reported to the caller, not raised
+                return JSONResponse(
+                    {"error": f"collective_rpc('stepscope_status') failed: {e}"}, status_code=500
+                )
+            return JSONResponse({"workers": list(workers)})
+
+        # Real classes, not the strings this module's annotations become: FastAPI reads them
+        # to pass the request in.
+        stepscope_status.__annotations__ = {"request": Request, "return": JSONResponse}
+        app.add_api_route("/stepscope/status", stepscope_status, methods=["GET"])
+
+    async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
+        state.stepscope_engine_client = engine_client
+
+
+# nullcontext keeps no state, so one serves every idle iteration.
+_IDLE = nullcontext()
+
+
+class _IterationScope:
+    """Closes the iteration's NVTX range and Kineto annotation when the model step ends."""
+
+    __slots__ = ("_profiler",)
+
+    def __init__(self, profiler: Any) -> None:
+        self._profiler = profiler
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self._profiler.step_end()
+
+
+def request_ids_of(scheduler_output: Any) -> list[str]:
+    """The ids of the requests one ``SchedulerOutput`` schedules, in its order: the keys of
+    ``num_scheduled_tokens`` (new and cached requests alike)."""
+    return [str(r) for r in scheduler_output.num_scheduled_tokens]
+
+
+def iteration_of(
+    scheduler_output: Any,
+    compute_iteration_details: Any,
+    detailed: bool,
+    request_ids: list[str] | None = None,
+) -> Any:
+    """The :class:`stepscope.Iteration` of one ``SchedulerOutput``: vLLM's own
+    ``compute_iteration_details`` counts (context = a new request or one still in its context
+    phase), with ``detailed`` vLLM's per-phase roofline sums, and the request ids if given."""
+    import stepscope
+
+    d = compute_iteration_details(scheduler_output)
+    counts = (
+        d.num_ctx_requests,
+        d.num_ctx_tokens,
+        d.num_generation_requests,
+        d.num_generation_tokens,
+    )
+    if not detailed:
+        return stepscope.Iteration(*counts, request_ids=request_ids)
+    new_ids = {r.req_id for r in scheduler_output.scheduled_new_reqs}
+    computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+    cached = scheduler_output.scheduled_cached_reqs
+    computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
+    ctx = [0, 0, 0]
+    gen = [0, 0, 0]
+    for req_id, q in scheduler_output.num_scheduled_tokens.items():
+        seq = computed.get(req_id, 0) + q
+        sums = ctx if (req_id in new_ids or cached.is_context_phase(req_id)) else gen
+        sums[0] += seq
+        sums[1] += q * q
+        sums[2] += q * seq
+    return stepscope.Iteration(
+        *counts,
+        ctx_seq_len_sum=ctx[0],
+        ctx_qq_compute=ctx[1],
+        ctx_qk_compute=ctx[2],
+        gen_seq_len_sum=gen[0],
+        gen_qq_compute=gen[1],
+        gen_qk_compute=gen[2],
+        request_ids=request_ids,
+    )
