@@ -48,6 +48,14 @@ pub enum Error {
         /// What is wrong with it, with the parser's line and column.
         message: String,
     },
+    /// A trace was not written whole: its serializer wrote a truncated file (a full disk), a
+    /// writer thread failed, or no trace came out.
+    Write {
+        /// The trace file (or the temporary it was being written to).
+        path: PathBuf,
+        /// What went wrong, with the bytes written and the disk's free space where known.
+        message: String,
+    },
     /// An argument passed to an API call is invalid (e.g. a negative override).
     InvalidArgument {
         /// The argument's name as the caller wrote it, e.g. `delay_iterations`.
@@ -101,6 +109,15 @@ impl Error {
         }
     }
 
+    /// A trace at `path` not written whole.
+    #[cfg_attr(not(feature = "torch-dynamic"), allow(dead_code))]
+    pub(crate) fn write(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        Error::Write {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
     /// A backend error for `backend`.
     pub fn backend(backend: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Backend {
@@ -129,7 +146,9 @@ impl fmt::Display for Error {
                 write!(f, "profiler config from {source} is not valid: {message}")
             }
             Error::Io { path, message, .. } => write!(f, "{}: {message}", path.display()),
-            Error::Format { path, message } => write!(f, "{}: {message}", path.display()),
+            Error::Format { path, message } | Error::Write { path, message } => {
+                write!(f, "{}: {message}", path.display())
+            }
             Error::InvalidArgument { name, message } => write!(f, "`{name}` {message}"),
             Error::Backend { backend, message } => write!(f, "profiler '{backend}': {message}"),
             Error::Timeout { what } => write!(f, "timed out waiting for {what}"),

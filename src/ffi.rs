@@ -65,7 +65,7 @@ fn code_of(e: &Error) -> c_int {
         Error::Config { .. } | Error::Json { .. } => STEPSCOPE_ERR_CONFIG,
         Error::InvalidArgument { .. } => STEPSCOPE_ERR_INVALID_ARGUMENT,
         Error::Backend { .. } => STEPSCOPE_ERR_BACKEND,
-        Error::Io { .. } | Error::Format { .. } => STEPSCOPE_ERR_IO,
+        Error::Io { .. } | Error::Format { .. } | Error::Write { .. } => STEPSCOPE_ERR_IO,
         Error::Timeout { .. } => STEPSCOPE_ERR_TIMEOUT,
     }
 }

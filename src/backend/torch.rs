@@ -42,10 +42,6 @@ use kineto::{Kineto, Options, Range};
 
 const NAME: &str = "torch";
 
-fn kineto_error(what: &str, message: &str) -> Error {
-    Error::backend(NAME, format!("{what} failed: {message}"))
-}
-
 /// One step of `torch.profiler.schedule`'s action sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
@@ -287,18 +283,16 @@ impl TorchBackend {
     }
 
     fn prepare(&mut self) -> Result<()> {
-        self.glue()?
-            .prepare(&self.recording.options)
-            .map_err(|e| kineto_error("prepareProfiler", &e))?;
+        self.glue()?.prepare(&self.recording.options)?;
         self.kineto = KinetoState::Prepared;
         Ok(())
     }
 
     fn enable(&mut self) -> Result<()> {
-        let id = self.glue()?.enable(&self.recording.options).map_err(|e| {
-            self.kineto = KinetoState::Off;
-            kineto_error("enableProfiler", &e)
-        })?;
+        let id = self
+            .glue()?
+            .enable(&self.recording.options)
+            .inspect_err(|_| self.kineto = KinetoState::Off)?;
         self.kineto = KinetoState::Enabled;
         self.enabled_id = id;
         Ok(())
@@ -312,13 +306,7 @@ impl TorchBackend {
         }
         if self.kineto == KinetoState::Enabled {
             self.kineto = KinetoState::Off;
-            let mut session = self
-                .glue()?
-                .detach(self.enabled_id)
-                .map_err(|e| kineto_error("disableProfiler", &e))?;
-            session
-                .finalize()
-                .map_err(|e| kineto_error("disableProfiler", &e))?;
+            self.glue()?.detach(self.enabled_id)?.finalize()?;
         }
         Ok(())
     }
@@ -372,17 +360,15 @@ impl TorchBackend {
             .chain(self.metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         // Serialized once (a header for every trace; the ids only with request_ids).
         let stepscope = serde_json::to_string(&header)
-            .map_err(|e| kineto_error("the trace header", &e.to_string()))?;
+            .map_err(|e| Error::backend(NAME, format!("serializing the trace header: {e}")))?;
         for (key, value) in entries.chain(std::iter::once(("stepscope", stepscope.as_str()))) {
             if let Err(e) = glue.add_metadata(key, value) {
-                log::warn!("stepscope: {}", kineto_error("addMetadataJson", &e));
+                log::warn!("stepscope: {e}");
             }
         }
         self.kineto = KinetoState::Off;
         // Only the cheap half of disableProfiler here; the writer finalizes the session.
-        let detached = glue
-            .detach(self.enabled_id)
-            .map_err(|e| kineto_error("disableProfiler", &e))?;
+        let detached = glue.detach(self.enabled_id)?;
         let manifest = Manifest {
             worker_name,
             local_rank: self.local_rank,
@@ -425,9 +411,7 @@ impl TorchBackend {
         if self.kineto != KinetoState::Enabled {
             return Ok(());
         }
-        self.glue()?
-            .toggle(enable, &self.recording.options)
-            .map_err(|e| kineto_error("toggleCollectionDynamic", &e))
+        self.glue()?.toggle(enable, &self.recording.options)
     }
 
     fn end_range(&mut self) {
@@ -437,7 +421,7 @@ impl TorchBackend {
         self.range_open = false;
         if let Some(range) = self.range.as_mut() {
             if let Err(e) = range.end() {
-                log::warn!("stepscope: {}", kineto_error("RecordFunction end", &e));
+                log::warn!("stepscope: {e}");
             }
         }
     }
@@ -570,7 +554,7 @@ impl Backend for TorchBackend {
             match glue.new_range() {
                 Ok(r) => self.range = Some(r),
                 Err(e) => {
-                    log::warn!("stepscope: {}", kineto_error("RecordFunction", &e));
+                    log::warn!("stepscope: {e}");
                     self.annotate = false;
                     return;
                 }
@@ -585,7 +569,7 @@ impl Backend for TorchBackend {
         if let Some(range) = self.range.as_mut() {
             match range.begin(name, step, requests) {
                 Ok(()) => self.range_open = true,
-                Err(e) => log::warn!("stepscope: {}", kineto_error("RecordFunction begin", &e)),
+                Err(e) => log::warn!("stepscope: {e}"),
             }
         }
     }

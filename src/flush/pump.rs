@@ -10,7 +10,7 @@ use std::thread;
 
 use super::annotate::RequestArgs;
 use super::summarize::SummaryThread;
-use crate::error::panic_message;
+use crate::error::{panic_message, Error, Result};
 use crate::trace::Summary;
 
 /// Runs `save` (Kineto serializing the trace) with a FIFO at `fifo` (the path Kineto writes
@@ -24,36 +24,41 @@ pub(super) fn stream_gzip(
     fifo: &Path,
     gz: &Path,
     requests: Option<RequestArgs>,
-    save: impl FnOnce() -> std::result::Result<(), String>,
-) -> std::result::Result<Option<Streamed>, String> {
-    make_fifo(fifo).map_err(|e| format!("creating the pipe {}: {e}", fifo.display()))?;
+    save: impl FnOnce() -> Result<()>,
+) -> Result<Option<Streamed>> {
+    make_fifo(fifo).map_err(|e| Error::io(fifo, format!("creating the pipe: {e}"), e))?;
     let (saved, pumped) = thread::scope(|scope| {
         let pump = thread::Builder::new()
             .name("stepscope-gzip".into())
             .spawn_scoped(scope, || pump_gzip(fifo, gz, requests));
         let pump = match pump {
             Ok(p) => p,
-            Err(e) => return (Err(format!("cannot start the gzip thread: {e}")), None),
+            Err(e) => {
+                let message = format!("cannot start the gzip thread: {e}");
+                return (Err(Error::io(gz, message, e)), None);
+            }
         };
         let saved = save();
         // If Kineto never opened the FIFO, the pump still waits in open(): let it go.
         release_reader(fifo);
-        let pumped = pump
-            .join()
-            .unwrap_or_else(|p| Err(format!("the gzip thread panicked: {}", panic_message(&*p))));
+        let pumped = pump.join().unwrap_or_else(|p| {
+            let message = format!("the gzip thread panicked: {}", panic_message(&*p));
+            Err(Error::write(gz, message))
+        });
         (saved, Some(pumped))
     });
     saved?;
     match pumped {
-        None => Err("the gzip thread did not run".into()),
+        None => Err(Error::write(gz, "the gzip thread did not run")),
         Some(Err(e)) => Err(e),
         Some(Ok(Pumped { json_bytes: 0, .. })) => Ok(None),
         Some(Ok(Pumped {
             complete: false,
             json_bytes,
             ..
-        })) => Err(format!(
-            "the trace was written incomplete ({json_bytes} bytes): the write failed"
+        })) => Err(Error::write(
+            gz,
+            format!("the trace was written incomplete ({json_bytes} bytes): the write failed"),
         )),
         Some(Ok(Pumped {
             json_bytes,
@@ -85,11 +90,7 @@ struct Pumped {
 /// thread beside it. On a write error it still
 /// drains the FIFO, so Kineto never writes into a closed pipe (SIGPIPE would end a host process
 /// that does not ignore it).
-fn pump_gzip(
-    fifo: &Path,
-    gz: &Path,
-    requests: Option<RequestArgs>,
-) -> std::result::Result<Pumped, String> {
+fn pump_gzip(fifo: &Path, gz: &Path, requests: Option<RequestArgs>) -> Result<Pumped> {
     thread::scope(|scope| {
         let mut summary = SummaryThread::spawn(scope);
         let pumped = pump_into(fifo, gz, requests, &mut summary);
@@ -108,10 +109,10 @@ fn pump_into(
     gz: &Path,
     mut requests: Option<RequestArgs>,
     summary: &mut Option<SummaryThread<'_>>,
-) -> std::result::Result<(u64, bool), String> {
+) -> Result<(u64, bool)> {
     use std::io::Read;
     let mut input = retry_interrupted(|| File::open(fifo))
-        .map_err(|e| format!("opening the pipe {}: {e}", fifo.display()))?;
+        .map_err(|e| Error::io(fifo, format!("opening the pipe: {e}"), e))?;
     let mut out = File::create(gz)
         .map(|f| {
             // The output is a tenth of the input or less: 256 KiB writes.
@@ -120,7 +121,7 @@ fn pump_into(
                 flate2::Compression::new(6),
             )
         })
-        .map_err(|e| format!("creating {}: {e}", gz.display()));
+        .map_err(|e| Error::io(gz, format!("creating the compressed trace: {e}"), e));
     let mut buf = vec![0u8; 1 << 20];
     let mut edited = Vec::new();
     let mut json_bytes = 0u64;
@@ -131,7 +132,7 @@ fn pump_into(
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                out = Err(format!("reading the pipe {}: {e}", fifo.display()));
+                out = Err(Error::io(fifo, format!("reading the pipe: {e}"), e));
                 break;
             }
         };
@@ -152,7 +153,7 @@ fn pump_into(
         }
         if let Ok(gz_out) = out.as_mut() {
             if let Err(e) = gz_out.write_all(chunk) {
-                out = Err(format!("compressing the trace into {}: {e}", gz.display()));
+                out = Err(compressing(gz, e));
             }
         }
     }
@@ -165,7 +166,7 @@ fn pump_into(
         }
         if let Ok(gz_out) = out.as_mut() {
             if let Err(e) = gz_out.write_all(&edited) {
-                out = Err(format!("compressing the trace into {}: {e}", gz.display()));
+                out = Err(compressing(gz, e));
             }
         }
     }
@@ -174,8 +175,12 @@ fn pump_into(
         .finish()
         .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
         .and_then(|f| f.sync_all())
-        .map_err(|e| format!("compressing the trace into {}: {e}", gz.display()))?;
+        .map_err(|e| compressing(gz, e))?;
     Ok((json_bytes, last == b'}'))
+}
+
+fn compressing(gz: &Path, e: io::Error) -> Error {
+    Error::io(gz, format!("compressing the trace: {e}"), e)
 }
 
 fn retry_interrupted<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
@@ -212,7 +217,7 @@ fn release_reader(fifo: &Path) {
 
 /// The file's size, after checking that its last non-whitespace byte is `}`: Kineto does not
 /// report write errors, so a full disk leaves a truncated JSON behind.
-pub(super) fn check_complete(path: &Path) -> std::result::Result<u64, String> {
+pub(super) fn check_complete(path: &Path) -> Result<u64> {
     use std::io::{Read, Seek, SeekFrom};
     let check = || -> io::Result<(u64, bool)> {
         let mut f = File::open(path)?;
@@ -236,16 +241,21 @@ pub(super) fn check_complete(path: &Path) -> std::result::Result<u64, String> {
     };
     match check() {
         Ok((len, true)) => Ok(len),
-        Ok((len, false)) => Err(format!(
-            "the trace was written incomplete ({len} bytes): the disk is full or the write \
-             failed{}",
-            free()
+        Ok((len, false)) => Err(Error::write(
+            path,
+            format!(
+                "the trace was written incomplete ({len} bytes): the disk is full or the write \
+                 failed{}",
+                free()
+            ),
         )),
-        Err(e) => Err(format!(
-            "no trace was written at {}: the disk is full or the write failed ({e}{})",
-            path.display(),
-            free()
-        )),
+        Err(e) => {
+            let message = format!(
+                "no trace was written: the disk is full or the write failed ({e}{})",
+                free()
+            );
+            Err(Error::io(path, message, e))
+        }
     }
 }
 

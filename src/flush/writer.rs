@@ -41,22 +41,18 @@ use crate::trace::Summary;
 pub(crate) trait Capture: Send {
     /// Finishes the capture (Kineto: the expensive half of `disableProfiler`); the error says
     /// what failed.
-    fn finalize(self: Box<Self>) -> std::result::Result<Box<dyn Trace>, String>;
+    fn finalize(self: Box<Self>) -> Result<Box<dyn Trace>>;
 }
 
 /// A finalized capture, written by the saver thread and dropped there.
 pub(crate) trait Trace: Send {
     /// Serializes the trace as JSON to `path` (it may write through `{path}.tmp` and rename
     /// that to `path`, as Kineto does: the writer then streams it through a FIFO).
-    fn save(&mut self, path: &str) -> std::result::Result<(), String>;
+    fn save(&mut self, path: &str) -> Result<()>;
 
     /// Writes what belongs beside the trace once it is in place (files named from `stem` in
     /// `dir`); returns the file written, if any.
-    fn write_extras(
-        &mut self,
-        _dir: &Path,
-        _stem: &str,
-    ) -> std::result::Result<Option<String>, String> {
+    fn write_extras(&mut self, _dir: &Path, _stem: &str) -> Result<Option<String>> {
         Ok(None)
     }
 }
@@ -392,8 +388,11 @@ fn finalize_loop(
             }
         }
         let began = Instant::now();
-        let outcome = catch_unwind(AssertUnwindSafe(|| job.session.finalize()))
-            .unwrap_or_else(|p| Err(format!("finalizing panicked: {}", panic_message(&*p))));
+        let outcome =
+            catch_unwind(AssertUnwindSafe(|| job.session.finalize())).unwrap_or_else(|p| {
+                let message = format!("finalizing panicked: {}", panic_message(&*p));
+                Err(Error::backend("torch", message))
+            });
         finalizing.finish();
         let mut manifest = job.manifest;
         manifest.finalize_seconds = Some(began.elapsed().as_secs_f64());
@@ -414,10 +413,10 @@ fn finalize_loop(
                     conclude(&f.manifest_path, &manifest, f.held_bytes, done);
                 }
             }
-            Err(message) => {
-                log::error!("stepscope: {} failed: {message}", manifest.trace_file);
+            Err(e) => {
+                log::error!("stepscope: {} failed: {e}", manifest.trace_file);
                 manifest.status = Status::Failed;
-                manifest.error = Some(message);
+                manifest.error = Some(e.to_string());
                 conclude(&manifest_path, &manifest, job.held_bytes, done);
             }
         }
@@ -430,7 +429,13 @@ fn save_loop(settings: &Settings, rx: &Receiver<Finalized>, done: &Done) {
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             write_job(settings, &mut job.result, &job.manifest, &job.how)
         }))
-        .unwrap_or_else(|p| Err(format!("the writer panicked: {}", panic_message(&*p))));
+        .unwrap_or_else(|p| {
+            let message = format!("the writer panicked: {}", panic_message(&*p));
+            Err(Error::write(
+                settings.dir.join(&job.manifest.trace_file),
+                message,
+            ))
+        });
         let manifest = &mut job.manifest;
         match outcome {
             Ok(written) => {
@@ -448,13 +453,10 @@ fn save_loop(settings: &Settings, rx: &Receiver<Finalized>, done: &Done) {
                     written.trace_bytes
                 );
             }
-            Err(message) => {
-                log::error!(
-                    "stepscope: writing {} failed: {message}",
-                    manifest.trace_file
-                );
+            Err(e) => {
+                log::error!("stepscope: writing {} failed: {e}", manifest.trace_file);
                 manifest.status = Status::Failed;
-                manifest.error = Some(message);
+                manifest.error = Some(e.to_string());
             }
         }
         // The trace (Kineto's buffers) is freed here, on this thread.
@@ -484,7 +486,7 @@ fn write_job(
     trace: &mut Box<dyn Trace>,
     manifest: &Manifest,
     how: &HowToWrite,
-) -> std::result::Result<Written, String> {
+) -> Result<Written> {
     let dir = &settings.dir;
     let final_name = &manifest.trace_file;
     let final_path = dir.join(final_name);
@@ -492,11 +494,11 @@ fn write_job(
     let json_path = temp_path(dir, final_name, ".json");
     let serializer_tmp = TempFile::new(suffixed(&json_path, ".tmp"));
     let json_tmp = TempFile::new(json_path.clone());
-    let io_err = |what: &str, path: &Path, e: io::Error| format!("{what} {}: {e}", path.display());
+    let io_err = |what: &str, path: &Path, e: io::Error| Error::io(path, format!("{what}: {e}"), e);
 
     let json_str = json_path
         .to_str()
-        .ok_or_else(|| format!("{} is not valid UTF-8", json_path.display()))?
+        .ok_or_else(|| Error::write(&json_path, "the path is not valid UTF-8"))?
         .to_string();
     let mut save = || trace.save(&json_str);
 
@@ -514,19 +516,22 @@ fn write_job(
                 SummaryFrom::Streamed(streamed.summary.map(Box::new)),
             ),
             None if !is_regular_file(json_tmp.path()) => {
-                return Err("no trace was written (the write failed)".into())
+                return Err(Error::write(
+                    json_tmp.path(),
+                    "no trace was written (the write failed)",
+                ))
             }
             // This serializer wrote the file itself, not through its `.tmp` (our FIFO):
             // compress the file it wrote (summarized once the trace is in place).
             None => {
                 let tail = check_complete(json_tmp.path())?;
                 compress(json_tmp.path(), gz_tmp.path())
-                    .map_err(|e| io_err("compressing the trace into", gz_tmp.path(), e))?;
+                    .map_err(|e| io_err("compressing the trace", gz_tmp.path(), e))?;
                 (tail, SummaryFrom::File(json_tmp.path()))
             }
         };
         fs::rename(gz_tmp.path(), &final_path)
-            .map_err(|e| io_err("renaming the trace to", &final_path, e))?;
+            .map_err(|e| io_err("renaming the trace into place", &final_path, e))?;
         gz_tmp.keep();
         (json_bytes, summary)
     } else {
@@ -536,7 +541,7 @@ fn write_job(
             .and_then(|f| f.sync_all())
             .map_err(|e| io_err("syncing", json_tmp.path(), e))?;
         fs::rename(json_tmp.path(), &final_path)
-            .map_err(|e| io_err("renaming the trace to", &final_path, e))?;
+            .map_err(|e| io_err("renaming the trace into place", &final_path, e))?;
         json_tmp.keep();
         (json_bytes, SummaryFrom::File(&final_path))
     };
@@ -544,7 +549,7 @@ fn write_job(
     drop(serializer_tmp);
     let renamed = Instant::now();
     let trace_bytes = fs::metadata(&final_path)
-        .map_err(|e| io_err("reading the size of", &final_path, e))?
+        .map_err(|e| io_err("reading its size", &final_path, e))?
         .len();
     // A trace that did not stream through the pump is read back for its summary, after it is
     // in place: it never delays the trace.

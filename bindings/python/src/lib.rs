@@ -63,7 +63,7 @@ fn to_py(e: &Error) -> PyErr {
             err
         }
         Error::InvalidArgument { .. } | Error::Format { .. } => PyValueError::new_err(text),
-        Error::Io { .. } => PyOSError::new_err(text),
+        Error::Io { .. } | Error::Write { .. } => PyOSError::new_err(text),
         Error::Timeout { .. } => PyTimeoutError::new_err(text),
         _ => BackendError::new_err(text),
     }

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use super::kineto::{Detached, TraceResult};
 use super::op_table::{self, SortBy};
+use crate::error::Result;
 use crate::files::write_atomic;
 use crate::flush::{self, Trace};
 
@@ -15,11 +16,8 @@ pub(super) struct KinetoCapture {
 }
 
 impl flush::Capture for KinetoCapture {
-    fn finalize(mut self: Box<Self>) -> Result<Box<dyn Trace>, String> {
-        let result = self
-            .session
-            .finalize()
-            .map_err(|e| format!("Kineto could not finalize the session: {e}"))?;
+    fn finalize(mut self: Box<Self>) -> Result<Box<dyn Trace>> {
+        let result = self.session.finalize()?;
         Ok(Box::new(KinetoTrace {
             result,
             table: self.table,
@@ -33,13 +31,11 @@ struct KinetoTrace {
 }
 
 impl Trace for KinetoTrace {
-    fn save(&mut self, path: &str) -> Result<(), String> {
-        self.result
-            .save(path)
-            .map_err(|e| format!("Kineto could not save the trace to {path}: {e}"))
+    fn save(&mut self, path: &str) -> Result<()> {
+        self.result.save(path)
     }
 
-    fn write_extras(&mut self, dir: &Path, stem: &str) -> Result<Option<String>, String> {
+    fn write_extras(&mut self, dir: &Path, stem: &str) -> Result<Option<String>> {
         match self.table {
             Some(sort) => write_table(dir, &self.result, stem, sort).map(Some),
             None => Ok(None),
@@ -48,12 +44,7 @@ impl Trace for KinetoTrace {
 }
 
 /// `{stem}.profiler_out.txt`: the top ops by self device (or CPU) time, in torch's layout.
-fn write_table(
-    dir: &Path,
-    result: &TraceResult,
-    stem: &str,
-    sort: SortBy,
-) -> Result<String, String> {
+fn write_table(dir: &Path, result: &TraceResult, stem: &str, sort: SortBy) -> Result<String> {
     let rows = result.events()?;
     let events: Vec<op_table::OpEvent<'_>> = rows
         .iter()
@@ -76,6 +67,6 @@ fn write_table(
     let table = op_table::table(&stats, sort, limit, device);
     let name = format!("{stem}.profiler_out.txt");
     // vLLM writes the table with print(): one more newline.
-    write_atomic(&dir.join(&name), (table + "\n").as_bytes()).map_err(|e| e.to_string())?;
+    write_atomic(&dir.join(&name), (table + "\n").as_bytes())?;
     Ok(name)
 }

@@ -15,9 +15,7 @@
 use std::ffi::{c_char, c_int, CStr};
 use std::ptr::{self, NonNull};
 
-#[cfg(not(feature = "torch"))]
-use crate::error::Error;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The glue's C ABI version this crate speaks (`STEPSCOPE_KINETO_ABI`).
 const ABI: u32 = 2;
@@ -95,14 +93,14 @@ macro_rules! glue {
         #[cfg(not(feature = "torch"))]
         impl Api {
             /// The table of a `dlopen`ed glue library; names the first symbol missing.
-            fn from_library(handle: *mut libc::c_void) -> std::result::Result<Api, String> {
+            fn from_library(handle: *mut libc::c_void) -> std::result::Result<Api, &'static str> {
                 Ok(Api { $(
                     $field: {
                         let name = concat!(stringify!($symbol), "\0");
                         // SAFETY: handle is a live dlopen handle; the name is NUL terminated.
                         let sym = unsafe { libc::dlsym(handle, name.as_ptr().cast()) };
                         if sym.is_null() {
-                            return Err(format!("it has no symbol {}", stringify!($symbol)));
+                            return Err(concat!("it has no symbol ", stringify!($symbol)));
                         }
                         // SAFETY: the glue exports this symbol with exactly this signature
                         // (cpp/stepscope_kineto.h, checked by the ABI version below).
@@ -138,9 +136,14 @@ glue! {
     range_free = stepscope_kineto_range_free(r: *mut RawRange);
 }
 
-/// Calls a fallible glue function with an error buffer; its message's first line on failure
-/// (c10 errors carry a C++ backtrace after it).
-fn call(f: impl FnOnce(Err, usize) -> c_int) -> std::result::Result<(), String> {
+/// A torch backend error: `what` failed, with the glue's message.
+fn failed(what: &str, message: &str) -> Error {
+    Error::backend("torch", format!("{what} failed: {message}"))
+}
+
+/// Calls a fallible glue function with an error buffer; on failure, `what` failed with the
+/// message's first line (c10 errors carry a C++ backtrace after it).
+fn call(what: &str, f: impl FnOnce(Err, usize) -> c_int) -> Result<()> {
     let mut buf = [0u8; 1024];
     if f(buf.as_mut_ptr().cast(), buf.len()) == 0 {
         return Ok(());
@@ -149,11 +152,14 @@ fn call(f: impl FnOnce(Err, usize) -> c_int) -> std::result::Result<(), String> 
         .map(|c| c.to_string_lossy().into_owned())
         .unwrap_or_default();
     let first = text.lines().next().unwrap_or_default().trim();
-    Err(if first.is_empty() {
-        "failed (no message)".to_string()
-    } else {
-        first.to_string()
-    })
+    Err(failed(
+        what,
+        if first.is_empty() {
+            "no message"
+        } else {
+            first
+        },
+    ))
 }
 
 /// Where the glue came from: linked in, or the file loaded, and the torch it was built for.
@@ -182,35 +188,43 @@ impl Kineto {
         unsafe { (self.api.cuda_available)() != 0 }
     }
 
-    pub(crate) fn prepare(self, o: &Options) -> std::result::Result<(), String> {
+    pub(crate) fn prepare(self, o: &Options) -> Result<()> {
         // SAFETY: o outlives the call; the buffer is call()'s.
-        call(|err, len| unsafe { (self.api.prepare)(o, err, len) })
+        call("prepareProfiler", |err, len| unsafe {
+            (self.api.prepare)(o, err, len)
+        })
     }
 
-    pub(crate) fn enable(self, o: &Options) -> std::result::Result<usize, String> {
+    pub(crate) fn enable(self, o: &Options) -> Result<usize> {
         let mut session = 0usize;
         // SAFETY: o and session outlive the call.
-        call(|err, len| unsafe { (self.api.enable)(o, &mut session, err, len) })?;
+        call("enableProfiler", |err, len| unsafe {
+            (self.api.enable)(o, &mut session, err, len)
+        })?;
         Ok(session)
     }
 
-    pub(crate) fn detach(self, session: usize) -> std::result::Result<Detached, String> {
+    pub(crate) fn detach(self, session: usize) -> Result<Detached> {
         let mut out = ptr::null_mut();
         // SAFETY: out outlives the call; the glue checks the session against this thread's.
-        call(|err, len| unsafe { (self.api.detach)(session, &mut out, err, len) })?;
+        call("disableProfiler", |err, len| unsafe {
+            (self.api.detach)(session, &mut out, err, len)
+        })?;
         NonNull::new(out)
             .map(|ptr| Detached { api: self.api, ptr })
-            .ok_or_else(|| "the glue returned no session".to_string())
+            .ok_or_else(|| failed("disableProfiler", "the glue returned no session"))
     }
 
-    pub(crate) fn toggle(self, enable: bool, o: &Options) -> std::result::Result<(), String> {
+    pub(crate) fn toggle(self, enable: bool, o: &Options) -> Result<()> {
         // SAFETY: o outlives the call.
-        call(|err, len| unsafe { (self.api.toggle)(c_int::from(enable), o, err, len) })
+        call("toggleCollectionDynamic", |err, len| unsafe {
+            (self.api.toggle)(c_int::from(enable), o, err, len)
+        })
     }
 
-    pub(crate) fn add_metadata(self, key: &str, json: &str) -> std::result::Result<(), String> {
+    pub(crate) fn add_metadata(self, key: &str, json: &str) -> Result<()> {
         // SAFETY: (pointer, length) pairs of live strings.
-        call(|err, len| unsafe {
+        call("addMetadataJson", |err, len| unsafe {
             (self.api.add_metadata)(
                 key.as_ptr().cast(),
                 key.len(),
@@ -222,10 +236,12 @@ impl Kineto {
         })
     }
 
-    pub(crate) fn new_range(self) -> std::result::Result<Range, String> {
+    pub(crate) fn new_range(self) -> Result<Range> {
         let mut out = ptr::null_mut();
         // SAFETY: out outlives the call.
-        call(|err, len| unsafe { (self.api.range_new)(&mut out, err, len) })?;
+        call("RecordFunction", |err, len| unsafe {
+            (self.api.range_new)(&mut out, err, len)
+        })?;
         NonNull::new(out)
             .map(|ptr| Range {
                 api: self.api,
@@ -233,7 +249,7 @@ impl Kineto {
                 id_ptrs: Vec::new(),
                 id_lens: Vec::new(),
             })
-            .ok_or_else(|| "the glue returned no range".to_string())
+            .ok_or_else(|| failed("RecordFunction", "the glue returned no range"))
     }
 }
 
@@ -249,13 +265,16 @@ unsafe impl Send for Detached {}
 
 impl Detached {
     /// The expensive half of disableProfiler (Kineto's stopTrace), on the calling thread.
-    pub(crate) fn finalize(&mut self) -> std::result::Result<TraceResult, String> {
+    pub(crate) fn finalize(&mut self) -> Result<TraceResult> {
+        const WHAT: &str = "finalizing the session (disableProfiler)";
         let mut out = ptr::null_mut();
         // SAFETY: ptr is live until drop; the glue refuses a session finalized before.
-        call(|err, len| unsafe { (self.api.finalize)(self.ptr.as_ptr(), &mut out, err, len) })?;
+        call(WHAT, |err, len| unsafe {
+            (self.api.finalize)(self.ptr.as_ptr(), &mut out, err, len)
+        })?;
         NonNull::new(out)
             .map(|ptr| TraceResult { api: self.api, ptr })
-            .ok_or_else(|| "the glue returned no result".to_string())
+            .ok_or_else(|| failed(WHAT, "the glue returned no result"))
     }
 }
 
@@ -278,9 +297,9 @@ unsafe impl Send for TraceResult {}
 
 impl TraceResult {
     /// Kineto writes the trace JSON (to `{path}.tmp`, then renamed to `path`).
-    pub(crate) fn save(&mut self, path: &str) -> std::result::Result<(), String> {
+    pub(crate) fn save(&mut self, path: &str) -> Result<()> {
         // SAFETY: ptr is live; path is a live (pointer, length) pair.
-        call(|err, len| unsafe {
+        call(&format!("saving the trace to {path}"), |err, len| unsafe {
             (self.api.save)(
                 self.ptr.as_ptr(),
                 path.as_ptr().cast(),
@@ -291,7 +310,7 @@ impl TraceResult {
         })
     }
 
-    pub(crate) fn events(&self) -> std::result::Result<Vec<EventRow>, String> {
+    pub(crate) fn events(&self) -> Result<Vec<EventRow>> {
         // SAFETY: ptr is live.
         let n = unsafe { (self.api.event_count)(self.ptr.as_ptr()) };
         let mut rows = Vec::with_capacity(n);
@@ -300,7 +319,7 @@ impl TraceResult {
             let mut raw = RawEvent::default();
             loop {
                 // SAFETY: raw and name outlive the call; name's capacity is passed.
-                call(|err, len| unsafe {
+                call("reading the session's events", |err, len| unsafe {
                     (self.api.event_at)(
                         self.ptr.as_ptr(),
                         i,
@@ -352,19 +371,14 @@ unsafe impl Send for Range {}
 
 impl Range {
     /// Opens the annotation `name` of step `step`, with the ids of the requests it serves.
-    pub(crate) fn begin(
-        &mut self,
-        name: &str,
-        step: u64,
-        requests: &[String],
-    ) -> std::result::Result<(), String> {
+    pub(crate) fn begin(&mut self, name: &str, step: u64, requests: &[String]) -> Result<()> {
         self.id_ptrs
             .extend(requests.iter().map(|r| r.as_ptr().cast::<c_char>()));
         self.id_lens.extend(requests.iter().map(String::len));
         let (ptrs, lens) = (&self.id_ptrs, &self.id_lens);
         // SAFETY: ptr is live; name is a live (pointer, length) pair; `ptrs` and `lens` hold
         // `requests.len()` (pointer, length) pairs of strings alive for the call.
-        let result = call(|err, len| unsafe {
+        let result = call("RecordFunction begin", |err, len| unsafe {
             (self.api.range_begin)(
                 self.ptr.as_ptr(),
                 name.as_ptr().cast(),
@@ -383,9 +397,11 @@ impl Range {
         result
     }
 
-    pub(crate) fn end(&mut self) -> std::result::Result<(), String> {
+    pub(crate) fn end(&mut self) -> Result<()> {
         // SAFETY: ptr is live.
-        call(|err, len| unsafe { (self.api.range_end)(self.ptr.as_ptr(), err, len) })
+        call("RecordFunction end", |err, len| unsafe {
+            (self.api.range_end)(self.ptr.as_ptr(), err, len)
+        })
     }
 }
 
@@ -427,11 +443,10 @@ fn provider() -> Result<(&'static Api, &'static GlueInfo)> {
 
 #[cfg(not(feature = "torch"))]
 fn provider() -> Result<(&'static Api, &'static GlueInfo)> {
-    static LOADED: std::sync::OnceLock<std::result::Result<(Api, GlueInfo), String>> =
-        std::sync::OnceLock::new();
+    static LOADED: std::sync::OnceLock<Result<(Api, GlueInfo)>> = std::sync::OnceLock::new();
     match LOADED.get_or_init(loader::load) {
         Ok((api, info)) => Ok((api, info)),
-        Err(message) => Err(Error::backend("torch", message.clone())),
+        Err(e) => Err(e.clone()),
     }
 }
 
@@ -463,6 +478,12 @@ mod loader {
     use parking_lot::Mutex;
 
     use super::{built_for, Api, GlueInfo, ABI};
+    use crate::error::{Error, Result};
+
+    /// The torch backend's error for a glue that cannot be found or loaded.
+    fn glue(message: impl Into<String>) -> Error {
+        Error::backend("torch", message)
+    }
 
     pub(super) static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
@@ -471,14 +492,14 @@ mod loader {
         format!("libstepscope_kineto-torch{major}.{minor}.so")
     }
 
-    pub(super) fn load() -> Result<(Api, GlueInfo), String> {
+    pub(super) fn load() -> Result<(Api, GlueInfo)> {
         let torch = loaded_torch()?;
         let (major, minor) = torch.minor.ok_or_else(|| {
-            format!(
+            glue(format!(
                 "cannot tell the version of the libtorch loaded from {} (no torch/version.py or \
                  build-version beside it)",
                 torch.lib.display()
-            )
+            ))
         })?;
         let version = torch.version.clone().unwrap_or_default();
         let path = match std::env::var_os("STEPSCOPE_KINETO_GLUE") {
@@ -488,7 +509,7 @@ mod loader {
                 let name = file_name(major, minor);
                 match dirs.iter().map(|d| d.join(&name)).find(|p| p.is_file()) {
                     Some(p) => p,
-                    None => return Err(no_glue_message(&version, &torch.lib, &dirs)),
+                    None => return Err(glue(no_glue_message(&version, &torch.lib, &dirs))),
                 }
             }
         };
@@ -496,19 +517,19 @@ mod loader {
         // SAFETY: abi takes no arguments.
         let abi = unsafe { (api.abi)() };
         if abi != ABI {
-            return Err(format!(
+            return Err(glue(format!(
                 "the Kineto glue {} speaks C ABI {abi}, this stepscope {ABI}: rebuild it with \
                  `python -m stepscope.glue build --force`",
                 path.display()
-            ));
+            )));
         }
         let built = built_for(&api);
         if parse_minor(&built) != Some((major, minor)) {
-            return Err(format!(
+            return Err(glue(format!(
                 "the Kineto glue {} was built for torch {built}, but this process runs torch \
                  {version}: build the glue for it with `python -m stepscope.glue build`",
                 path.display()
-            ));
+            )));
         }
         log::info!(
             "stepscope: torch backend: Kineto glue {} (built for torch {built}; torch {version} \
@@ -579,13 +600,15 @@ mod loader {
     /// the very objects torch loaded, never a second copy), where the glue's undefined symbols
     /// are resolved when it loads. What `TORCH_USE_RTLD_GLOBAL` does at torch's import, done
     /// only at the first torch capture.
-    fn expose_torch() -> Result<(), String> {
+    fn expose_torch() -> Result<()> {
         for name in TORCH_LIBRARIES {
             let path = loaded_object(name).ok_or_else(|| {
-                format!("{name} is not loaded in this process: import torch before a torch capture")
+                glue(format!(
+                    "{name} is not loaded in this process: import torch before a torch capture"
+                ))
             })?;
             let c = CString::new(path.as_os_str().as_bytes())
-                .map_err(|_| format!("{} has a NUL byte", path.display()))?;
+                .map_err(|_| glue(format!("{} has a NUL byte", path.display())))?;
             // SAFETY: c is a NUL-terminated path; RTLD_NOLOAD returns the loaded object (or
             // NULL) and changes only its scope. The handle's reference is kept for the process.
             let handle = unsafe {
@@ -595,32 +618,36 @@ mod loader {
                 )
             };
             if handle.is_null() {
-                return Err(format!(
+                return Err(glue(format!(
                     "cannot reach {} for the Kineto glue: {}",
                     path.display(),
                     dl_error()
-                ));
+                )));
             }
         }
         Ok(())
     }
 
-    fn open(path: &Path) -> Result<Api, String> {
+    fn open(path: &Path) -> Result<Api> {
         expose_torch()?;
         let c = CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| format!("{} has a NUL byte", path.display()))?;
+            .map_err(|_| glue(format!("{} has a NUL byte", path.display())))?;
         // SAFETY: c is a NUL-terminated path; RTLD_LOCAL keeps the glue's symbols to itself.
         let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         if handle.is_null() {
-            return Err(format!(
+            return Err(glue(format!(
                 "cannot load the Kineto glue {}: {}",
                 path.display(),
                 dl_error()
-            ));
+            )));
         }
         // The handle is never closed: the glue's functions stay in use for the process's life.
-        Api::from_library(handle)
-            .map_err(|e| format!("{} is not a stepscope Kineto glue: {e}", path.display()))
+        Api::from_library(handle).map_err(|e| {
+            glue(format!(
+                "{} is not a stepscope Kineto glue: {e}",
+                path.display()
+            ))
+        })
     }
 
     fn dl_error() -> String {
@@ -654,11 +681,12 @@ mod loader {
 
     /// Finds `libtorch_cpu.so` among the loaded objects; its version from the torch package's
     /// `version.py` (a wheel) or libtorch's `build-version` (a C++ distribution).
-    pub(super) fn loaded_torch() -> Result<LoadedTorch, String> {
+    pub(super) fn loaded_torch() -> Result<LoadedTorch> {
         let lib = loaded_object("libtorch_cpu.so").ok_or_else(|| {
-            "libtorch is not loaded in this process: import torch (or link libtorch) before a \
-             torch capture starts"
-                .to_string()
+            glue(
+                "libtorch is not loaded in this process: import torch (or link libtorch) before \
+                 a torch capture starts",
+            )
         })?;
         let dir = lib.parent().unwrap_or(Path::new("/")).to_path_buf();
         let root = dir.parent().unwrap_or(Path::new("/"));
@@ -735,7 +763,7 @@ mod loader {
 
         #[test]
         fn no_libtorch_in_this_test_process() {
-            let err = load().err().unwrap_or_default();
+            let err = load().err().map(|e| e.to_string()).unwrap_or_default();
             assert!(err.contains("libtorch is not loaded"), "{err}");
         }
     }
