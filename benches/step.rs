@@ -2,6 +2,8 @@
 //! figures read as a cost over doing nothing.
 //!
 //! - idle: no session (the engine's normal state): one relaxed load + the step counter.
+//! - idle_timeline_on: idle with the step timeline on: each step's begin and end written into
+//!   its ring (two clock reads and a handful of relaxed stores, no lock).
 //! - armed: a session in its delay (counting toward the backend start).
 //! - watching: a session armed with a slow-step trigger that never fires: two clock reads per
 //!   step (its begin, and its end when the guard drops) and, for the relative form, the
@@ -44,6 +46,16 @@ fn bench_step(c: &mut Criterion) {
 
     let idle = profiler();
     g.bench_function("idle", |b| b.iter(|| drop(idle.step(black_box(&info)))));
+
+    // The step timeline on (`stepscope.timeline`), no session: the step's begin and end go
+    // into the ring (two reads of the clock), without the lock.
+    let cfg = ProfilerConfig::from_json_str(r#"{"stepscope": {"timeline": true}}"#).unwrap();
+    let timed = WorkerProfiler::with_backend(&cfg, "bench", Box::new(NoBackend));
+    drop(timed.step(&info));
+    g.bench_function("idle_timeline_on", |b| {
+        b.iter(|| drop(timed.step(black_box(&info))))
+    });
+    assert!(timed.timeline(0).is_some_and(|t| t.len() == 4096));
 
     let armed = profiler();
     armed

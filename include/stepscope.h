@@ -68,6 +68,14 @@ int  stepscope_set_rank(stepscope_profiler *p, uint32_t rank);
 /* The profiler's state as NUL-terminated JSON in buf (len bytes); *needed (if not NULL) gets
  * the size required, NUL included. Too small a buf: STEPSCOPE_ERR_INVALID_ARGUMENT. */
 int  stepscope_status_json(const stepscope_profiler *p, char *buf, size_t len, size_t *needed);
+/* The step timeline ("stepscope": {"timeline": true} or {"steps": N}): its ended steps above
+ * index since (0: all it holds) as NUL-terminated JSON {"fields": [...], "steps": [[...], ...]},
+ * each step an array in fields order (step, start_unix_ns, duration_ns, num_ctx_reqs,
+ * num_ctx_tokens, num_gen_reqs, num_gen_tokens, phase), oldest first; "steps": null when the
+ * timeline is off. buf, len and needed as stepscope_status_json; the engine may add steps
+ * between two calls. Never blocks the engine thread. */
+int  stepscope_timeline_json(const stepscope_profiler *p, uint64_t since, char *buf, size_t len,
+                             size_t *needed);
 /* Ends the session; ignored when none is active. A stop during the delay touches no driver. */
 int  stepscope_stop(stepscope_profiler *p);
 /* One engine iteration begins. NULL: counts unknown. While capturing, its range stays open until

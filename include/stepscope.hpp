@@ -135,6 +135,21 @@ class Profiler {
     out.resize(needed - 1);
     return out;
   }
+  // The step timeline's ended steps above index since, as JSON ({"fields", "steps"}; see
+  // stepscope_timeline_json); "steps" is null when the timeline is off.
+  std::string timeline_json(std::uint64_t since = 0) const {
+    std::size_t needed = 0;
+    std::string out(4096, '\0');
+    int code = stepscope_timeline_json(p_, since, out.data(), out.size(), &needed);
+    // The engine may add steps between two calls: grow with room to spare until it fits.
+    while (code != STEPSCOPE_OK && needed > out.size()) {
+      out.resize(needed + needed / 4);
+      code = stepscope_timeline_json(p_, since, out.data(), out.size(), &needed);
+    }
+    detail::check(code);
+    out.resize(needed - 1);
+    return out;
+  }
   void stop() { detail::check(stepscope_stop(p_)); }
   void shutdown() { detail::check(stepscope_shutdown(p_)); }
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # of a layer may import modules of its own layer and of the layers above it only.
 LAYERS = [
     ["error", "iteration", "sys", "files"],
-    ["schedule"],
+    ["schedule", "timeline"],
     ["config"],
     ["trace"],
     ["manifest"],

@@ -301,24 +301,83 @@ pub unsafe extern "C" fn stepscope_status_json(
                 name: "status".into(),
                 message: e.to_string(),
             })?;
-            let size = json.len() + 1;
-            if !needed.is_null() {
-                // SAFETY: non-null and valid per the contract.
-                *needed = size;
-            }
-            if buf.is_null() || len < size {
-                return Err(Error::InvalidArgument {
-                    name: "len".into(),
-                    message: format!("the buffer holds {len} bytes; the status needs {size}"),
-                });
-            }
-            // SAFETY: `buf` is valid for `len >= size` bytes per the contract.
-            std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), json.len());
-            // SAFETY: as above; the NUL goes at index `json.len() < len`.
-            *buf.add(json.len()) = 0;
-            Ok(())
+            copy_out(&json, "status", buf, len, needed)
         })
     }
+}
+
+/// Writes the step timeline's ended steps above index `since` (0: all it holds) as
+/// NUL-terminated JSON into `buf` (`len` bytes): `{"fields": [...], "steps": [[...], ...]}`,
+/// each step an array in `fields` order, oldest first; `"steps": null` when
+/// `stepscope.timeline` is off. `*needed` and a too small `buf` as
+/// [`stepscope_status_json`]; the engine may add steps between two calls, so size the second
+/// buffer with room to spare or call again.
+///
+/// # Safety
+/// `p` is a live handle; `buf` is NULL or valid for `len` bytes; `needed` is NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_timeline_json(
+    p: *const stepscope_profiler,
+    since: u64,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> c_int {
+    // SAFETY: per the contract.
+    unsafe {
+        with_profiler("stepscope_timeline_json", p, |p| {
+            let steps = p.timeline(since).map(|steps| {
+                steps
+                    .iter()
+                    .map(|s| {
+                        serde_json::json!([
+                            s.step,
+                            s.start_unix_ns,
+                            s.duration_ns,
+                            s.num_ctx_reqs,
+                            s.num_ctx_tokens,
+                            s.num_gen_reqs,
+                            s.num_gen_tokens,
+                            s.phase
+                        ])
+                    })
+                    .collect::<Vec<_>>()
+            });
+            let json = serde_json::json!({"fields": crate::timeline::FIELDS, "steps": steps});
+            copy_out(&json.to_string(), "timeline", buf, len, needed)
+        })
+    }
+}
+
+/// Copies `json` and a NUL into `buf` when it fits, its size (NUL included) into `*needed`.
+///
+/// # Safety
+/// `buf` is NULL or valid for `len` bytes; `needed` is NULL or valid.
+unsafe fn copy_out(
+    json: &str,
+    what: &str,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> crate::Result<()> {
+    let size = json.len() + 1;
+    if !needed.is_null() {
+        // SAFETY: non-null and valid per the contract.
+        unsafe { *needed = size };
+    }
+    if buf.is_null() || len < size {
+        return Err(Error::InvalidArgument {
+            name: "len".into(),
+            message: format!("the buffer holds {len} bytes; the {what} needs {size}"),
+        });
+    }
+    // SAFETY: `buf` is valid for `len >= size` bytes per the contract; the NUL goes at index
+    // `json.len() < len`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), json.len());
+        *buf.add(json.len()) = 0;
+    }
+    Ok(())
 }
 
 /// Ends the session (ignored when none is active).
@@ -560,6 +619,7 @@ mod tests {
             "void" => "()",
             "char" => "i8",
             "int64_t" => "i64",
+            "uint64_t" => "u64",
             "uint32_t" => "u32",
             "size_t" => "usize",
             other => other,
@@ -672,6 +732,19 @@ mod tests {
                 rust_signature(
                     stepscope_status_json
                         as unsafe extern "C" fn(*const P, *mut c_char, usize, *mut usize) -> c_int,
+                ),
+            ),
+            (
+                "stepscope_timeline_json",
+                rust_signature(
+                    stepscope_timeline_json
+                        as unsafe extern "C" fn(
+                            *const P,
+                            u64,
+                            *mut c_char,
+                            usize,
+                            *mut usize,
+                        ) -> c_int,
                 ),
             ),
             (

@@ -44,6 +44,7 @@ pub mod manifest;
 mod profiler;
 pub mod schedule;
 mod sys;
+pub mod timeline;
 pub mod trace;
 
 pub use config::ProfilerConfig;
@@ -51,6 +52,7 @@ pub use error::{Error, IoSource, Result};
 pub use iteration::{IterationDetail, IterationInfo, PhaseSums, RequestIds, Stage};
 pub use profiler::{IterationGuard, StartOutcome, Status, StepTime, StopOutcome, WorkerProfiler};
 pub use schedule::{SlowStepSeen, StartOptions};
+pub use timeline::{TimelineInfo, TimelineStep};
 
 /// This library's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -169,6 +169,8 @@ fn every_worker_profiler_case_through_the_c_abi() {
         ["start", "push 1", "push 2", "push 3", "stop"]
     );
     assert!(s("inactive").is_empty());
+    // The timeline's capture: steps 18 and 19 through the driver as any other window.
+    assert_eq!(s("timeline"), ["start", "push 18", "push 19", "stop"]);
     assert_eq!(s("start_failure"), ["failed-start"]);
     assert_eq!(s("delayed_start_failure"), ["failed-start"]);
     assert_eq!(s("shutdown"), ["start", "push 1", "stop"]);
@@ -268,7 +270,7 @@ fn the_header_declares_exactly_the_exported_functions() {
         .collect();
     exported.sort();
     assert_eq!(declared, exported);
-    assert_eq!(declared.len(), 17, "the ABI has seventeen functions");
+    assert_eq!(declared.len(), 18, "the ABI has eighteen functions");
 }
 
 #[test]

@@ -72,3 +72,20 @@ fn steps_do_not_allocate_in_any_state() {
     assert_eq!(steps_allocate(&p, 1000), 0, "running, names formatted");
     p.stop().unwrap();
 }
+
+#[test]
+fn steps_do_not_allocate_with_the_timeline_on() {
+    let cfg = ProfilerConfig::from_json_str(
+        r#"{"detailed_trace_annotation": false, "stepscope": {"timeline": {"steps": 64}}}"#,
+    )
+    .unwrap();
+    let p = WorkerProfiler::with_backend(&cfg, "w", Box::new(ReadsNames));
+    drop(p.step(&IterationInfo::default()));
+    // More steps than the ring holds: it wraps without allocating.
+    assert_eq!(steps_allocate(&p, 1000), 0, "idle, timeline on");
+    p.start().unwrap();
+    steps_allocate(&p, 2);
+    assert_eq!(steps_allocate(&p, 1000), 0, "running, timeline on");
+    p.stop().unwrap();
+    assert_eq!(p.timeline(0).map(|t| t.len()), Some(64));
+}

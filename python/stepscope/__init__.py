@@ -41,6 +41,7 @@ from stepscope import glue as _glue
 from stepscope._native import (
     MANIFEST_SUFFIX,
     MANIFEST_VERSION,
+    TIMELINE_FIELDS,
     BackendError,
     ConfigError,
     Iteration,
@@ -63,6 +64,7 @@ if not os.environ.get("STEPSCOPE_KINETO_GLUE_DIR"):  # set: it replaces these
 __all__ = [
     "MANIFEST_SUFFIX",
     "MANIFEST_VERSION",
+    "TIMELINE_FIELDS",
     "BackendError",
     "ConfigError",
     "Iteration",
@@ -211,6 +213,14 @@ class WorkerProfiler(_NativeWorkerProfiler):
         ``max_capture_s``, ``last_cut``: the last window it ended, with ``by``, ``step``,
         ``grew_mb``), ``pending_writes``, ``rank``/``selected`` and ``last_error``."""
         return json.loads(self.status_json())
+
+    def timeline_dicts(self, since: int = 0) -> list[dict[str, Any]] | None:
+        """:meth:`timeline` as dicts keyed by :data:`TIMELINE_FIELDS`; ``None`` when the
+        timeline is off."""
+        steps = self.timeline(since)
+        if steps is None:
+            return None
+        return [dict(zip(TIMELINE_FIELDS, s, strict=True)) for s in steps]
 
     def annotate_context_manager(self, name: str) -> AbstractContextManager[Any]:
         """A context manager annotating a region with ``name`` while capturing (vLLM's).

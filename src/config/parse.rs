@@ -207,6 +207,7 @@ impl StepscopeConfig {
         let flush_timeout = f.seconds("flush_timeout_s", d.flush_timeout, "")?;
         let torch_with_modules = f.bool("torch_with_modules", d.torch_with_modules)?;
         let request_ids = f.bool("request_ids", d.request_ids)?;
+        let timeline = timeline_steps(f.take("timeline"))?;
         let capture = CaptureControl::from_fields(&mut f)?;
         let budget = CaptureBudget::from_fields(&mut f, d.budget)?;
         f.finish()?;
@@ -219,7 +220,42 @@ impl StepscopeConfig {
             capture,
             request_ids,
             budget,
+            timeline,
         })
+    }
+}
+
+/// `stepscope.timeline`: `true` (the default size), `false` or null (off), or
+/// `{"steps": N}`.
+fn timeline_steps(v: Option<Value>) -> Result<Option<usize>> {
+    let (lo, hi) = crate::timeline::STEPS_RANGE;
+    let bad = |what: String| {
+        Error::config(
+            "stepscope.timeline",
+            format!(
+                "must be true, false, or {{\"steps\": N}} with N from {lo} to {hi}, not {what}"
+            ),
+        )
+    };
+    match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(None),
+        Some(Value::Bool(true)) => Ok(Some(TIMELINE_STEPS)),
+        Some(Value::Object(mut m)) => {
+            if let Some(k) = m.keys().find(|k| *k != "steps") {
+                return Err(Error::unknown_key(
+                    format!("stepscope.timeline.{k}"),
+                    "is not a timeline setting (it has only \"steps\")",
+                ));
+            }
+            match m.remove("steps") {
+                None => Ok(Some(TIMELINE_STEPS)),
+                Some(n) => match n.as_u64().and_then(|n| usize::try_from(n).ok()) {
+                    Some(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
+                    _ => Err(bad(format!("{{\"steps\": {n}}}"))),
+                },
+            }
+        }
+        Some(v) => Err(bad(v.to_string())),
     }
 }
 

@@ -102,6 +102,29 @@ pub struct StepscopeConfig {
     /// down.
     #[serde(flatten)]
     pub budget: CaptureBudget,
+    /// The step timeline's size in steps (`timeline`: `true` for [`TIMELINE_STEPS`], or
+    /// `{"steps": N}`); `None` (the default) keeps none, so that an idle `step()` stays one
+    /// relaxed load.
+    #[serde(serialize_with = "timeline")]
+    pub timeline: Option<usize>,
+}
+
+/// The timeline's size when `stepscope.timeline` is `true`.
+pub const TIMELINE_STEPS: usize = 4096;
+
+fn timeline<S: serde::Serializer>(
+    steps: &Option<usize>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    match steps {
+        None => s.serialize_bool(false),
+        Some(n) => {
+            let mut m = s.serialize_map(Some(1))?;
+            m.serialize_entry("steps", n)?;
+            m.end()
+        }
+    }
 }
 
 /// What one capture window may cost before it ends itself, or is not begun
@@ -305,6 +328,7 @@ impl Default for StepscopeConfig {
             flush_timeout: Duration::from_secs(600),
             torch_with_modules: false,
             request_ids: false,
+            timeline: None,
             budget: CaptureBudget::default(),
             capture: CaptureControl {
                 repeat: 1,

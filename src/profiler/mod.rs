@@ -46,6 +46,7 @@ use crate::iteration::{IterationInfo, RequestIds};
 use crate::schedule::{
     Limits, Phase, Policy, Schedule, StartDecision, StartOptions, StepBegin, StepInfo, StopDecision,
 };
+use crate::timeline::{Timeline, TimelineStep};
 
 use driver::{rank_from_env, Inner};
 
@@ -54,6 +55,9 @@ use driver::{rank_from_env, Inner};
 const GATE_ARMED: u8 = 1;
 /// Gate bit: no engine thread is known yet; the first `step()` registers it.
 const GATE_UNREGISTERED: u8 = 2;
+/// Gate bit: the step timeline is on (`stepscope.timeline`); alone, `step()` records the step
+/// in it without the lock.
+const GATE_TIMELINE: u8 = 4;
 
 /// The engine-side profiler of one worker: vLLM's `WorkerProfiler`, driven by one `step()`
 /// per engine iteration.
@@ -80,6 +84,8 @@ pub struct WorkerProfiler {
     steps: AtomicU64,
     /// `stepscope.request_ids`: captured iterations record the ids `step_with_requests` gets.
     request_ids: bool,
+    /// `stepscope.timeline`: the last N steps, written by the engine thread without the lock.
+    timeline: Option<Box<Timeline>>,
     inner: Mutex<Inner>,
 }
 
@@ -120,6 +126,10 @@ impl WorkerProfiler {
             gate: AtomicU8::new(GATE_UNREGISTERED),
             steps: AtomicU64::new(0),
             request_ids: config.stepscope.request_ids,
+            timeline: config
+                .stepscope
+                .timeline
+                .map(|n| Box::new(Timeline::new(n))),
             inner: Mutex::new(Inner {
                 worker_name: worker_name.to_string(),
                 trace_name: None,
@@ -321,7 +331,25 @@ impl WorkerProfiler {
         if self.gate.load(Relaxed) == 0 {
             return IterationGuard::idle();
         }
-        self.step_slow(index, info, requests)
+        self.step_gated(index, info, requests)
+    }
+
+    /// `step()` past the gate. With only the timeline to serve, the step goes into it without
+    /// the lock; else the slow path. Out of line, so that the idle path stays one load.
+    #[inline(never)]
+    fn step_gated(
+        &self,
+        index: u64,
+        info: &IterationInfo,
+        requests: Option<&dyn RequestIds>,
+    ) -> IterationGuard<'_> {
+        match &self.timeline {
+            Some(t) if self.gate.load(Relaxed) == GATE_TIMELINE => {
+                t.begin(index, info, Phase::Idle);
+                IterationGuard::new(Some(self), false)
+            }
+            _ => self.step_slow(index, info, requests),
+        }
     }
 
     /// Whether the next step could record request ids: `stepscope.request_ids` is on and a
@@ -352,6 +380,8 @@ impl WorkerProfiler {
         info: &IterationInfo,
         requests: Option<&dyn RequestIds>,
     ) -> IterationGuard<'_> {
+        // The step begins now for the timeline, whatever the backend does below.
+        let began = self.timeline.as_ref().map(|t| t.now());
         let mut g = self.inner.lock();
         if g.engine_thread.is_none() {
             g.engine_thread = Some(thread::current().id());
@@ -389,16 +419,31 @@ impl WorkerProfiler {
         }
         let captured = g.schedule.is_running();
         let open = g.open_iteration(index, info, captured, requests);
+        if let (Some(t), Some(began)) = (&self.timeline, began) {
+            t.begin_at(began, index, info, g.schedule.phase());
+        }
         self.sync_gate(&g);
         // While timed, the guard's drop (step_end) ends the step's own span.
-        IterationGuard::new((open || timed).then_some(self), captured)
+        let guarded = open || timed || self.timeline.is_some();
+        IterationGuard::new(guarded.then_some(self), captured)
     }
 
     /// Closes the current iteration's annotation, if one is open. The guard returned by
     /// `step()` calls this when it drops.
     #[inline]
     pub fn step_end(&self) {
-        if self.gate.load(Relaxed) & GATE_ARMED != 0 {
+        let gate = self.gate.load(Relaxed);
+        if gate != 0 {
+            self.step_end_gated(gate);
+        }
+    }
+
+    #[inline(never)]
+    fn step_end_gated(&self, gate: u8) {
+        if let Some(t) = &self.timeline {
+            t.end();
+        }
+        if gate & GATE_ARMED != 0 {
             self.step_end_slow();
         }
     }
@@ -457,7 +502,22 @@ impl WorkerProfiler {
 
     /// The profiler's state, for `stepscope ctl status` and logs.
     pub fn status(&self) -> Status {
-        Status::of(&self.inner.lock(), self.step_index(), self.request_ids)
+        let mut status = Status::of(&self.inner.lock(), self.step_index(), self.request_ids);
+        status.timeline = self.timeline.as_ref().map(|t| t.info());
+        status
+    }
+
+    /// Whether `stepscope.timeline` is on: every `step()` then reads its counts, and the
+    /// guard's drop (or `step_end`) ends the step's time.
+    #[inline]
+    pub fn has_timeline(&self) -> bool {
+        self.timeline.is_some()
+    }
+
+    /// The timeline's ended steps above index `since` (0: all it holds), oldest first; `None`
+    /// when `stepscope.timeline` is off. Any thread: it never blocks the engine.
+    pub fn timeline(&self, since: u64) -> Option<Vec<TimelineStep>> {
+        self.timeline.as_ref().map(|t| t.steps(since))
     }
 
     /// How many times `step()` has been called (the last step's index; the first is 1).
@@ -574,6 +634,9 @@ impl WorkerProfiler {
             || g.nvtx_always
         {
             gate |= GATE_ARMED;
+        }
+        if self.timeline.is_some() {
+            gate |= GATE_TIMELINE;
         }
         self.gate.store(gate, Relaxed);
     }

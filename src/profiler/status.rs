@@ -3,6 +3,7 @@
 use super::driver::Inner;
 use crate::error::Error;
 use crate::schedule::{CutShort, SlowStepSeen};
+use crate::timeline::TimelineInfo;
 
 /// A step's index and duration, as status reports the slow-step trigger's steps.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -89,6 +90,8 @@ pub struct Status {
     pub pending_writes: usize,
     /// The last backend error not returned to a caller, if any.
     pub last_error: Option<String>,
+    /// The step timeline's size and fill (`stepscope.timeline`); `None` when it is off.
+    pub timeline: Option<TimelineInfo>,
 }
 
 impl Status {
@@ -128,6 +131,8 @@ impl Status {
             last_cut: g.last_cut,
             pending_writes: g.pending_writes(),
             last_error: g.last_error.as_ref().map(Error::to_string),
+            // The profiler fills it: the timeline is outside the lock.
+            timeline: None,
         }
     }
 }

@@ -30,6 +30,8 @@ static int (*const sig_start_at)(stepscope_profiler *, int64_t, int64_t) = steps
 static int (*const sig_set_rank)(stepscope_profiler *, uint32_t) = stepscope_set_rank;
 static int (*const sig_status_json)(const stepscope_profiler *, char *, size_t, size_t *) =
     stepscope_status_json;
+static int (*const sig_timeline_json)(const stepscope_profiler *, uint64_t, char *, size_t,
+                                      size_t *) = stepscope_timeline_json;
 _Static_assert(sizeof(stepscope_iteration) == 16, "stepscope_iteration is four uint32_t");
 _Static_assert(STEPSCOPE_OK == 0 && STEPSCOPE_ERR_INVALID_ARGUMENT == 1 && STEPSCOPE_ERR_CONFIG == 2 &&
                STEPSCOPE_ERR_BACKEND == 3 && STEPSCOPE_ERR_IO == 4 && STEPSCOPE_ERR_TIMEOUT == 5 &&
@@ -244,6 +246,36 @@ static void cases(void) {
   }
   stepscope_profiler_free(p);
 
+  /* The step timeline: the last 16 of 20 steps, a capture in steps 18-19 among them. */
+  mark_case("timeline");
+  p = make("{\"profiler\": \"cuda\", \"stepscope\": {\"timeline\": {\"steps\": 16}}}");
+  for (uint32_t i = 1; i <= 17; i++) CHECK(!iterate(p, i));
+  CHECK_CODE(stepscope_start(p, -1, 2), STEPSCOPE_OK);
+  CHECK(iterate(p, 18) && iterate(p, 19) && !iterate(p, 20));
+  {
+    static char json[8192];
+    size_t needed = 0;
+    CHECK_CODE(stepscope_timeline_json(p, 0, NULL, 0, &needed), STEPSCOPE_ERR_INVALID_ARGUMENT);
+    CHECK(needed > 2 && needed <= sizeof json);
+    CHECK_CODE(stepscope_timeline_json(p, 0, json, sizeof json, &needed), STEPSCOPE_OK);
+    CHECK(strlen(json) + 1 == needed);
+    CHECK(strstr(json, "\"fields\":[\"step\",\"start_unix_ns\",\"duration_ns\"") != NULL);
+    CHECK(strstr(json, "[4,") == NULL && strstr(json, "[5,") != NULL && strstr(json, "[20,") != NULL);
+    /* Step 18, captured: decode with 18 requests and 18 tokens, phase running. */
+    const char *s18 = strstr(json, "[18,");
+    CHECK(s18 != NULL && strstr(s18, ",0,0,18,18,\"running\"]") != NULL);
+    CHECK_CODE(stepscope_timeline_json(p, 18, json, sizeof json, &needed), STEPSCOPE_OK);
+    CHECK(strstr(json, "[18,") == NULL && strstr(json, "[19,") != NULL && strstr(json, "[20,") != NULL);
+  }
+  stepscope_profiler_free(p);
+  p = make("{\"profiler\": \"cuda\"}");
+  {
+    char json[256];
+    CHECK_CODE(stepscope_timeline_json(p, 0, json, sizeof json, NULL), STEPSCOPE_OK);
+    CHECK(strstr(json, "\"steps\":null") != NULL);
+  }
+  stepscope_profiler_free(p);
+
   /* The slow-step trigger: step 4 spans 400 ms between step and step_end (the others
    * microseconds, against a 150 ms threshold); the window of 2 begins in step 5. */
   mark_case("slow_step");
@@ -327,7 +359,7 @@ static void bad_arguments(void) {
   CHECK(sig_version == stepscope_version && sig_last_error == stepscope_last_error);
   (void)sig_new; (void)sig_free; (void)sig_start; (void)sig_stop; (void)sig_step; (void)sig_step_end;
   (void)sig_shutdown; (void)sig_is_active; (void)sig_is_running; (void)sig_flush;
-  (void)sig_start_at; (void)sig_set_rank; (void)sig_status_json;
+  (void)sig_start_at; (void)sig_set_rank; (void)sig_status_json; (void)sig_timeline_json;
   CHECK_CODE(stepscope_step_with_requests(NULL, NULL, NULL, 0), STEPSCOPE_ERR_INVALID_ARGUMENT);
   CHECK(stepscope_wants_request_ids(NULL) == 0);
 }

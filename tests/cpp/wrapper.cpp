@@ -63,6 +63,19 @@ int main() {
   }
 
   {
+    // The timeline: more steps than timeline_json()'s first buffer holds (it grows to fit).
+    stepscope::Profiler p(R"({"stepscope": {"timeline": {"steps": 256}}})", "cpp-timeline");
+    for (int i = 0; i < 300; i++) { auto it = p.step(); }
+    std::string json = p.timeline_json();
+    CHECK(json.size() > 4096 && json.back() == '}');
+    CHECK(json.find("[44,") == std::string::npos && json.find("[45,") != std::string::npos);
+    CHECK(json.find("[300,") != std::string::npos);
+    CHECK(p.timeline_json(299).find("[299,") == std::string::npos);
+    stepscope::Profiler off("{}", "cpp-off");
+    CHECK(off.timeline_json().find("\"steps\":null") != std::string::npos);
+  }
+
+  {
     // A worker name longer than the first buffer: status_json() asks again with the size.
     std::string name(700, 'w');
     stepscope::Profiler p(R"({"profiler": "cuda", "max_iterations": 1})", name);

@@ -637,3 +637,50 @@ def test_the_api_servers_profile_left_running_is_written_at_exit_not_crashed(tmp
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     (manifest,) = tmp_path.glob("*.stepscope.json")
     assert json.loads(manifest.read_text())["status"] == "complete"
+
+
+def test_the_timeline_times_every_step_from_the_first_and_serves_profile(
+    vllm_loaded, tmp_path, monkeypatch
+):
+    """With ``"stepscope": {"timeline": ...}`` the worker's profiler is made at its first
+    step, not its first /start_profile: every step is in the timeline with vLLM's counts, and
+    Worker.profile() then captures with that same profiler."""
+    from vllm.config import ProfilerConfig
+
+    monkeypatch.setattr(plugin.environment, "_stepscope_keys", {"timeline": {"steps": 64}})
+    cfg = ProfilerConfig(profiler="torch", torch_profiler_dir=str(tmp_path))
+    worker = bare_worker(vllm_loaded, cfg, rank=3)
+    for _ in range(3):
+        with worker.annotate_profile(scheduler_output()):
+            pass
+    profiler = worker.profiler
+    assert isinstance(profiler, stepscope.WorkerProfiler) and profiler.has_timeline
+    worker.profile(True, "tl")
+    assert worker.profiler is profiler
+    with worker.annotate_profile(scheduler_output()):
+        torch.mm(torch.ones(8, 8), torch.ones(8, 8))
+    worker.profile(False)
+    assert profiler.flush(120)
+    (trace,) = tmp_path.glob("tl_rank3.*.pt.trace.json.gz")
+    assert annotations(trace) == [SIMPLE]
+
+    got = plugin.worker_timeline(worker)
+    assert got["fields"] == list(stepscope.TIMELINE_FIELDS)
+    steps = [dict(zip(got["fields"], s, strict=True)) for s in got["steps"]]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    # vLLM's counts of the iteration (SIMPLE): 2 context requests (9 tokens), 1 decoding.
+    assert {(s["num_ctx_reqs"], s["num_ctx_tokens"], s["num_gen_reqs"], s["num_gen_tokens"])
+            for s in steps} == {(2, 9, 1, 1)}
+    assert [s["phase"] for s in steps] == ["idle", "idle", "idle", "running"]
+    assert [s[0] for s in plugin.worker_timeline(worker, since=3)["steps"]] == [4]
+
+
+def test_without_the_timeline_the_profiler_waits_for_start_profile(vllm_loaded, tmp_path):
+    from vllm.config import ProfilerConfig
+
+    cfg = ProfilerConfig(profiler="torch", torch_profiler_dir=str(tmp_path))
+    worker = bare_worker(vllm_loaded, cfg)
+    with worker.annotate_profile(scheduler_output()):
+        pass
+    assert worker.profiler is None
+    assert plugin.worker_timeline(worker)["steps"] is None

@@ -23,6 +23,9 @@ use stepscope::{
     Error, IterationDetail, IterationInfo, PhaseSums, ProfilerConfig, StartOptions, WorkerProfiler,
 };
 
+/// One timeline step as Python gets it (`TIMELINE_FIELDS`).
+type TimelineTuple = (u64, u64, u64, u32, u32, u32, u32, &'static str);
+
 pyo3::create_exception!(
     stepscope,
     ConfigError,
@@ -467,6 +470,38 @@ impl PyWorkerProfiler {
         self.inner.wants_request_ids()
     }
 
+    /// The step timeline is on (`"stepscope": {"timeline": ...}`): every `step()` reads its
+    /// `Iteration`'s counts, and `step_end()` ends the step's time.
+    #[getter]
+    fn has_timeline(&self) -> bool {
+        self.inner.has_timeline()
+    }
+
+    /// The step timeline's ended steps above index `since` (0: all it holds), oldest first,
+    /// as tuples in `TIMELINE_FIELDS` order; `None` when the timeline is off. Never blocks
+    /// the engine thread.
+    #[pyo3(signature = (since = 0))]
+    fn timeline(&self, py: Python<'_>, since: u64) -> Option<Vec<TimelineTuple>> {
+        let p = &self.inner;
+        py.detach(|| p.timeline(since)).map(|steps| {
+            steps
+                .into_iter()
+                .map(|s| {
+                    (
+                        s.step,
+                        s.start_unix_ns,
+                        s.duration_ns,
+                        s.num_ctx_reqs,
+                        s.num_ctx_tokens,
+                        s.num_gen_reqs,
+                        s.num_gen_tokens,
+                        s.phase,
+                    )
+                })
+                .collect()
+        })
+    }
+
     /// Stopped sessions whose traces are still being written in the background.
     #[getter]
     fn pending_writes(&self) -> usize {
@@ -592,6 +627,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(flushing_markers, m)?)?;
     m.add("MANIFEST_SUFFIX", stepscope::manifest::MANIFEST_SUFFIX)?;
     m.add("MANIFEST_VERSION", stepscope::manifest::MANIFEST_VERSION)?;
+    m.add(
+        "TIMELINE_FIELDS",
+        pyo3::types::PyTuple::new(m.py(), stepscope::timeline::FIELDS)?,
+    )?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("BackendError", py.get_type::<BackendError>())?;
     m.add("__version__", stepscope::VERSION)?;

@@ -20,7 +20,11 @@ Environment:
 
 With the endpoint plugin also allowed (``VLLM_PLUGINS`` naming ``stepscope``; vLLM loads
 endpoint plugins only when named), the API server answers ``GET /stepscope/status`` with every
-engine worker's :meth:`stepscope.WorkerProfiler.status`, which ``stepscope ctl status`` shows.
+engine worker's :meth:`stepscope.WorkerProfiler.status`, which ``stepscope ctl status`` shows,
+and ``GET /stepscope/timeline?since=N`` with every worker's step timeline (``"stepscope":
+{"timeline": true}`` in ``STEPSCOPE_CONFIG``; the worker's profiler is then made at its first
+step so that every step is timed), which ``stepscope ctl top`` and ``stepscope ctl timeline``
+read.
 
 If vLLM's names differ from what the plugin knows (another vLLM version), it logs one warning
 and leaves vLLM untouched. :func:`register` is idempotent.
@@ -51,7 +55,13 @@ from stepscope.vllm.environment import (
 )
 from stepscope.vllm.frontend import FrontendProfiler
 from stepscope.vllm.shutdown import wait_for_flushes
-from stepscope.vllm.worker import StatusEndpoint, iteration_of, request_ids_of, worker_status
+from stepscope.vllm.worker import (
+    StatusEndpoint,
+    iteration_of,
+    request_ids_of,
+    worker_status,
+    worker_timeline,
+)
 
 __all__ = [
     "CONFIG_ENV",
@@ -76,6 +86,7 @@ __all__ = [
     "wait_for_flushes",
     "worker",
     "worker_status",
+    "worker_timeline",
 ]
 
 #: What stays in place when a patch fails.

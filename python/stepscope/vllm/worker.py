@@ -1,6 +1,7 @@
 """The engine worker: ``Worker.annotate_profile`` hands each iteration's counts (and request
-ids) to stepscope's profiler; ``Worker.stepscope_status`` answers ``collective_rpc``; and the
-API server's ``GET /stepscope/status`` route (:class:`StatusEndpoint`) asks every worker."""
+ids) to stepscope's profiler; ``Worker.stepscope_status`` and ``Worker.stepscope_timeline``
+answer ``collective_rpc``; and the API server's ``GET /stepscope/status`` and
+``GET /stepscope/timeline?since=N`` routes (:class:`StatusEndpoint`) ask every worker."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from contextlib import nullcontext
 from types import ModuleType
 from typing import Any, Callable
 
+from stepscope.vllm.environment import logger, stepscope_keys
 from stepscope.vllm.factory import make_factory
 from stepscope.vllm.interfaces import PATCHED_MARK, WRAPPER, signature_known, warn_unpatched
 
@@ -51,22 +53,34 @@ def _patch_gpu_worker(module: ModuleType) -> None:
             patched if hasattr(patched, PATCHED_MARK) else make_factory(factory)
         )
     if not hasattr(original_annotate, PATCHED_MARK):
-        worker.annotate_profile = _make_annotate(original_annotate, compute_iteration_details)
+        worker.annotate_profile = _make_annotate(
+            original_annotate, compute_iteration_details, module
+        )
     if not hasattr(worker, "stepscope_status"):
         worker.stepscope_status = worker_status
+    if not hasattr(worker, "stepscope_timeline"):
+        worker.stepscope_timeline = worker_timeline
 
 
-def _make_annotate(original: Callable[..., Any], compute_iteration_details: Any) -> Callable[..., Any]:
+def _make_annotate(
+    original: Callable[..., Any], compute_iteration_details: Any, module: ModuleType
+) -> Callable[..., Any]:
     import stepscope
 
     def annotate_profile(self: Any, scheduler_output: Any) -> Any:
         profiler = getattr(self, "profiler", None)
+        if profiler is None and timeline_wanted():
+            profiler = _timeline_profiler(self, module)
         if not isinstance(profiler, stepscope.WorkerProfiler):
             return original(self, scheduler_output)
         if not profiler.is_armed:
-            # Nothing will read counts: skip computing them (vLLM's idle cost).
-            profiler.step()
-            return _IDLE
+            if not profiler.has_timeline:
+                # Nothing will read counts: skip computing them (vLLM's idle cost).
+                profiler.step()
+                return _IDLE
+            # The timeline keeps the counts and times the step until the scope exits.
+            profiler.step(iteration_of(scheduler_output, compute_iteration_details, False))
+            return _IterationScope(profiler)
         detailed = bool(getattr(self.vllm_config.profiler_config, "detailed_trace_annotation", False))
         # Request ids are read only when stepscope.request_ids asks for them.
         ids = request_ids_of(scheduler_output) if profiler.wants_request_ids else None
@@ -78,6 +92,68 @@ def _make_annotate(original: Callable[..., Any], compute_iteration_details: Any)
     annotate_profile.__qualname__ = getattr(original, "__qualname__", "annotate_profile")
     setattr(annotate_profile, PATCHED_MARK, original)
     return annotate_profile
+
+
+def timeline_wanted() -> bool:
+    """``"stepscope": {"timeline": ...}`` is set (and not false) in ``STEPSCOPE_CONFIG``."""
+    try:
+        value = stepscope_keys().get("timeline")
+    except ValueError:  # a bad STEPSCOPE_CONFIG: reported where the profiler is made
+        return False
+    return value not in (None, False)
+
+
+def _timeline_profiler(worker: Any, module: ModuleType) -> Any:
+    """The worker's profiler, made at its first step rather than at its first
+    ``/start_profile``, so that the timeline covers every step; ``None`` when vLLM's config
+    names no profiler stepscope serves, or making it failed (then not tried again). vLLM's
+    ``profile()`` uses it as its own, since it makes one only when there is none."""
+    if getattr(worker, "_stepscope_timeline_tried", False):
+        return None
+    worker._stepscope_timeline_tried = True
+    config = getattr(worker, "profiler_config", None)
+    if getattr(config, "profiler", None) not in ("torch", "cuda"):
+        return None
+    # The factory Worker.profile() calls (the plugin's, patched into gpu_worker).
+    factory = getattr(module, "create_worker_profiler", None)
+    if not hasattr(factory, PATCHED_MARK):
+        return None
+    try:
+        from vllm.distributed.utils import get_worker_rank_suffix
+
+        name = get_worker_rank_suffix(global_rank=worker.rank)
+    except Exception:  # noqa: BLE001 - an older vLLM: the rank alone
+        name = f"rank{getattr(worker, 'rank', 0)}"
+    try:
+        profiler = factory(config, worker_name=name, local_rank=getattr(worker, "local_rank", 0))
+    except Exception as e:  # noqa: BLE001 - never into the engine loop
+        logger.warning("stepscope: the step timeline is off on %s: %s", name, e)
+        return None
+    worker.profiler = profiler
+    logger.info("stepscope: step timeline on for %s", name)
+    return profiler
+
+
+def worker_timeline(self: Any, since: int = 0) -> dict[str, Any]:
+    """``Worker.stepscope_timeline``, for ``collective_rpc("stepscope_timeline")``: the
+    worker's steps above ``since`` as arrays in ``fields`` order, with its name and rank;
+    ``steps`` is ``None`` when its timeline is off."""
+    import stepscope
+
+    profiler = getattr(self, "profiler", None)
+    if not isinstance(profiler, stepscope.WorkerProfiler):
+        return {"rank": getattr(self, "rank", None), "steps": None, "fields": []}
+    status = profiler.status()
+    steps = profiler.timeline(int(since))
+    return {
+        "worker_name": status.get("worker_name"),
+        "rank": status.get("rank"),
+        "phase": status.get("phase"),
+        "step_index": status.get("step_index"),
+        "timeline": status.get("timeline"),
+        "fields": list(stepscope.TIMELINE_FIELDS),
+        "steps": None if steps is None else [list(t) for t in steps],
+    }
 
 
 def worker_status(self: Any) -> dict[str, Any]:
@@ -123,10 +199,32 @@ class StatusEndpoint:
                 )
             return JSONResponse({"workers": list(workers)})
 
+        async def stepscope_timeline(request):  # type: ignore[no-untyped-def]
+            engine = getattr(request.app.state, "stepscope_engine_client", None)
+            if engine is None:
+                return JSONResponse({"error": "this server has no engine"}, status_code=503)
+            try:
+                since = int(request.query_params.get("since", "0"))
+                if since < 0:
+                    raise ValueError
+            except ValueError:
+                return JSONResponse(
+                    {"error": "since must be a step index (an integer >= 0)"}, status_code=400
+                )
+            try:
+                workers = await engine.collective_rpc("stepscope_timeline", args=(since,))
+            except Exception as e:  # noqa: BLE001 - reported to the caller, not raised
+                return JSONResponse(
+                    {"error": f"collective_rpc('stepscope_timeline') failed: {e}"}, status_code=500
+                )
+            return JSONResponse({"workers": list(workers)})
+
         # Real classes, not the strings this module's annotations become: FastAPI reads them
         # to pass the request in.
-        stepscope_status.__annotations__ = {"request": Request, "return": JSONResponse}
+        for route in (stepscope_status, stepscope_timeline):
+            route.__annotations__ = {"request": Request, "return": JSONResponse}
         app.add_api_route("/stepscope/status", stepscope_status, methods=["GET"])
+        app.add_api_route("/stepscope/timeline", stepscope_timeline, methods=["GET"])
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
         state.stepscope_engine_client = engine_client
