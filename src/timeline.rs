@@ -19,7 +19,8 @@
 
 use std::sync::atomic::Ordering::Release;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::iteration::IterationInfo;
 use crate::schedule::Phase;
@@ -285,7 +286,13 @@ struct Clock {
     anchor: Instant,
     anchor_ticks: u64,
     anchor_unix_ns: u64,
+    /// ns per tick, fixed at the first read a second or more after the anchor: from then on
+    /// every read converts a step the same way.
+    settled: OnceLock<f64>,
 }
+
+/// How long the TSC is measured against the monotonic clock before its rate is fixed.
+const SETTLE: Duration = Duration::from_secs(1);
 
 impl Clock {
     fn fastest() -> Self {
@@ -306,6 +313,7 @@ impl Clock {
             anchor: Instant::now(),
             anchor_ticks: 0,
             anchor_unix_ns,
+            settled: OnceLock::new(),
         };
         clock.anchor_ticks = clock.ticks();
         clock
@@ -328,19 +336,28 @@ impl Clock {
         }
     }
 
-    /// Ticks to ns, measured over the timeline's life so far (the longer, the closer).
+    /// Ticks to ns: measured over the timeline's life so far, then fixed once that is
+    /// [`SETTLE`] long.
     fn scale(&self) -> Scale {
         let ns_per_tick = match self.source {
             Source::Monotonic => 1.0,
-            Source::Tsc => {
-                let ticks = self.ticks().saturating_sub(self.anchor_ticks);
-                let ns = self.anchor.elapsed().as_nanos() as f64;
-                if ticks == 0 {
-                    1.0
-                } else {
-                    ns / ticks as f64
+            Source::Tsc => match self.settled.get() {
+                Some(k) => *k,
+                None => {
+                    let ticks = self.ticks().saturating_sub(self.anchor_ticks);
+                    let elapsed = self.anchor.elapsed();
+                    let k = if ticks == 0 {
+                        1.0
+                    } else {
+                        elapsed.as_nanos() as f64 / ticks as f64
+                    };
+                    if elapsed >= SETTLE {
+                        *self.settled.get_or_init(|| k)
+                    } else {
+                        k
+                    }
                 }
-            }
+            },
         };
         Scale {
             ns_per_tick,
@@ -523,6 +540,18 @@ mod tests {
             }
             assert!(reader.join().unwrap() > 0);
         });
+    }
+
+    #[test]
+    fn a_settled_clock_converts_every_read_alike() {
+        let mut t = Timeline::new(16);
+        // As if made a while ago: the rate is fixed at the first read.
+        t.clock.anchor -= SETTLE;
+        t.begin(1, &IterationInfo::default(), Phase::Idle);
+        t.end();
+        let first = t.steps(0);
+        assert!(t.clock.source == Source::Monotonic || t.clock.settled.get().is_some());
+        assert_eq!(t.steps(0), first);
     }
 
     #[test]

@@ -105,6 +105,57 @@ pub enum CtlCommand {
         between, start_failed, not_created), step, the current window and what it captured, \
         and traces still being written.")]
     Status(Common),
+    /// A live view of every engine worker's steps: steps/s, step p50/p99/max, batch size,
+    /// phase, stragglers marked (vLLM: GET /stepscope/timeline; the workers need
+    /// "stepscope": {"timeline": true} in STEPSCOPE_CONFIG)
+    #[command(after_help = "Examples:\n  \
+        stepscope ctl top --router-url http://router:8000\n  \
+        stepscope ctl top --worker http://w0:8000 --once --json\n\n\
+        Refreshes every --interval seconds until interrupted (--once: one table, or with --json \
+        one document: {\"window_s\", \"workers\": [{\"worker_name\", \"rank\", \"phase\", \
+        \"steps\", \"steps_per_s\", \"p50_ms\", \"p99_ms\", \"max_ms\", \"mean_requests\", \
+        \"mean_tokens\", \"straggler\", ...}], \"errors\": [...]}). Statistics cover the \
+        steps that began in the last --window seconds of each server's clock. A straggler's p50 \
+        is at least 1.2x the median of the workers' p50s (two workers or more).\n\n\
+        Exit status (--once): 0 when every server answered with a timeline, 1 when some did not \
+        or none keeps one, 2 on bad flags or targets.")]
+    Top(TopArgs),
+    /// Write a self-contained HTML page of every engine worker's step timeline: a heat map
+    /// (workers x time, colour = step duration) and each worker's slowest steps
+    #[command(after_help = "Example:\n  \
+        stepscope ctl timeline --router-url http://router:8000 --output steps.html")]
+    Timeline(TimelineArgs),
+}
+
+#[derive(Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Print one table (or with --json one document) and exit
+    #[arg(long)]
+    pub once: bool,
+    /// Seconds between refreshes
+    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = positive_secs)]
+    pub interval: f64,
+    /// Seconds of steps the statistics cover
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = positive_secs)]
+    pub window: f64,
+    /// Cover every step after this step index instead of a window (e.g. the step_index
+    /// `ctl status` gave before a benchmark)
+    #[arg(long, value_name = "N", conflicts_with = "window")]
+    pub since_step: Option<u64>,
+}
+
+#[derive(Args)]
+pub struct TimelineArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Output HTML file
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Slowest steps listed per worker
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub slowest: usize,
 }
 
 #[derive(Args)]

@@ -593,3 +593,219 @@ fn status_shows_every_engine_workers_state_under_its_server() {
     let doc = json_of(&out);
     assert_eq!(doc["workers"][0]["engine_workers"][0]["phase"], "running");
 }
+
+/// A server's `/stepscope/timeline` answer (the vLLM plugin's form: tests/python's live test
+/// reads a real one): one worker per entry, named `rank{r}`, steps of the given durations 10 ms
+/// apart ending now, each serving `reqs` decode requests.
+fn timeline_answer(workers: &[(i64, &[u64], u32)]) -> Value {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let workers: Vec<Value> = workers
+        .iter()
+        .map(|(rank, ms, reqs)| {
+            let n = ms.len() as u64;
+            let steps: Vec<Value> = ms
+                .iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    let i = i as u64;
+                    json!([
+                        100 + i,
+                        now - (n - i) * 10_000_000,
+                        d * 1_000_000,
+                        0,
+                        0,
+                        reqs,
+                        reqs,
+                        "idle"
+                    ])
+                })
+                .collect();
+            json!({"worker_name": format!("rank{rank}"), "rank": rank, "phase": "idle",
+                   "step_index": 99 + n, "now_unix_ns": now,
+                   "timeline": {"capacity": 4096, "recorded": 99 + n, "clock": "tsc"},
+                   "fields": ["step", "start_unix_ns", "duration_ns", "num_ctx_reqs",
+                              "num_ctx_tokens", "num_gen_reqs", "num_gen_tokens", "phase"],
+                   "steps": steps})
+        })
+        .collect();
+    json!({ "workers": workers })
+}
+
+fn timeline_server(answer: Value) -> Server {
+    Server::new(move |req, _| {
+        if req.path.starts_with("/stepscope/timeline") {
+            Reply::Json(200, answer.clone())
+        } else {
+            Reply::Json(404, json!({"detail": "Not Found"}))
+        }
+    })
+}
+
+#[test]
+fn top_once_json_gives_each_workers_percentiles_and_marks_the_straggler() {
+    let a = timeline_server(timeline_answer(&[
+        (0, &[5, 5, 5, 5, 30], 4),
+        (1, &[5, 6, 5, 6, 5], 4),
+    ]));
+    let b = timeline_server(timeline_answer(&[(2, &[9, 9, 9, 9, 9], 2)]));
+    let (out, _) = ctl(&[
+        "top", "--worker", &a.url, "--worker", &b.url, "--once", "--json", "--window", "60",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = json_of(&out);
+    let rows = doc["workers"].as_array().unwrap();
+    let row = |rank: i64| rows.iter().find(|r| r["rank"] == rank).unwrap();
+    assert_eq!(row(0)["steps"], 5);
+    assert_eq!(row(0)["p50_ms"], 5.0);
+    assert_eq!(
+        (row(0)["max_ms"].as_f64(), row(0)["max_step"].as_u64()),
+        (Some(30.0), Some(104))
+    );
+    assert_eq!(row(2)["mean_requests"], 2.0);
+    assert_eq!(row(2)["mean_tokens"], 2.0);
+    // The p50s are 5, 5 and 9: rank 2 is the straggler, not rank 0 with one slow step.
+    let stragglers: Vec<i64> = rows
+        .iter()
+        .filter(|r| r["straggler"] == true)
+        .map(|r| r["rank"].as_i64().unwrap())
+        .collect();
+    assert_eq!(stragglers, [2]);
+    // Since step 102: steps 103 and 104 of each worker.
+    let (out, _) = ctl(&[
+        "top",
+        "--worker",
+        &a.url,
+        "--once",
+        "--json",
+        "--since-step",
+        "102",
+    ]);
+    let doc = json_of(&out);
+    assert_eq!(doc["workers"][0]["steps"], 2);
+    assert_eq!(doc["workers"][0]["first_step"], 103);
+    // Each poll asks only for what it has not seen.
+    assert!(a
+        .requests()
+        .iter()
+        .all(|r| r.path == "/stepscope/timeline?since=0"));
+
+    // The table marks the straggler.
+    let (out, _) = ctl(&["top", "--worker", &a.url, "--worker", &b.url, "--once"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    let line = table.lines().find(|l| l.contains("rank2")).unwrap();
+    assert!(line.starts_with('*'), "{table}");
+}
+
+#[test]
+fn top_says_what_is_missing_where_a_server_has_no_timeline() {
+    let without = Server::new(|_, _| Reply::Json(404, json!({"detail": "Not Found"})));
+    let off = timeline_server(json!({"workers": [{"rank": 0, "steps": null, "fields": []}]}));
+    let (out, _) = ctl(&[
+        "top",
+        "--worker",
+        &without.url,
+        "--worker",
+        &off.url,
+        "--once",
+    ]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{table}");
+    assert!(table.contains("VLLM_PLUGINS"), "{table}");
+    assert!(table.contains("timeline off"), "{table}");
+    let (out, _) = ctl(&["top", "--engine", "sglang", "--worker", &off.url, "--once"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/stepscope/timeline"));
+}
+
+#[test]
+fn the_timeline_page_renders_in_headless_chromium() {
+    let a = timeline_server(timeline_answer(&[
+        (0, &[5, 5, 5, 5, 30, 5, 5, 5], 4),
+        (1, &[12, 12, 12, 12, 12, 12, 12, 12], 4),
+    ]));
+    let dir = stepscope_test_doubles::Scratch::empty("ctl-timeline");
+    let page = dir.join("timeline.html");
+    let (out, _) = ctl(&[
+        "timeline",
+        "--worker",
+        &a.url,
+        "--output",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2 workers, 16 steps"));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        !html.contains("src=") && !html.contains("<link"),
+        "self-contained"
+    );
+    let chromium = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            Command::new("which")
+                .arg(c)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .expect("no Chromium: `make test` installs Debian's chromium");
+    let run = |extra: &[String]| {
+        Command::new(chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+            ])
+            .args([
+                "--disable-background-networking",
+                "--disable-component-update",
+            ])
+            .args([
+                "--enable-logging=stderr",
+                "--v=0",
+                "--virtual-time-budget=2000",
+            ])
+            .arg(format!("--user-data-dir={}", dir.join("profile").display()))
+            .arg("--window-size=1200,900")
+            .args(extra)
+            .arg(format!("file://{}", page.display()))
+            .output()
+            .expect("run chromium")
+    };
+    let dumped = run(&["--dump-dom".to_string()]);
+    let dom = String::from_utf8_lossy(&dumped.stdout);
+    let errors: Vec<_> = String::from_utf8_lossy(&dumped.stderr)
+        .lines()
+        .filter(|l| l.contains("CONSOLE") || l.contains("Uncaught"))
+        .map(str::to_string)
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    for attr in [
+        r#"data-ready="1""#,
+        r#"data-workers="2""#,
+        r#"data-steps="16""#,
+    ] {
+        assert!(dom.contains(attr), "{attr} missing");
+    }
+    // Rank 1 (median 12 ms against 5) is marked a straggler in the table.
+    assert!(dom.contains(r#"<tr class="straggler"><td>"#) && dom.contains("rank1"));
+    // The slowest step of rank 0 heads its list.
+    assert!(dom.contains("<tr><td>104</td>"));
+    let shot = dir.join("timeline.png");
+    let out = run(&[format!("--screenshot={}", shot.display())]);
+    assert!(out.status.success());
+    assert!(std::fs::metadata(&shot).unwrap().len() > 0);
+}

@@ -3,16 +3,21 @@ user sees through vLLM's own HTTP API with the plugin installed.
 
 One server serves every test here (its start dominates): vLLM's default profiler config apart
 from the trace directory (the frontend is profiled, Python stacks are recorded), NVTX ranges
-reported to the recorder in tests/doubles (nsys's place), and the status endpoint allowed. The
-last test stops it with SIGTERM right after a /stop_profile.
+reported to the recorder in tests/doubles (nsys's place), the step timeline on, and the status
+endpoint allowed. One test captures every step of its requests and reads them back through
+`stepscope ctl top` and `ctl timeline`; the last stops it with SIGTERM right after a
+/stop_profile.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -41,7 +46,7 @@ def server(tmp_path_factory, doubles):
         env={
             "VLLM_PLUGINS": "stepscope",
             "STEPSCOPE_CONFIG": json.dumps(
-                {"stepscope": {"nvtx": "running", "max_capture_mb": BUDGET_MB}}
+                {"stepscope": {"nvtx": "running", "max_capture_mb": BUDGET_MB, "timeline": True}}
             ),
             doubles["log_env"]: str(log),
             "NVTX_INJECTION64_PATH": doubles["nvtx_recorder"],
@@ -189,6 +194,150 @@ def test_an_open_ended_window_under_load_ends_itself_at_its_memory_budget(server
     assert len(annotations(doc)) == m["iterations"] > 0
     # The frontend's profile still runs until /stop_profile (it has no engine steps).
     assert server.post("/stop_profile")[0] == 200
+
+
+def stepscope_cli() -> str:
+    """The `stepscope` command: the installed package's (the wheel `make test` installs), else
+    the one cargo built in this tree."""
+    from stepscope import _cli
+
+    exe = _cli.executable() or str(Path(__file__).resolve().parents[2] / "target/debug/stepscope")
+    assert Path(exe).exists(), f"no stepscope command: {exe} (make test builds it)"
+    return exe
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest rank, as `ctl top` computes it."""
+    s = sorted(values)
+    return s[max(1, math.ceil(p / 100 * len(s))) - 1]
+
+
+COUNTS = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
+
+
+def test_ctl_top_and_the_timeline_page_match_a_trace_of_the_same_steps(server, tmp_path):
+    """Every step of this test's requests is captured (the session starts before the first
+    request and stops after the last; the engine steps only while it has requests), so the
+    timeline's steps after `since` and the trace's iterations are the same steps: their counts
+    must agree exactly, their durations as two clocks timing one span."""
+    url = f"http://127.0.0.1:{server.port}"
+    # The steps before this test's (the engine steps only while it has requests).
+    status, answer, _ = server.get("/stepscope/status")
+    assert status == 200, answer
+    (before,) = answer["workers"]
+    # Before the server's first step its profiler is not made yet: no step so far.
+    since = before.get("step_index", 0)
+    done = len(manifests(server.traces, "rank0"))
+    status, _, _ = server.post("/start_profile", {"max_iterations": 0})
+    assert status == 200, server.log_tail()
+    # Two bounded batches of different sizes: 3 requests, then 2.
+    server.complete(n=3, max_tokens=12)
+    server.complete(n=2, max_tokens=6, prompt_len=20)
+    assert server.post("/stop_profile")[0] == 200
+    (m,) = wait_complete(server.traces, "rank0", done + 1)[done:]
+    assert m["status"] == "complete", m
+    doc = trace(server.traces, m)
+    iterations = [
+        e for e in doc["traceEvents"]
+        if e.get("cat") == "user_annotation" and e.get("ph") == "X" and COUNTS.match(e["name"])
+    ]  # fmt: skip
+    iterations.sort(key=lambda e: e["ts"])
+    assert len(iterations) == m["iterations"] > 0
+
+    status, answer, _ = server.get(f"/stepscope/timeline?since={since}")
+    assert status == 200, answer
+    (w,) = answer["workers"]
+    steps = [dict(zip(w["fields"], s, strict=True)) for s in w["steps"]]
+    # The same steps: the timeline holds exactly the captured ones, with the trace's counts.
+    assert [s["step"] for s in steps] == list(range(m["first_step"], m["last_step"] + 1))
+    assert len(steps) == len(iterations)
+    for s, e in zip(steps, iterations, strict=True):
+        counts = tuple(int(x) for x in COUNTS.match(e["name"]).groups())
+        assert (s["num_ctx_reqs"], s["num_ctx_tokens"], s["num_gen_reqs"], s["num_gen_tokens"]) == counts
+        assert s["phase"] == "running"
+        # The timeline's span (step() to step_end) holds the annotation's, and with it the
+        # profiler's own work in the step (the NVTX tool's, Kineto's range): never shorter,
+        # within the two clocks' resolution (Kineto's is 1 us).
+        assert s["duration_ns"] / 1e3 >= e["dur"] - 50, (s, e)
+    assert {s["num_gen_reqs"] + s["num_ctx_reqs"] for s in steps} >= {2, 3}
+
+    # ctl top over the same steps: the trace's statistics.
+    out = subprocess.run(
+        [stepscope_cli(), "ctl", "top", "--worker", url, "--once", "--json", "--since-step", str(since)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    top = json.loads(out.stdout)
+    assert top["errors"] == []
+    (row,) = top["workers"]
+    assert (row["worker_name"], row["rank"], row["steps"], row["timeline"]) == ("rank0", 0, len(steps), True)
+    assert (row["first_step"], row["last_step"], row["step_index"]) == (m["first_step"], m["last_step"], m["last_step"])
+    timeline_ms = [s["duration_ns"] / 1e6 for s in steps]
+    for key, p in (("p50_ms", 50), ("p99_ms", 99), ("max_ms", 100)):
+        assert row[key] == pytest.approx(percentile(timeline_ms, p)), key
+    # The trace's median step: the same, up to the profiler's own tens of microseconds a step.
+    trace_ms = [e["dur"] / 1e3 for e in iterations]
+    assert row["p50_ms"] == pytest.approx(percentile(trace_ms, 50), rel=0.1, abs=0.3)
+    assert row["max_ms"] >= max(trace_ms) - 0.05
+    requests = [sum(int(x) for x in COUNTS.match(e["name"]).groups()[0::2]) for e in iterations]
+    tokens = [sum(int(x) for x in COUNTS.match(e["name"]).groups()[1::2]) for e in iterations]
+    assert row["mean_requests"] == pytest.approx(sum(requests) / len(requests))
+    assert row["mean_tokens"] == pytest.approx(sum(tokens) / len(tokens))
+    assert not row["straggler"]
+    print(
+        f"ctl top: {row['steps']} steps, p50 {row['p50_ms']:.2f} ms (trace "
+        f"{percentile(trace_ms, 50):.2f}), p99 {row['p99_ms']:.2f} ({percentile(trace_ms, 99):.2f}), "
+        f"max {row['max_ms']:.2f} ms ({max(trace_ms):.2f}), "
+        f"{row['mean_requests']:.2f} requests and {row['mean_tokens']:.1f} tokens per step"
+    )
+
+    # ctl timeline: the page carries these steps, and renders in headless Chromium.
+    page = tmp_path / "timeline.html"
+    out = subprocess.run(
+        [stepscope_cli(), "ctl", "timeline", "--worker", url, "--output", str(page)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    html = page.read_text()
+    assert "http://" not in html.split("<script", 1)[0] or url in html  # no external resource
+    assert "<link" not in html and "src=" not in html
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', html, re.S)[1])
+    (pw,) = data["workers"]
+    # The page holds every step the ring kept, these last.
+    assert pw["steps"][-len(steps):] == [[s["start_unix_ns"], s["duration_ns"]] for s in steps]
+    shot = tmp_path / "timeline.png"
+    dom = render_in_chromium(page, tmp_path / "chromium", shot)
+    assert 'data-ready="1"' in dom and 'data-workers="1"' in dom
+    assert f'data-steps="{len(pw["steps"])}"' in dom
+    assert int(re.search(r'data-cells="(\d+)"', dom)[1]) > 0
+    assert shot.stat().st_size > 0
+    print(f"ctl timeline: {page} ({len(html)} bytes), screenshot {shot}")
+
+
+def render_in_chromium(page: Path, profile: Path, screenshot: Path) -> str:
+    """Loads `page` in headless Chromium: its DOM once its script ran, and a screenshot of it.
+    A script error fails the test."""
+    chromium = next(
+        (c for c in ("chromium", "chromium-browser", "google-chrome") if shutil.which(c)), None
+    )
+    assert chromium, "no Chromium: `make test` installs Debian's chromium"
+    base = [
+        chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--enable-logging=stderr", "--v=0", "--virtual-time-budget=2000",
+        f"--user-data-dir={profile}", "--window-size=1200,900",
+    ]  # fmt: skip
+    dumped = subprocess.run(
+        [*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    )
+    errors = [l for l in dumped.stderr.splitlines() if "CONSOLE" in l or "Uncaught" in l]
+    assert not errors, errors
+    shot = subprocess.run(
+        [*base, f"--screenshot={screenshot}", page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shot.returncode == 0, shot.stderr[-2000:]
+    return dumped.stdout
 
 
 def test_a_server_stopped_right_after_stop_profile_loses_no_trace(server):

@@ -8,7 +8,9 @@
 //! - `discovery`: base URLs, the router's worker list;
 //! - `http`: the calls, their retries and what their failures mean, the fan-out;
 //! - `body`: the `/start_profile` body in each engine's dialect;
-//! - `render`: the table and the `--json` document.
+//! - `render`: the table and the `--json` document;
+//! - `top`: `ctl top` and `ctl timeline`, from each server's step timeline; `page`: the
+//!   timeline's HTML page.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -22,7 +24,9 @@ mod body;
 mod discovery;
 mod fleet;
 mod http;
+mod page;
 mod render;
+mod top;
 
 pub use crate::flags::{Engine, StartFields};
 pub use body::start_body;
@@ -30,22 +34,14 @@ pub use discovery::{discover, normalize_url, parse_worker_list, DiscoveryError};
 pub use fleet::{Action, Outcome, Worker};
 pub use http::{agent, call_worker, fan_out};
 pub use render::{render_json, render_table};
+pub use top::{parse_timeline, percentile, render_top, summarize, Row, Span, Step, WorkerTimeline};
 
 /// Sends `action` to every worker `c` names and prints what each answered: 0 when all
 /// succeeded, 1 when some did not.
 pub fn run(action: Action, c: &Common, body: Option<Value>) -> Result<ExitCode, Error> {
     let started = Instant::now();
     let agent = agent(Duration::from_secs_f64(c.timeout));
-    let workers = match &c.targets.router_url {
-        Some(router) => normalize_url(router).and_then(|r| discover(&agent, &r)),
-        None => c
-            .targets
-            .workers
-            .iter()
-            .map(|w| normalize_url(w).map(|url| Worker { url, healthy: None }))
-            .collect(),
-    };
-    let workers = workers.map_err(|e| Error::Usage(e.0))?;
+    let workers = top::servers_with_unhealthy(c, &agent)?;
 
     let (to_call, skipped): (Vec<_>, Vec<_>) = workers
         .iter()
@@ -96,6 +92,8 @@ pub fn command(c: &CtlCommand) -> Result<ExitCode, Error> {
         CtlCommand::Stop(c) => run(Action::Stop, c, None),
         CtlCommand::Workers(c) => run(Action::Workers, c, None),
         CtlCommand::Status(c) => run(Action::Status, c, None),
+        CtlCommand::Top(a) => top::top(a),
+        CtlCommand::Timeline(a) => page::command(a),
     }
 }
 

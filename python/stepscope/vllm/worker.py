@@ -6,6 +6,7 @@ answer ``collective_rpc``; and the API server's ``GET /stepscope/status`` and
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import nullcontext
 from types import ModuleType
 from typing import Any, Callable
@@ -146,6 +147,8 @@ def worker_timeline(self: Any, since: int = 0) -> dict[str, Any]:
     status = profiler.status()
     steps = profiler.timeline(int(since))
     return {
+        # The window ctl top reads ends at the server's clock, which the steps' times are on.
+        "now_unix_ns": time.time_ns(),
         "worker_name": status.get("worker_name"),
         "rank": status.get("rank"),
         "phase": status.get("phase"),
