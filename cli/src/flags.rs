@@ -23,7 +23,7 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// Start, stop or list profiling on every worker behind a router
+    /// Start, stop, list and watch profiling on every worker behind a router
     #[command(subcommand)]
     Ctl(CtlCommand),
     /// Summarize traces: kernels, GPU busy time and gaps, iterations, stragglers across ranks
@@ -106,8 +106,9 @@ pub enum CtlCommand {
         and traces still being written.")]
     Status(Common),
     /// A live view of every engine worker's steps: steps/s, step p50/p99/max, batch size,
-    /// phase, stragglers marked (vLLM: GET /stepscope/timeline; the workers need
-    /// "stepscope": {"timeline": true} in STEPSCOPE_CONFIG)
+    /// phase, stragglers marked (the workers need "stepscope": {"timeline": true} in
+    /// STEPSCOPE_CONFIG; vLLM: GET /stepscope/timeline, SGLang: each scheduler's last 512
+    /// steps in /server_info)
     #[command(after_help = "Examples:\n  \
         stepscope ctl top --router-url http://router:8000\n  \
         stepscope ctl top --worker http://w0:8000 --once --json\n\n\

@@ -33,7 +33,9 @@ and served by SGLang's own profiler, as is everything while the plugin is off
 failure of the plugin reaches SGLang's import or its scheduler loop.
 
 ``/server_info``'s ``internal_states`` carry each answering scheduler's stepscope status
-(``"stepscope"``), which ``stepscope ctl status --engine sglang`` reads.
+(``"stepscope"``), which ``stepscope ctl status --engine sglang`` reads, and with
+``"stepscope": {"timeline": true}`` the last forward batches of its step timeline, which
+``stepscope ctl top --engine sglang`` reads.
 
 Environment: ``STEPSCOPE_SGLANG=0`` turns it off; ``STEPSCOPE_CONFIG`` supplies stepscope's own
 keys (its ``"stepscope"`` object, as for vLLM); ``STEPSCOPE_CLI`` names the ``stepscope``
@@ -292,10 +294,18 @@ def _around_stop(original: Callable[..., Any], manager: Any, stage: Any = None) 
 def _around_batch(original: Callable[..., Any], manager: Any, batch: Any) -> Any:
     """``SchedulerProfilerManager._profile_batch_predicate``: SGLang's own predicate decides
     (starting or stopping through the hooks), then the batch is one ``step()`` of stepscope's
-    running window."""
+    running window, and of the step timeline when it is on."""
     state = manager.__dict__.get(_STATE)
     if state is None:
-        return original(manager, batch)
+        if timeline_steps() is None:
+            return original(manager, batch)
+        state = _state_of(manager)
+    try:
+        state.time_batch(batch)
+    except Exception:  # noqa: BLE001 - the scheduler loop goes on
+        _warn_once("timeline", "stepscope: the step timeline failed; it stops here")
+        logger.debug("stepscope: timeline step failed", exc_info=True)
+        state.timeline = None
     state.in_predicate = True
     try:
         result = original(manager, batch)
@@ -345,15 +355,59 @@ def _after_internal_state(result: Any, controller: Any, recv_req: Any) -> Any:
     return result
 
 
+#: How many of the timeline's last steps ``/server_info`` carries per scheduler.
+SERVER_INFO_STEPS = 512
+
+_timeline_setting: list[Any] = []
+
+
+def timeline_steps() -> Any:
+    """``STEPSCOPE_CONFIG``'s ``"timeline"`` (``True`` or ``{"steps": N}``), or None when the
+    timeline is off; read once."""
+    if not _timeline_setting:
+        try:
+            value = _plugin.stepscope_keys_from_env().get("timeline")
+        except ValueError:  # a bad STEPSCOPE_CONFIG: reported where a profiler is made
+            value = None
+        _timeline_setting.append(None if value in (None, False) else value)
+    return _timeline_setting[0]
+
+
 def status_of(state: Any) -> dict[str, Any]:
-    """What ``/server_info`` carries for one scheduler: ``{"plugin", "workers": [status...]}``
-    (``workers`` empty before the first request stepscope served)."""
+    """What ``/server_info`` carries for one scheduler: ``{"plugin", "workers": [status...],
+    "timeline"}`` (``workers`` empty before the first request stepscope served; ``timeline``
+    the step timeline's last :data:`SERVER_INFO_STEPS` forward batches, or None when off)."""
     import stepscope
 
     workers = []
     for p in state.profilers if state is not None else []:
         workers.append(json.loads(p.status_json()))
-    return {"plugin": "sglang", "version": stepscope.__version__, "workers": workers}
+    timeline = getattr(state, "timeline", None)
+    return {
+        "plugin": "sglang",
+        "version": stepscope.__version__,
+        "workers": workers,
+        "timeline": None if timeline is None else timeline_of(timeline),
+    }
+
+
+def timeline_of(profiler: Any) -> dict[str, Any]:
+    """One scheduler's timeline as ``/server_info`` carries it: the form of vLLM's
+    ``GET /stepscope/timeline`` workers (``stepscope ctl top --engine sglang`` reads both)."""
+    import stepscope
+
+    status = profiler.status()
+    steps = profiler.timeline() or []
+    return {
+        "worker_name": status["worker_name"],
+        "rank": status["rank"],
+        "phase": status["phase"],
+        "step_index": status["step_index"],
+        "now_unix_ns": time.time_ns(),
+        "timeline": status["timeline"],
+        "fields": list(stepscope.TIMELINE_FIELDS),
+        "steps": [list(t) for t in steps[-SERVER_INFO_STEPS:]],
+    }
 
 
 def _state_of(manager: Any) -> _SchedulerProfiler:
@@ -407,6 +461,10 @@ class _SchedulerProfiler:
         self.windows: dict[str, int] = {}
         #: Inside SGLang's ``_profile_batch_predicate``: a window begun here holds this batch.
         self.in_predicate = False
+        #: The step timeline (``"stepscope": {"timeline": ...}``): a profiler of its own that
+        #: steps at every forward batch, made at the first.
+        self.timeline: Any = None
+        self._timeline_made = False
 
     @property
     def active(self) -> bool:
@@ -703,6 +761,26 @@ class _SchedulerProfiler:
             apply(on)
 
     # -- forward batches --
+
+    def time_batch(self, batch: Any) -> None:
+        """One step of the timeline per forward batch. SGLang has no call at a batch's end, so
+        a step lasts until the next batch's predicate: the scheduler loop's period, batch and
+        scheduling together."""
+        if not self._timeline_made:
+            self._timeline_made = True
+            steps = timeline_steps()
+            if steps is None:
+                return
+            import stepscope
+
+            self.timeline = stepscope.WorkerProfiler(
+                {"stepscope": {"timeline": steps}},
+                worker_name=worker_name(),
+                local_rank=_local_rank(),
+                rank=_global_rank(),
+            )
+        if self.timeline is not None:
+            self.timeline.step(iteration_of(batch))
 
     def on_batch(self, batch: Any) -> None:
         """One ``step()`` of the running window: the batch's counts (and, with

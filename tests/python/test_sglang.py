@@ -489,3 +489,68 @@ def test_server_info_carries_each_schedulers_status_and_ctl_status_reads_it(tmp_
     assert run.returncode == 0, run.stderr
     (outcome,) = json.loads(run.stdout)["workers"]
     assert outcome["ok"] and outcome["engine_workers"][0]["phase"] == "running", outcome
+
+
+def test_the_step_timeline_times_every_forward_batch_and_ctl_top_reads_it(monkeypatch):
+    """With ``"stepscope": {"timeline": ...}`` every forward batch is a step of the scheduler's
+    timeline from the first (no /start_profile needed), carried by /server_info with the
+    batch's counts as the plugin names them for a trace; `stepscope ctl top --engine sglang`
+    reads it (here from a plain HTTP server with that output, SGLang's HTTP layer's place)."""
+    import http.server
+    import subprocess
+    import threading
+
+    from sglang.srt.managers.io_struct import GetInternalStateReq, GetInternalStateReqOutput
+
+    monkeypatch.setattr(plugin, "_timeline_setting", [{"steps": 64}])
+    s = Scheduler()
+    batches = [(P, 2), (D, 2), (D, 2), (P, 1), (D, 3), (D, 3)]
+    for mode, reqs in batches:
+        s.run(mode, reqs=reqs)
+    s.run(D, reqs=3)  # ends the last batch's step (SGLang has no end-of-batch call)
+    controller = SimpleNamespace(scheduler=SimpleNamespace(profiler_manager=s.manager))
+    out = plugin._after_internal_state(
+        GetInternalStateReqOutput(internal_state={}), controller, GetInternalStateReq()
+    )
+    timeline = out.internal_state["stepscope"]["timeline"]
+    steps = [dict(zip(timeline["fields"], t, strict=True)) for t in timeline["steps"]]
+    assert [t["step"] for t in steps] == list(range(1, len(batches) + 1))
+    # Each step's counts are those the plugin gives a captured batch (its trace annotation).
+    for t, (mode, reqs) in zip(steps, batches, strict=True):
+        counts = stepscope.Iteration(
+            t["num_ctx_reqs"], t["num_ctx_tokens"], t["num_gen_reqs"], t["num_gen_tokens"]
+        ).name()
+        assert counts == (prefill(t["step"], reqs) if mode == P else decode(reqs)), t
+    assert timeline["phase"] == "idle" and timeline["timeline"]["capacity"] == 64
+
+    info = json.dumps({"internal_states": [out.internal_state]}).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200 if self.path == "/server_info" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(info)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cli = os.environ.get(plugin.CLI_ENV) or str(REPO / "target" / "debug" / "stepscope")
+        if not Path(cli).is_file():
+            pytest.skip("the stepscope command is not built (make test builds it)")
+        run = subprocess.run(
+            [cli, "ctl", "top", "--engine", "sglang", "--once", "--json", "--since-step", "0",
+             "--worker", f"http://127.0.0.1:{server.server_port}"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+    assert run.returncode == 0, run.stderr
+    (row,) = json.loads(run.stdout)["workers"]
+    assert row["steps"] == len(batches)
+    assert row["mean_requests"] == pytest.approx(sum(r for _, r in batches) / len(batches))
+    durations = sorted(t["duration_ns"] / 1e6 for t in steps)
+    assert row["max_ms"] == pytest.approx(durations[-1])

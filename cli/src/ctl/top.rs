@@ -1,5 +1,6 @@
 //! `stepscope ctl top` and `stepscope ctl timeline`: every engine worker's step timeline
-//! (`"stepscope": {"timeline": ...}`), read from each server's `GET /stepscope/timeline`.
+//! (`"stepscope": {"timeline": ...}`), read from each vLLM server's `GET /stepscope/timeline`,
+//! or from the last steps each SGLang scheduler adds to `/server_info`.
 //!
 //! - fetching: each server at once, incrementally (`?since=` the last step seen);
 //! - [`summarize`]: per worker over the last window, steps per second, step p50/p99/max, the
@@ -360,7 +361,7 @@ impl Gathered {
     }
 
     /// Asks every server at once for the steps it has not sent yet.
-    fn poll(&mut self, agent: &ureq::Agent, servers: &[Worker]) {
+    fn poll(&mut self, agent: &ureq::Agent, engine: Engine, servers: &[Worker]) {
         let urls: Vec<(String, u64)> = servers
             .iter()
             .map(|w| (w.url.clone(), self.since(&w.url)))
@@ -370,7 +371,7 @@ impl Gathered {
                 let handles: Vec<_> = urls
                     .iter()
                     .map(|(url, since)| {
-                        scope.spawn(move || (url.clone(), fetch(agent, url, *since)))
+                        scope.spawn(move || (url.clone(), fetch(agent, engine, url, *since)))
                     })
                     .collect();
                 handles
@@ -398,9 +399,19 @@ impl Gathered {
     }
 }
 
-fn fetch(agent: &ureq::Agent, url: &str, since: u64) -> Result<Vec<WorkerTimeline>, String> {
-    let full = format!("{url}/stepscope/timeline?since={since}");
+fn fetch(
+    agent: &ureq::Agent,
+    engine: Engine,
+    url: &str,
+    since: u64,
+) -> Result<Vec<WorkerTimeline>, String> {
+    let full = match engine {
+        Engine::Vllm => format!("{url}/stepscope/timeline?since={since}"),
+        // Each scheduler's last steps ride on /server_info (no since: repeats are merged).
+        Engine::Sglang => format!("{url}/server_info"),
+    };
     match get(agent, &full) {
+        Ok((200, body)) if engine == Engine::Sglang => parse_server_info(url, &body),
         Ok((200, body)) => parse_timeline(url, &body),
         Ok((404, _)) => Err(format!(
             "{url}/stepscope/timeline: 404: the server has no stepscope timeline route (start \
@@ -411,20 +422,48 @@ fn fetch(agent: &ureq::Agent, url: &str, since: u64) -> Result<Vec<WorkerTimelin
     }
 }
 
-fn check_engine(c: &Common) -> Result<(), Error> {
-    match c.engine {
-        Engine::Vllm => Ok(()),
-        Engine::Sglang => Err(Error::Usage(
-            "the step timeline is read from vLLM's GET /stepscope/timeline; SGLang servers have \
-             no such route (each scheduler's timeline size is in `ctl status --engine sglang`)"
-                .into(),
-        )),
+/// SGLang's `/server_info`: each answering scheduler's `internal_states[i].stepscope.timeline`
+/// (the plugin's, in the form of vLLM's timeline workers).
+pub fn parse_server_info(url: &str, body: &str) -> Result<Vec<WorkerTimeline>, String> {
+    let value: Value = serde_json::from_str(body)
+        .map_err(|e| format!("the answer is not JSON ({e}): {}", excerpt(body)))?;
+    let states = value
+        .get("internal_states")
+        .and_then(Value::as_array)
+        .ok_or_else(|| {
+            format!(
+                "/server_info has no internal_states list: {}",
+                excerpt(body)
+            )
+        })?;
+    let mut out = Vec::new();
+    for state in states {
+        let Some(mine) = state.get("stepscope") else {
+            return Err(
+                "/server_info carries no stepscope status: install stepscope in the server's \
+                 environment (its SGLang plugin adds it)"
+                    .into(),
+            );
+        };
+        match mine.get("timeline") {
+            Some(t) if !t.is_null() => out.push(parse_worker(url, t)?),
+            // Off on this scheduler: listed as such.
+            _ => out.push(WorkerTimeline {
+                url: url.to_string(),
+                worker_name: format!("scheduler{}", out.len()),
+                rank: None,
+                phase: String::new(),
+                step_index: 0,
+                now_unix_ns: 0,
+                steps: None,
+            }),
+        }
     }
+    Ok(out)
 }
 
 /// `stepscope ctl top`.
 pub fn top(a: &TopArgs) -> Result<ExitCode, Error> {
-    check_engine(&a.common)?;
     let agent = agent(Duration::from_secs_f64(a.common.timeout));
     let servers = servers(&a.common, &agent)?;
     let span = match a.since_step {
@@ -437,7 +476,7 @@ pub fn top(a: &TopArgs) -> Result<ExitCode, Error> {
         ..Gathered::default()
     };
     loop {
-        g.poll(&agent, &servers);
+        g.poll(&agent, a.common.engine, &servers);
         let rows = summarize(&g.list(), span);
         if a.once {
             if a.common.json {
@@ -564,14 +603,13 @@ pub(super) fn gather_once(
     c: &Common,
     keep: usize,
 ) -> Result<(Vec<WorkerTimeline>, Vec<Failure>), Error> {
-    check_engine(c)?;
     let agent = agent(Duration::from_secs_f64(c.timeout));
     let servers = servers(c, &agent)?;
     let mut g = Gathered {
         keep,
         ..Gathered::default()
     };
-    g.poll(&agent, &servers);
+    g.poll(&agent, c.engine, &servers);
     Ok((g.list(), g.failures))
 }
 
