@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # of a layer may import modules of its own layer and of the layers above it only.
 LAYERS = [
     ["error", "iteration", "sys", "files"],
-    ["schedule", "timeline"],
+    ["schedule"],
+    ["timeline"],
     ["config"],
     ["trace"],
     ["manifest"],

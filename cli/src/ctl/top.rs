@@ -523,7 +523,7 @@ pub fn render_top(rows: &[Row], failures: &[Failure], span: Span) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<2}{:<34} {:>5} {:<10} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8} {:>9}",
+        "{:<2}{:<44} {:>5} {:<10} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8} {:>9}",
         "",
         "worker",
         "rank",
@@ -542,8 +542,8 @@ pub fn render_top(rows: &[Row], failures: &[Failure], span: Span) -> String {
         if !r.timeline {
             let _ = writeln!(
                 s,
-                "  {:<34} {:>5} {:<10} {:>9}  timeline off (\"stepscope\": {{\"timeline\": true}})",
-                clip(&name, 34),
+                "  {:<44} {:>5} {:<10} {:>9}  timeline off (\"stepscope\": {{\"timeline\": true}})",
+                clip(&name, 44),
                 r.rank.map_or("-".into(), |x| x.to_string()),
                 r.phase,
                 r.step_index
@@ -552,9 +552,9 @@ pub fn render_top(rows: &[Row], failures: &[Failure], span: Span) -> String {
         }
         let _ = writeln!(
             s,
-            "{:<2}{:<34} {:>5} {:<10} {:>9} {:>8.1} {:>9} {:>9} {:>9} {:>8} {:>9}",
+            "{:<2}{:<44} {:>5} {:<10} {:>9} {:>8.1} {:>9} {:>9} {:>9} {:>8} {:>9}",
             if r.straggler { "*" } else { "" },
-            clip(&name, 34),
+            clip(&name, 44),
             r.rank.map_or("-".into(), |x| x.to_string()),
             r.phase,
             r.step_index,
