@@ -55,7 +55,8 @@ fn bench_step(c: &mut Criterion) {
     g.bench_function("idle_timeline_on", |b| {
         b.iter(|| drop(timed.step(black_box(&info))))
     });
-    assert!(timed.timeline(0).is_some_and(|t| t.len() == 4096));
+    // The steps went into the ring (under `cargo test`, criterion runs each bench once).
+    assert!(timed.timeline(0).is_some_and(|t| !t.is_empty()));
 
     let armed = profiler();
     armed

@@ -326,23 +326,10 @@ pub unsafe extern "C" fn stepscope_timeline_json(
     // SAFETY: per the contract.
     unsafe {
         with_profiler("stepscope_timeline_json", p, |p| {
-            let steps = p.timeline(since).map(|steps| {
-                steps
-                    .iter()
-                    .map(|s| {
-                        serde_json::json!([
-                            s.step,
-                            s.start_unix_ns,
-                            s.duration_ns,
-                            s.num_ctx_reqs,
-                            s.num_ctx_tokens,
-                            s.num_gen_reqs,
-                            s.num_gen_tokens,
-                            s.phase
-                        ])
-                    })
-                    .collect::<Vec<_>>()
-            });
+            // serde writes a tuple as an array: each step in FIELDS order.
+            let steps = p
+                .timeline(since)
+                .map(|steps| steps.iter().map(|s| s.as_tuple()).collect::<Vec<_>>());
             let json = serde_json::json!({"fields": crate::timeline::FIELDS, "steps": steps});
             copy_out(&json.to_string(), "timeline", buf, len, needed)
         })

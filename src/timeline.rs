@@ -63,6 +63,26 @@ pub struct TimelineStep {
     pub phase: &'static str,
 }
 
+/// A [`TimelineStep`] as a tuple in [`FIELDS`] order (the C ABI's JSON arrays, Python's
+/// tuples).
+pub type StepTuple = (u64, u64, u64, u32, u32, u32, u32, &'static str);
+
+impl TimelineStep {
+    /// Its fields in [`FIELDS`] order.
+    pub fn as_tuple(&self) -> StepTuple {
+        (
+            self.step,
+            self.start_unix_ns,
+            self.duration_ns,
+            self.num_ctx_reqs,
+            self.num_ctx_tokens,
+            self.num_gen_reqs,
+            self.num_gen_tokens,
+            self.phase,
+        )
+    }
+}
+
 /// The timeline's size and how much of it is filled, as `status()` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct TimelineInfo {

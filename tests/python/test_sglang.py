@@ -436,14 +436,44 @@ def test_under_profile_v2_windows_follow_its_stage_trigger_and_what_it_asserts_i
     assert not s.stop().success  # nothing runs, nothing pending
 
 
-def test_server_info_carries_each_schedulers_status_and_ctl_status_reads_it(tmp_path):
-    """The hook on SGLang's internal-state controller adds the scheduler's stepscope status to
-    its GetInternalStateReqOutput; `stepscope ctl status --engine sglang` reads /server_info
-    (here served by a plain HTTP server with that output, SGLang's HTTP layer's place)."""
+def ctl_against_server_info(internal_state: dict, *args: str):
+    """Runs ``stepscope ctl ARGS --worker URL`` where URL serves ``/server_info`` with this
+    scheduler's internal state (a plain HTTP server: SGLang's HTTP layer's place); skipped when
+    the command is not built."""
     import http.server
     import subprocess
     import threading
 
+    info = json.dumps({"version": "0.5.23", "internal_states": [internal_state]}).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200 if self.path == "/server_info" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(info)
+
+        def log_message(self, *args):
+            pass
+
+    cli = os.environ.get(plugin.CLI_ENV) or str(REPO / "target" / "debug" / "stepscope")
+    if not Path(cli).is_file():
+        pytest.skip("the stepscope command is not built (make test builds it)")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        return subprocess.run(
+            [cli, "ctl", *args, "--worker", f"http://127.0.0.1:{server.server_port}"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+
+
+def test_server_info_carries_each_schedulers_status_and_ctl_status_reads_it(tmp_path):
+    """The hook on SGLang's internal-state controller adds the scheduler's stepscope status to
+    its GetInternalStateReqOutput; `stepscope ctl status --engine sglang` reads /server_info
+    (here served by a plain HTTP server with that output, SGLang's HTTP layer's place)."""
     from sglang.srt.managers.io_struct import GetInternalStateReq, GetInternalStateReqOutput
 
     ism = importlib.import_module(plugin.STATE_MODULE)
@@ -460,31 +490,9 @@ def test_server_info_carries_each_schedulers_status_and_ctl_status_reads_it(tmp_
     )
     mine = out.internal_state["stepscope"]
     assert mine["plugin"] == "sglang" and mine["workers"][0]["phase"] == "running"
-    info = json.dumps({"version": "0.5.23", "internal_states": [out.internal_state]}).encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            self.send_response(200 if self.path == "/server_info" else 404)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(info)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        cli = os.environ.get(plugin.CLI_ENV) or str(REPO / "target" / "debug" / "stepscope")
-        if not Path(cli).is_file():
-            pytest.skip("the stepscope command is not built (make test builds it)")
-        run = subprocess.run(
-            [cli, "ctl", "status", "--engine", "sglang", "--json",
-             "--worker", f"http://127.0.0.1:{server.server_port}"],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+        run = ctl_against_server_info(out.internal_state, "status", "--engine", "sglang", "--json")
     finally:
-        server.shutdown()
         s.stop()
     assert run.returncode == 0, run.stderr
     (outcome,) = json.loads(run.stdout)["workers"]
@@ -496,10 +504,6 @@ def test_the_step_timeline_times_every_forward_batch_and_ctl_top_reads_it(monkey
     timeline from the first (no /start_profile needed), carried by /server_info with the
     batch's counts as the plugin names them for a trace; `stepscope ctl top --engine sglang`
     reads it (here from a plain HTTP server with that output, SGLang's HTTP layer's place)."""
-    import http.server
-    import subprocess
-    import threading
-
     from sglang.srt.managers.io_struct import GetInternalStateReq, GetInternalStateReqOutput
 
     monkeypatch.setattr(plugin, "_timeline_setting", [{"steps": 64}])
@@ -523,31 +527,9 @@ def test_the_step_timeline_times_every_forward_batch_and_ctl_top_reads_it(monkey
         assert counts == (prefill(t["step"], reqs) if mode == P else decode(reqs)), t
     assert timeline["phase"] == "idle" and timeline["timeline"]["capacity"] == 64
 
-    info = json.dumps({"internal_states": [out.internal_state]}).encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            self.send_response(200 if self.path == "/server_info" else 404)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(info)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        cli = os.environ.get(plugin.CLI_ENV) or str(REPO / "target" / "debug" / "stepscope")
-        if not Path(cli).is_file():
-            pytest.skip("the stepscope command is not built (make test builds it)")
-        run = subprocess.run(
-            [cli, "ctl", "top", "--engine", "sglang", "--once", "--json", "--since-step", "0",
-             "--worker", f"http://127.0.0.1:{server.server_port}"],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-    finally:
-        server.shutdown()
+    run = ctl_against_server_info(
+        out.internal_state, "top", "--engine", "sglang", "--once", "--json", "--since-step", "0"
+    )
     assert run.returncode == 0, run.stderr
     (row,) = json.loads(run.stdout)["workers"]
     assert row["steps"] == len(batches)

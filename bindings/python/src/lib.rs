@@ -19,12 +19,10 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
+use stepscope::timeline::StepTuple;
 use stepscope::{
     Error, IterationDetail, IterationInfo, PhaseSums, ProfilerConfig, StartOptions, WorkerProfiler,
 };
-
-/// One timeline step as Python gets it (`TIMELINE_FIELDS`).
-type TimelineTuple = (u64, u64, u64, u32, u32, u32, u32, &'static str);
 
 pyo3::create_exception!(
     stepscope,
@@ -481,25 +479,10 @@ impl PyWorkerProfiler {
     /// as tuples in `TIMELINE_FIELDS` order; `None` when the timeline is off. Never blocks
     /// the engine thread.
     #[pyo3(signature = (since = 0))]
-    fn timeline(&self, py: Python<'_>, since: u64) -> Option<Vec<TimelineTuple>> {
+    fn timeline(&self, py: Python<'_>, since: u64) -> Option<Vec<StepTuple>> {
         let p = &self.inner;
-        py.detach(|| p.timeline(since)).map(|steps| {
-            steps
-                .into_iter()
-                .map(|s| {
-                    (
-                        s.step,
-                        s.start_unix_ns,
-                        s.duration_ns,
-                        s.num_ctx_reqs,
-                        s.num_ctx_tokens,
-                        s.num_gen_reqs,
-                        s.num_gen_tokens,
-                        s.phase,
-                    )
-                })
-                .collect()
-        })
+        py.detach(|| p.timeline(since))
+            .map(|steps| steps.iter().map(|s| s.as_tuple()).collect())
     }
 
     /// Stopped sessions whose traces are still being written in the background.
