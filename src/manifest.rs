@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::files::write_atomic;
 use crate::schedule::CutShort;
-use crate::trace::{StepRequests, Summary, Trigger};
+use crate::trace::{Captured, StepRequests, Summary, Trigger};
 
 /// The version this stepscope writes (`manifest_version`). Manifests written before the field
 /// existed read as 0; their keys are a subset of version 1's.
@@ -129,21 +129,10 @@ pub struct Manifest {
     /// The writing process.
     #[serde(default)]
     pub pid: u32,
-    /// The worker's name.
-    #[serde(default)]
-    pub worker_name: String,
-    /// The worker's local rank.
-    #[serde(default)]
-    pub local_rank: u32,
-    /// The first captured step.
-    #[serde(default)]
-    pub first_step: Option<u64>,
-    /// The last captured step.
-    #[serde(default)]
-    pub last_step: Option<u64>,
-    /// Iterations captured.
-    #[serde(default)]
-    pub iterations: u64,
+    /// The worker and the steps captured (`worker_name`, `local_rank`, `first_step`,
+    /// `last_step`, `iterations`), as in the trace header.
+    #[serde(flatten)]
+    pub captured: Captured,
     /// The session's start, ns since the Unix epoch.
     #[serde(default)]
     pub start_time_unix_ns: u128,
@@ -251,9 +240,10 @@ mod tests {
         assert_eq!(m.manifest_version, 0);
         assert_eq!(m.status, Status::Complete);
         assert_eq!(m.backend, "torch");
-        assert_eq!(m.worker_name, "rank0");
+        assert_eq!(m.captured.worker_name, "rank0");
+        let c = &m.captured;
         assert_eq!(
-            (m.first_step, m.last_step, m.iterations),
+            (c.first_step, c.last_step, c.iterations),
             (Some(1), Some(2), 2)
         );
         assert!(m.trace_file.ends_with(".pt.trace.json.gz"));

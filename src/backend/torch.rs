@@ -35,7 +35,7 @@ use crate::flush::{self, HowToWrite, Job, PendingWrites, Writer};
 use crate::iteration::{IterationInfo, RequestIds};
 use crate::manifest::Manifest;
 use crate::schedule::{CutShort, SlowStepSeen};
-use crate::trace::{StepRequests, TraceHeader, Trigger};
+use crate::trace::{Captured, StepRequests, TraceHeader, Trigger};
 
 use flushed::KinetoCapture;
 use kineto::{Kineto, Options, Range};
@@ -92,12 +92,10 @@ enum KinetoState {
 
 /// The capture in progress: what goes into the trace's metadata and the manifest.
 struct Session {
-    worker_name: String,
+    /// The worker and the steps captured so far.
+    captured: Captured,
     trace_name: Option<String>,
     start_unix_ns: u128,
-    first_step: Option<u64>,
-    last_step: Option<u64>,
-    iterations: u64,
     /// The slow step this capture follows.
     trigger: Option<SlowStepSeen>,
     /// The requests of each captured iteration (`stepscope.request_ids`), in step order.
@@ -327,17 +325,16 @@ impl TorchBackend {
             .map(|s| std::mem::take(&mut s.steps))
             .unwrap_or_default();
         let session = self.session.as_ref();
-        let worker_name = session.map_or("", |s| s.worker_name.as_str()).to_string();
-        let (first_step, last_step, iterations) = session.map_or((None, None, 0), |s| {
-            (s.first_step, s.last_step, s.iterations)
-        });
+        let captured = session.map_or_else(
+            || Captured {
+                local_rank: self.local_rank,
+                ..Captured::default()
+            },
+            |s| s.captured.clone(),
+        );
         let mut header = TraceHeader {
             version: crate::VERSION.into(),
-            worker_name: worker_name.clone(),
-            local_rank: self.local_rank,
-            first_step,
-            last_step,
-            iterations,
+            captured: captured.clone(),
             trigger: session
                 .and_then(|s| s.trigger)
                 .map(|slow_step| Trigger { slow_step }),
@@ -370,11 +367,7 @@ impl TorchBackend {
         // Only the cheap half of disableProfiler here; the writer finalizes the session.
         let detached = glue.detach(self.enabled_id)?;
         let manifest = Manifest {
-            worker_name,
-            local_rank: self.local_rank,
-            first_step,
-            last_step,
-            iterations,
+            captured,
             start_time_unix_ns: session.map_or(0, |s| s.start_unix_ns),
             stop_time_unix_ns: stop_unix_ns,
             config: Arc::clone(&self.recording.config),
@@ -491,12 +484,13 @@ impl Backend for TorchBackend {
         let glue = self.glue()?;
         self.recording.resolve(glue.cuda_available());
         self.session = Some(Session {
-            worker_name: capture.worker_name.to_string(),
+            captured: Captured {
+                worker_name: capture.worker_name.to_string(),
+                local_rank: self.local_rank,
+                ..Captured::default()
+            },
             trace_name: capture.trace_name.map(str::to_string),
             start_unix_ns: unix_ns(),
-            first_step: None,
-            last_step: None,
-            iterations: 0,
             trigger: capture.trigger,
             steps: Vec::new(),
             cut_short: None,
@@ -542,9 +536,7 @@ impl Backend for TorchBackend {
             return;
         }
         if let Some(s) = self.session.as_mut() {
-            s.first_step.get_or_insert(step);
-            s.last_step = Some(step);
-            s.iterations += 1;
+            s.captured.add(step);
         }
         if !self.annotate {
             return;

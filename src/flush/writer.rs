@@ -208,7 +208,7 @@ impl Writer {
     pub fn submit(&mut self, mut job: Job) -> Result<()> {
         let s = &self.settings;
         let (stem, trace_file) = trace_names(
-            &job.manifest.worker_name,
+            &job.manifest.captured.worker_name,
             job.time_ns,
             job.how.trace_name.as_deref(),
             s.gzip,
@@ -557,7 +557,10 @@ fn write_job(
         SummaryFrom::Streamed(summary) => summary.map(|s| *s),
         SummaryFrom::File(json) => summarize_file(json),
     };
-    let stem = how.trace_name.as_deref().unwrap_or(&manifest.worker_name);
+    let stem = how
+        .trace_name
+        .as_deref()
+        .unwrap_or(&manifest.captured.worker_name);
     let op_table_file = trace.write_extras(dir, stem)?;
     Ok(Written {
         trace_bytes,

@@ -6,13 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::schedule::{CutShort, SlowStepSeen};
 
-/// The trace header's `"stepscope"` value. Every field may be absent when reading (a trace
-/// of an older stepscope, or one another tool wrote).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct TraceHeader {
-    /// The stepscope that wrote the trace.
-    #[serde(default)]
-    pub version: String,
+/// What a capture covered: whose steps, and which. The trace header and the manifest both
+/// carry it, as keys of their own objects (`#[serde(flatten)]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Captured {
     /// The worker's name.
     #[serde(default)]
     pub worker_name: String,
@@ -28,6 +25,27 @@ pub struct TraceHeader {
     /// Iterations captured.
     #[serde(default)]
     pub iterations: u64,
+}
+
+impl Captured {
+    /// Counts `step` as captured.
+    pub fn add(&mut self, step: u64) {
+        self.first_step.get_or_insert(step);
+        self.last_step = Some(step);
+        self.iterations += 1;
+    }
+}
+
+/// The trace header's `"stepscope"` value. Every field may be absent when reading (a trace
+/// of an older stepscope, or one another tool wrote).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TraceHeader {
+    /// The stepscope that wrote the trace.
+    #[serde(default)]
+    pub version: String,
+    /// The worker and the steps captured.
+    #[serde(flatten)]
+    pub captured: Captured,
     /// What started the capture, when a trigger did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<Trigger>,
@@ -65,10 +83,13 @@ mod tests {
     fn a_header_reads_back_as_written_and_from_a_partial_one() {
         let header = TraceHeader {
             version: "0.1.0".into(),
-            worker_name: "w".into(),
-            first_step: Some(3),
-            last_step: Some(4),
-            iterations: 2,
+            captured: Captured {
+                worker_name: "w".into(),
+                first_step: Some(3),
+                last_step: Some(4),
+                iterations: 2,
+                ..Captured::default()
+            },
             trigger: Some(Trigger {
                 slow_step: SlowStepSeen {
                     step: 2,

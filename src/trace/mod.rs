@@ -34,6 +34,6 @@ mod stream;
 mod summary;
 
 pub use event::{Args, DeviceProperties, Event, Id, Meta};
-pub use header::{StepRequests, TraceHeader, Trigger};
+pub use header::{Captured, StepRequests, TraceHeader, Trigger};
 pub use stream::{EventSink, EventStream, ReadError, StreamError, StreamErrorKind};
 pub use summary::{Gap, KernelKind, KernelStat, Kernels, OpStat, Split, Step, Summarizer, Summary};
