@@ -230,9 +230,10 @@ def test_ctl_top_and_the_timeline_page_match_a_trace_of_the_same_steps(server, t
     done = len(manifests(server.traces, "rank0"))
     status, _, _ = server.post("/start_profile", {"max_iterations": 0})
     assert status == 200, server.log_tail()
-    # Two bounded batches of different sizes: 3 requests, then 2.
-    server.complete(n=3, max_tokens=12)
-    server.complete(n=2, max_tokens=6, prompt_len=20)
+    # Two bounded batches of different sizes, each one request of several prompts (vLLM admits
+    # them together, whatever this machine's speed): 3 prompts, then 2.
+    server.completion_of([[3 + i + k for k in range(8)] for i in range(3)], 12)
+    server.completion_of([[5 + i + k for k in range(20)] for i in range(2)], 6)
     assert server.post("/stop_profile")[0] == 200
     (m,) = wait_complete(server.traces, "rank0", done + 1)[done:]
     assert m["status"] == "complete", m
@@ -259,7 +260,7 @@ def test_ctl_top_and_the_timeline_page_match_a_trace_of_the_same_steps(server, t
         # profiler's own work in the step (the NVTX tool's, Kineto's range): never shorter,
         # within the two clocks' resolution (Kineto's is 1 us).
         assert s["duration_ns"] / 1e3 >= e["dur"] - 50, (s, e)
-    assert {s["num_gen_reqs"] + s["num_ctx_reqs"] for s in steps} >= {2, 3}
+    assert max(s["num_gen_reqs"] + s["num_ctx_reqs"] for s in steps) == 3
 
     # ctl top over the same steps: the trace's statistics.
     out = subprocess.run(
