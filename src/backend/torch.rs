@@ -478,8 +478,9 @@ impl Backend for TorchBackend {
         let _ = std::thread::Builder::new()
             .name("stepscope-clean".into())
             .spawn(move || flush::clean_stale(&dir));
-        // Kineto runs one session at a time: a start right after a stop waits for the
-        // previous session to be finalized (normally well under a second).
+        // Kineto runs one session at a time in a process: a start right after a stop (this
+        // profiler's or another's) waits for that session to be finalized (normally well
+        // under a second).
         self.writer.wait_finalized()?;
         let glue = self.glue()?;
         self.recording.resolve(glue.cuda_available());

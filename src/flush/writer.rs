@@ -19,7 +19,7 @@ use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -107,6 +107,17 @@ type InFlight = Arc<Mutex<Vec<(PathBuf, Manifest)>>>;
 /// What the jobs not yet written hold in memory, bytes (the sum of their `held_bytes`).
 type Held = Arc<AtomicU64>;
 
+/// The sessions stopped and not yet finalized in this process, by any writer. Kineto is one
+/// profiler per process: a session begun while another profiler's stopped session is being
+/// finalized takes that session's buffers (Kineto's state is global), and saving the other
+/// trace then dereferences null inside Kineto (a crash of the host process, seen with two
+/// SGLang scheduler profilers one after the other). A start waits on this count, not on its
+/// own writer's.
+fn sessions_finalizing() -> &'static PendingWrites {
+    static FINALIZING: OnceLock<PendingWrites> = OnceLock::new();
+    FINALIZING.get_or_init(PendingWrites::default)
+}
+
 /// Two threads: the finalizer runs the expensive half of `disableProfiler` (Kineto must finish
 /// one session before the next can start, so it never waits behind a save), the saver writes
 /// files.
@@ -116,7 +127,7 @@ pub(crate) struct Writer {
     threads: Vec<JoinHandle<()>>,
     /// Jobs not yet written (finalizing, queued or saving).
     pending: PendingWrites,
-    /// Jobs not yet finalized.
+    /// Sessions not yet finalized, of every writer in the process ([`sessions_finalizing`]).
     finalizing: PendingWrites,
     in_flight: InFlight,
     held: Held,
@@ -129,7 +140,7 @@ impl Writer {
             tx: None,
             threads: Vec::new(),
             pending: PendingWrites::default(),
-            finalizing: PendingWrites::default(),
+            finalizing: sessions_finalizing().clone(),
             in_flight: InFlight::default(),
             held: Held::default(),
         }
@@ -150,7 +161,8 @@ impl Writer {
         self.pending.clone()
     }
 
-    /// Waits (up to the flush timeout) until no session is being finalized.
+    /// Waits (up to the flush timeout) until no session of this process is being finalized,
+    /// whichever profiler stopped it.
     pub fn wait_finalized(&self) -> Result<()> {
         if self.finalizing.count() == 0 {
             return Ok(());

@@ -241,6 +241,63 @@ def test_a_profiler_dropped_right_after_stop_waits_for_its_trace_without_the_gil
     assert not [r.getMessage() for r in caplog.records if "unfinished" in r.getMessage()]
 
 
+TWO_PROFILERS = """
+import json, sys
+from pathlib import Path
+import torch, stepscope
+out = Path(sys.argv[1])
+profilers = [
+    stepscope.WorkerProfiler({"profiler": "torch", "torch_profiler_dir": str(out / n)}, n)
+    for n in ("a", "b")
+]
+interval = sys.getswitchinterval()
+for _ in range(3):
+    for p in profilers:
+        # This thread keeps the GIL until start() gives it up: the other profiler's session,
+        # stopped just before, cannot have been finalized (its Python tracer needs the GIL).
+        sys.setswitchinterval(1000.0)
+        try:
+            p.start()
+            for i in range(1, 3):
+                p.step(stepscope.Iteration(i, i, 0, 0))
+                torch.mm(torch.ones(16, 16), torch.ones(16, 16))
+                p.step_end()
+            p.stop()
+        finally:
+            sys.setswitchinterval(interval)
+print("FLUSHED", all(p.flush(120) for p in profilers))
+"""
+
+
+def test_a_profiler_starting_while_anothers_session_finalizes_waits_for_it(tmp_path):
+    """Kineto is one profiler per process: a session begun while another profiler's stopped
+    session is being finalized took that session's buffers, and saving it then crashed the
+    process (two SGLang schedulers' profilers one after the other did). A start waits for
+    every session of the process to be finalized; both profilers' traces are whole. In a
+    child process, so that a crash fails this test, not the test run."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-c", TWO_PROFILERS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    assert "FLUSHED True" in proc.stdout
+    for name in ("a", "b"):
+        manifests = sorted((tmp_path / name).glob(f"{name}.*.stepscope.json"))
+        assert len(manifests) == 3, name
+        for m in manifests:
+            manifest = json.loads(m.read_text())
+            assert manifest["status"] == "complete", manifest.get("error")
+            events = read_trace(tmp_path / name / manifest["trace_file"])
+            assert sorted(a["name"] for a in spans(events, "user_annotation")) == [
+                name_of(1),
+                name_of(2),
+            ]
+
+
 NO_GLUE = """
 import json, logging, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="LOG %(message)s")
