@@ -13,6 +13,7 @@ Runs in the ``.venv-sglang`` environment (``make test``); skipped where SGLang i
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib
 import json
@@ -243,23 +244,68 @@ def test_requests_stepscope_refuses_name_the_field(tmp_path):
     assert s.stop().success
 
 
+def wait_written(timeout: float = 120.0) -> None:
+    """Until no trace of this process is in flight."""
+    deadline = time.monotonic() + timeout
+    while stepscope.traces_in_flight():
+        assert time.monotonic() < deadline, "stepscope's traces were never written"
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def manifest_write_held(directory: Path, stem: str):
+    """The writer's first write of ``{stem}.stepscope.json`` (its ``"writing"`` manifest) hangs
+    until the block ends, as on a disk that stopped answering: a FIFO at the temporary name it
+    writes through (``.{name}.{pid}.partial``) blocks its open until a reader comes. The
+    reader takes what it writes; that write fails then (a FIFO cannot be fsynced), the FIFO
+    is removed with the temporary, and the job goes on. Yields a list that receives the
+    held manifest."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fifo = directory / f".{stem}.stepscope.json.{os.getpid()}.partial"
+    os.mkfifo(fifo)
+    held: list[dict] = []
+    try:
+        yield held
+    finally:
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            got, deadline = b"", time.monotonic() + 120
+            while True:
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:  # the writer is there, its bytes are not yet
+                    chunk = None
+                if chunk:
+                    got += chunk
+                elif chunk == b"" and got:  # written and closed
+                    break
+                assert time.monotonic() < deadline, "the writer never wrote the manifest"
+                time.sleep(0.01)
+        finally:
+            os.close(fd)
+        held.append(json.loads(got))
+
+
 def test_what_stepscope_cannot_record_goes_to_sglangs_own_profiler(tmp_path, caplog):
     s = Scheduler()
     caplog.set_level(logging.INFO, logger="stepscope.sglang")
-    # A stepscope capture just ended: its trace is still being written (the writer finalizes
-    # Kineto's session, then writes the manifest with an fsync, before the trace), and Kineto
-    # is one profiler per process. A request only SGLang's own profiler can serve is refused
-    # until the trace is written, not started into a crash.
-    assert s.profile(**profile_req(tmp_path / "ours", "ours", num_steps=1)).success
-    s.run(P, reqs=500)
-    s.run(P)
-    refused = s.profile(**profile_req(tmp_path, "own", activities=["CPU", "FOO"]))
+    # A stepscope capture just ended: its trace is still being written (here held at its
+    # first manifest write, before Kineto's session is finalized), and Kineto is one profiler
+    # per process. A request only SGLang's own profiler can serve is refused until the trace
+    # is written, not started into a crash.
+    wait_written()  # earlier tests' traces: the count below is this test's
+    with manifest_write_held(tmp_path / "ours", "ours-TP-0") as held:
+        assert s.profile(**profile_req(tmp_path / "ours", "ours", num_steps=1)).success
+        s.run(P, reqs=500)
+        s.run(P)
+        refused = s.profile(**profile_req(tmp_path, "own", activities=["CPU", "FOO"]))
+        assert stepscope.traces_in_flight() == 1
     assert not refused.success, "SGLang's own profiler started while stepscope was writing"
-    assert "cannot start while stepscope still writes" in refused.message, refused.message
-    deadline = time.monotonic() + 120
-    while stepscope.traces_in_flight():
-        assert time.monotonic() < deadline, "stepscope's trace was never written"
-        time.sleep(0.05)
+    assert "cannot start while stepscope still writes 1 trace(s)" in refused.message, (
+        refused.message
+    )
+    assert held[0]["status"] == "writing"
+    wait_written()
     wait_complete(tmp_path / "ours" / "ours-TP-0.stepscope.json")
     reply = s.profile(**profile_req(tmp_path, "own", activities=["CPU", "FOO"]))
     assert reply.success, reply.message
@@ -268,6 +314,7 @@ def test_what_stepscope_cannot_record_goes_to_sglangs_own_profiler(tmp_path, cap
     s.run(P)
     assert s.stop().success
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ours", "own-TP-0.trace.json.gz"]
+    assert not list((tmp_path / "ours").glob(".*")), "a temporary left behind"
 
 
 def test_merge_profiles_runs_stepscope_merge_after_the_traces_are_written(tmp_path, monkeypatch):
