@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,13 @@ class VllmServer:
         )
         self.ipc_dir = tempfile.mkdtemp(prefix="stepscope-vllm-")
         env["VLLM_RPC_BASE_PATH"] = self.ipc_dir
+        # What else the server writes, left behind after every start (its torch.distributed
+        # init file in the temporary directory, its compiled model, ~4 MB, under
+        # ~/.cache/vllm; inductor's cache should it write one), goes here too. The cache made
+        # no later start faster (measured: each start's model path is new, so each compiles).
+        env["TMPDIR"] = self.ipc_dir
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(self.ipc_dir, "inductor")
+        env["VLLM_CACHE_ROOT"] = os.path.join(self.ipc_dir, "cache")
         env.update(self.env)
         vllm_cli = Path(sys.executable).parent / "vllm"
         cmd = [
@@ -238,7 +246,13 @@ class VllmServer:
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                pass
+                # Not a failure of the test that ran (vLLM's own shutdown may be what hangs),
+                # but never silent: the warning carries what the server said last.
+                warnings.warn(
+                    f"the vLLM server did not exit within {timeout:.0f} s of signal {sig}; "
+                    f"killed. Its log ends:\n{self.log_tail(40)}",
+                    stacklevel=2,
+                )
         # The engine and worker processes share its process group.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and _group_alive(proc.pid):
