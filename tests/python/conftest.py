@@ -65,6 +65,17 @@ class Run:
 
 
 @pytest.fixture(scope="session")
+def fresh_python():
+    """Fresh processes of this Python, forked from one that has imported torch and the
+    libraries vLLM imports (tests/python/forked.py), started at first use."""
+    from forked import Forker
+
+    forker = Forker()
+    yield forker
+    forker.close()
+
+
+@pytest.fixture(scope="session")
 def doubles() -> dict:
     """Paths of the stub libcuda.so and the NVTX recorder, built by cargo."""
     out = subprocess.run(

@@ -7,7 +7,6 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -363,18 +362,19 @@ print("PATCHED", hasattr(wrapper.create_worker_profiler, "__stepscope_original__
 """
 
 
-def child(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
-    child_env.update(env)
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc
+@pytest.fixture
+def child(fresh_python):
+    """`child(code, env)`: `python -c code` in a fresh process (torch imported, not vLLM: see
+    forked.py) with this environment less STEPSCOPE_* plus `env`; asserts it exits 0."""
+
+    def run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
+        child_env.update(env)
+        proc = fresh_python.run(code=textwrap.dedent(code), env=child_env)
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    return run
 
 
 @pytest.mark.parametrize(
@@ -384,13 +384,13 @@ def child(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
         ({"STEPSCOPE_CONFIG": "{not json"}, "invalid JSON"),
     ],
 )
-def test_switched_off_or_misconfigured_the_plugin_leaves_vllms_profiler(env, log):
+def test_switched_off_or_misconfigured_the_plugin_leaves_vllms_profiler(child, env, log):
     proc = child(CHILD.format(before="", after=""), env)
     assert "PATCHED False" in proc.stdout
     assert log in proc.stderr
 
 
-def test_a_bad_stepscope_key_does_not_drop_the_plugin():
+def test_a_bad_stepscope_key_does_not_drop_the_plugin(child):
     after = """
 p = wrapper.create_worker_profiler(ProfilerConfig(profiler="cuda"), worker_name="w", local_rank=0)
 print("TYPE", type(p).__module__)
@@ -402,7 +402,7 @@ print("TYPE", type(p).__module__)
     assert "stepscope.nvtx" in proc.stderr
 
 
-def test_a_worker_module_imported_before_the_plugin_is_patched_too():
+def test_a_worker_module_imported_before_the_plugin_is_patched_too(child):
     after = """
 import stepscope, stepscope.vllm as plugin
 from vllm.v1.worker import gpu_worker
@@ -511,7 +511,7 @@ def test_profiler_kwargs_apply_per_start_and_none_restores_the_config(vllm_loade
     assert shapes("plain") and not any(shapes("plain"))
 
 
-def test_a_factory_with_an_unknown_signature_is_left_to_vllm():
+def test_a_factory_with_an_unknown_signature_is_left_to_vllm(child):
     """A vLLM whose create_worker_profiler takes something this plugin does not know: one
     warning naming it, and vLLM's own profiler."""
     before = """
@@ -533,7 +533,7 @@ print("TYPE", type(p).__module__)
     assert proc.stderr.count("not a signature this stepscope knows") == 1
 
 
-def test_without_glue_for_this_torch_vllm_keeps_torch_and_stepscope_keeps_cuda(tmp_path):
+def test_without_glue_for_this_torch_vllm_keeps_torch_and_stepscope_keeps_cuda(child, tmp_path):
     """No Kineto glue for the torch in the process: "torch" is vLLM's own profiler (one
     warning naming the torch found), "cuda" is still stepscope's."""
     after = f"""
@@ -554,14 +554,10 @@ for kind in ("torch", "torch", "cuda"):
     assert version in proc.stderr
 
 
-def test_check_reports_the_versions_the_patches_and_the_backends(tmp_path):
+def test_check_reports_the_versions_the_patches_and_the_backends(fresh_python, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
-    run = lambda extra: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "stepscope.vllm", "--check"],
-        env={**env, **extra},
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run = lambda extra: fresh_python.run(  # noqa: E731
+        module="stepscope.vllm", args=["--check"], env={**env, **extra}
     )
     proc = run({})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -615,7 +611,9 @@ def test_captured_iterations_name_the_scheduler_outputs_requests(
     assert list(args).count("requests") == 1
 
 
-def test_the_api_servers_profile_left_running_is_written_at_exit_not_crashed(tmp_path):
+def test_the_api_servers_profile_left_running_is_written_at_exit_not_crashed(
+    fresh_python, tmp_path
+):
     """A /start_profile nobody stopped: the API server's process exits with its CPU profile on.
     torch's profiler state destroyed at exit with the session on segfaulted the process; the
     session is stopped and its trace written first."""
@@ -632,8 +630,7 @@ def test_the_api_servers_profile_left_running_is_written_at_exit_not_crashed(tmp
         """
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
-                       text=True, timeout=300, env=env, check=False)  # fmt: skip
+    r = fresh_python.run(code=code, args=[str(tmp_path)], env=env, timeout=300)
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     (manifest,) = tmp_path.glob("*.stepscope.json")
     assert json.loads(manifest.read_text())["status"] == "complete"
