@@ -124,8 +124,8 @@ sdist: setup
 # The same wheel file installed (--no-deps) into the three environments: the Python API on the
 # stub driver and real Kineto, the vLLM plugin on vLLM 0.32 (with the live `vllm serve` tests)
 # and on vLLM 0.33's modules, the SGLang plugin on SGLang 0.5.23's modules (the built `stepscope`
-# command merges for it); the three run at once (scripts/pytest_envs.sh). ruff first: undefined
-# names, unused imports, likely bugs.
+# command merges for it); six pytest processes at once, each live server's file in its own
+# (scripts/pytest_envs.sh). ruff first: undefined names, unused imports, likely bugs.
 PY_SOURCES := python tests/python examples scripts/*.py
 test-python: wheel
 	$(VENV)/bin/ruff check --quiet --select F,E9,B $(PY_SOURCES)

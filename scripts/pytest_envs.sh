@@ -1,35 +1,57 @@
 #!/usr/bin/env bash
-# The Python tests in the three environments at once, the live repeat test in a fourth process
-# (their work is mostly waiting on subprocesses and servers that start, so they overlap well on
-# two cores), each one's output
-# printed whole when it ends, in this order; fails if any failed.
+# The Python tests in the three environments, as six pytest processes at once: each live vLLM
+# server's test file in a process of its own (a server start is mostly three processes
+# importing vLLM, and the three starts overlap), the rest of vLLM 0.32's tests, vLLM 0.33's,
+# SGLang's. On two cores one process after another leaves a core idle while a server imports;
+# at once, the run is as long as its longest process. Each process's output is printed whole as
+# it ends (a line says which, its status and its time); fails if any failed.
 # Usage: scripts/pytest_envs.sh PYTHON PYTHON_VLLM033 PYTHON_SGLANG STEPSCOPE_CLI
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${1:?} py033=${2:?} pysgl=${3:?} cli=${4:?}
 logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT
-"$py033" -m pytest -q --durations=8 -p no:cacheprovider tests/python \
-  --ignore tests/python/test_vllm_live.py >"$logs/vllm033" 2>&1 &
-p033=$!
-STEPSCOPE_CLI=$cli "$pysgl" -m pytest -q --durations=4 -p no:cacheprovider tests/python/test_sglang.py \
-  tests/python/test_sglang_differential.py \
-  >"$logs/sglang" 2>&1 &
-psgl=$!
-# The live repeat test's server in a process of its own, beside the other live servers'.
-"$py" -m pytest -q --durations=4 -p no:cacheprovider tests/python/test_vllm_live_repeat.py \
-  >"$logs/repeat" 2>&1 &
-prep=$!
-echo "== pytest, vLLM 0.32 / torch 2.13 ($py)"
-"$py" -m pytest -q --durations=8 tests/python --ignore tests/python/test_vllm_live_repeat.py
-rc=$?
-wait "$prep"; rcrep=$?
-echo "== pytest, vLLM 0.32 / torch 2.13, the live repeat test ($py)"
-cat "$logs/repeat"
-wait "$p033"; rc033=$?
-echo "== pytest, vLLM 0.33 / torch 2.14 ($py033)"
-cat "$logs/vllm033"
-wait "$psgl"; rcsgl=$?
-echo "== pytest, SGLang 0.5.23 / torch 2.14.1 ($pysgl)"
-cat "$logs/sglang"
-[ "$rc" -eq 0 ] && [ "$rcrep" -eq 0 ] && [ "$rc033" -eq 0 ] && [ "$rcsgl" -eq 0 ]
+pids=()
+names=()
+trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$logs"' EXIT
+
+# run NAME PYTHON PYTEST-ARGS...: one pytest process in the background, its output in a log.
+run() {
+  local name=$1 python=$2
+  shift 2
+  "$python" -m pytest -q --durations=5 -p no:cacheprovider "$@" >"$logs/${#names[@]}" 2>&1 &
+  pids+=($!)
+  names+=("$name")
+}
+
+live=tests/python/test_vllm_live
+run "vLLM 0.32 / torch 2.13, live: windows, stops, the timeline ($py)" "$py" "$live.py"
+run "vLLM 0.32 / torch 2.13, live: the slow-step trigger ($py)" "$py" "${live}_trigger.py"
+run "vLLM 0.32 / torch 2.13, live: a repeat series ($py)" "$py" "${live}_repeat.py"
+run "vLLM 0.32 / torch 2.13 ($py)" "$py" tests/python \
+  --ignore "$live.py" --ignore "${live}_trigger.py" --ignore "${live}_repeat.py"
+run "vLLM 0.33 / torch 2.14 ($py033)" "$py033" tests/python --ignore "$live.py"
+STEPSCOPE_CLI=$cli run "SGLang 0.5.23 / torch 2.14.1 ($pysgl)" "$pysgl" \
+  tests/python/test_sglang.py tests/python/test_sglang_differential.py
+
+echo "== ${#pids[@]} pytest processes at once; each one's output follows as it ends"
+began=$SECONDS
+failed=0
+running=("${pids[@]}")
+while [ "${#running[@]}" -gt 0 ]; do
+  wait -n -p done_pid "${running[@]}"
+  rc=$?
+  still=()
+  for i in "${!pids[@]}"; do
+    if [ "${pids[$i]}" = "$done_pid" ]; then
+      status=passed
+      [ "$rc" -eq 0 ] || { status="FAILED (exit $rc)"; failed=1; }
+      echo "== pytest, ${names[$i]}: $status after $((SECONDS - began)) s"
+      cat "$logs/$i"
+    elif [[ " ${running[*]} " == *" ${pids[$i]} "* ]]; then
+      still+=("${pids[$i]}")
+    fi
+  done
+  running=("${still[@]}")
+done
+pids=()
+exit "$failed"
