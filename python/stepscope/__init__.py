@@ -342,10 +342,12 @@ def traces_in_flight() -> int:
 def flushing_marker(pid: int) -> str:
     """The file that says process ``pid`` has traces being finalized or written:
     ``$TMPDIR/stepscope-flushing-{pid}`` (``/tmp`` when TMPDIR is unset), holding the longest
-    flush timeout (``stepscope.flush_timeout_s``) of its writers in seconds. The library keeps
-    it while a trace is in flight. A process manager that would kill the process after a short
-    grace period can wait while the marker is there, up to that many seconds (the vLLM plugin
-    does). :func:`flushing_markers` lists those there are."""
+    flush timeout (``stepscope.flush_timeout_s``) of its writers in seconds, then when the
+    process started. The library keeps it while a trace is in flight. A process manager that
+    would kill the process after a short grace period can wait while the marker is there, up
+    to that many seconds (the vLLM plugin does). :func:`flushing_markers` lists those of
+    processes that still run: not the marker of a process killed with traces in flight, even
+    where a later process has its pid."""
     return _flushing_marker(pid)
 
 

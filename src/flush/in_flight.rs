@@ -8,10 +8,13 @@ use parking_lot::Mutex;
 
 /// This process's traces in flight, across every writer, and the flushing marker that shows
 /// them to a parent process: `$TMPDIR/stepscope-flushing-{pid}` (TMPDIR unset: `/tmp`),
-/// holding the longest flush timeout of the writers with work, in seconds. It exists while a
-/// trace is being finalized or written. A process manager that would kill this process after
-/// a short grace period (vLLM's, through the stepscope plugin) waits while it is there, up to
-/// that many seconds.
+/// holding the longest flush timeout of the writers with work, in seconds, then the process's
+/// start time (Linux's clock ticks since boot, `/proc/{pid}/stat`'s 22nd field). It exists
+/// while a trace is being finalized or written. A process manager that would kill this process
+/// after a short grace period (vLLM's, through the stepscope plugin) waits while it is there,
+/// up to that many seconds. The start time tells the marker of a process killed with traces
+/// in flight from one of a later process given the same pid (pids are reused, within minutes
+/// where `pid_max` is 32768): only the process that wrote a marker is waited for.
 static IN_FLIGHT: Mutex<InFlightCount> = Mutex::new(InFlightCount {
     count: 0,
     longest: 0.0,
@@ -39,9 +42,51 @@ fn flushing_marker() -> PathBuf {
     flushing_marker_of(std::process::id())
 }
 
-/// The flushing markers there are, of live processes and dead ones: each process's pid and the
-/// flush timeout its marker holds, seconds (0 when it cannot be read).
-pub fn flushing_markers() -> Vec<(u32, f64)> {
+/// What a flushing marker says: the flush timeout (seconds; 0 when unreadable) and the start
+/// time of the process that wrote it (absent in an earlier stepscope's markers, or where
+/// `/proc` cannot be read).
+struct Marker {
+    pid: u32,
+    timeout: f64,
+    started: Option<u64>,
+}
+
+impl Marker {
+    fn parse(pid: u32, text: &str) -> Marker {
+        let mut fields = text.split_whitespace();
+        let timeout = fields.next().and_then(|t| t.parse().ok()).unwrap_or(0.0);
+        let started = fields.next().and_then(|t| t.parse().ok());
+        Marker {
+            pid,
+            timeout,
+            started,
+        }
+    }
+
+    /// Whether the process that wrote the marker still runs: its pid is alive and, where the
+    /// marker says when it started, the process with that pid started then.
+    fn writer_alive(&self) -> bool {
+        if !crate::files::process_alive(self.pid) {
+            return false;
+        }
+        match (self.started, process_start(self.pid)) {
+            (Some(written), Some(now)) => written == now,
+            _ => true,
+        }
+    }
+}
+
+/// When process `pid` started, in clock ticks since boot (`/proc/{pid}/stat`, field 22); None
+/// where it cannot be read.
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid ...: comm may hold spaces and parentheses; field 3 follows ") ".
+    let after_comm = stat.get(stat.rfind(')')? + 2..)?;
+    after_comm.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// Every flushing marker in the directory, whoever wrote it.
+fn all_markers() -> Vec<Marker> {
     let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
         return Vec::new();
     };
@@ -50,22 +95,32 @@ pub fn flushing_markers() -> Vec<(u32, f64)> {
         .filter_map(|entry| {
             let name = entry.file_name();
             let pid = name.to_str()?.strip_prefix(MARKER_PREFIX)?.parse().ok()?;
-            let timeout = fs::read_to_string(entry.path())
-                .ok()
-                .and_then(|t| t.trim().parse().ok())
-                .unwrap_or(0.0);
-            Some((pid, timeout))
+            let text = fs::read_to_string(entry.path()).unwrap_or_default();
+            Some(Marker::parse(pid, &text))
         })
         .collect()
 }
 
-/// Removes the flushing markers of processes that died with traces in flight (killed): no
-/// parent waits on a dead process. Markers of live processes are left alone.
+/// The flushing markers of processes that still run: each one's pid and the flush timeout its
+/// marker holds, seconds (0 when it cannot be read). A marker left by a process that died with
+/// traces in flight is not listed, nor is it when a later process has taken its pid.
+pub fn flushing_markers() -> Vec<(u32, f64)> {
+    all_markers()
+        .into_iter()
+        .filter(Marker::writer_alive)
+        .map(|m| (m.pid, m.timeout))
+        .collect()
+}
+
+/// Removes the flushing markers of processes that died with traces in flight (killed), even
+/// where a later process has their pid: no parent waits on a dead process. Markers of
+/// processes that still run are left alone.
 pub(super) fn clean_stale_markers() {
-    for (pid, _) in flushing_markers() {
-        if crate::files::process_alive(pid) {
+    for marker in all_markers() {
+        if marker.writer_alive() {
             continue;
         }
+        let pid = marker.pid;
         let path = flushing_marker_of(pid);
         if fs::remove_file(&path).is_ok() {
             log::info!(
@@ -97,7 +152,8 @@ pub(super) fn publish_in_flight() {
         return;
     }
     let path = flushing_marker();
-    match fs::write(&path, format!("{}\n", g.longest)) {
+    let started = process_start(std::process::id()).map_or(String::new(), |t| format!(" {t}"));
+    match fs::write(&path, format!("{}{started}\n", g.longest)) {
         Ok(()) => g.written = Some(g.longest),
         Err(e) => log::debug!("stepscope: cannot write {}: {e}", path.display()),
     }
@@ -126,10 +182,45 @@ mod tests {
             "written by the writer threads, not in stop()"
         );
         publish_in_flight();
-        assert_eq!(fs::read_to_string(&marker).unwrap(), "30\n");
+        let started = process_start(std::process::id()).expect("Linux's /proc");
+        assert_eq!(
+            fs::read_to_string(&marker).unwrap(),
+            format!("30 {started}\n")
+        );
+        assert!(flushing_markers().contains(&(std::process::id(), 30.0)));
         in_flight_end(1);
         assert!(marker.exists(), "one trace is still in flight");
         in_flight_end(1);
         assert!(!marker.exists());
+    }
+
+    #[test]
+    fn a_marker_whose_pid_another_process_has_taken_is_stale() {
+        // A live process of our own stands for the later process that got the dead one's pid.
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep");
+        let pid = child.id();
+        let started = process_start(pid).expect("Linux's /proc");
+        let marker = flushing_marker_of(pid);
+        let listed = || flushing_markers().iter().any(|(p, _)| *p == pid);
+
+        fs::write(&marker, format!("600 {}\n", started + 1)).unwrap();
+        assert!(!listed(), "written by another process that had this pid");
+        clean_stale_markers();
+        assert!(!marker.exists(), "removed though the pid is alive");
+
+        fs::write(&marker, format!("600 {started}\n")).unwrap();
+        assert!(listed(), "written by this very process");
+        fs::write(&marker, "600\n").unwrap();
+        assert!(listed(), "an older stepscope's marker: the pid alone");
+        clean_stale_markers();
+        assert!(marker.exists(), "the writer still runs");
+
+        child.kill().unwrap();
+        child.wait().unwrap();
+        clean_stale_markers();
+        assert!(!marker.exists(), "the writer has died");
     }
 }

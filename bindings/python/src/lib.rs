@@ -584,8 +584,8 @@ fn flushing_marker(pid: u32) -> String {
         .to_string()
 }
 
-/// The flushing markers there are: `{pid: flush timeout in seconds}`, of live processes and
-/// dead ones.
+/// The flushing markers of processes that still run: `{pid: flush timeout in seconds}` (not a
+/// dead process's, nor one whose pid a later process has taken).
 #[pyfunction]
 fn flushing_markers() -> std::collections::HashMap<u32, f64> {
     stepscope::flush::flushing_markers().into_iter().collect()
