@@ -69,8 +69,8 @@ def free_port() -> int:
 
 
 class VllmServer:
-    """One `vllm serve` of the tiny model with `profiler_config`, logging to
-    `workdir/server.log`."""
+    """One `vllm serve` of the tiny model with `profiler_config` (and `args`, more of
+    `vllm serve`'s flags), logging to `workdir/server.log`."""
 
     def __init__(
         self,
@@ -79,6 +79,7 @@ class VllmServer:
         env: dict[str, str] | None = None,
         model_config: dict[str, Any] | None = None,
         max_model_len: int = 512,
+        args: list[str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.model = workdir / "model"
@@ -87,6 +88,7 @@ class VllmServer:
         self.env = env or {}
         self.model_config = {**MODEL_CONFIG, **(model_config or {})}
         self.max_model_len = max_model_len
+        self.args = args or []
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         # vLLM's ZMQ sockets (VLLM_RPC_BASE_PATH, else /tmp, where they outlive the server):
@@ -122,6 +124,7 @@ class VllmServer:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--max-model-len", str(self.max_model_len),
             "--profiler-config", json.dumps(self.profiler_config),
+            *self.args,
         ]  # fmt: skip
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child holds it
         self.proc = subprocess.Popen(

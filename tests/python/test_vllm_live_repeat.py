@@ -58,6 +58,9 @@ def server(tmp_path_factory):
         },
         model_config={"max_position_embeddings": MODEL_LEN},
         max_model_len=MODEL_LEN,
+        # A schedule, compiled or not: test_vllm_live.py's server runs vLLM's default
+        # (compiled) model. Eager saves ~38 s of a core (the compile).
+        args=["--enforce-eager"],
     )  # fmt: skip
     srv.traces = traces
     try:
