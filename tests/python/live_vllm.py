@@ -9,6 +9,7 @@ pid (`VllmServer.stop`).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -68,6 +69,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class OpenCompletion:
+    """A completion request left running on a thread of its own, as a client's that may go
+    away before it ends: `abandon()` closes its connection, and vLLM aborts the request (its
+    completion route cancels the handler at the client's disconnect)."""
+
+    def __init__(self, port: int, body: dict[str, Any]) -> None:
+        self.status: int | None = None
+        self.error: BaseException | None = None
+        self._abandoned = threading.Event()
+        # Connected here, so that abandon() always has a socket to close.
+        self._conn = http.client.HTTPConnection("127.0.0.1", port)
+        self._conn.connect()
+        self._thread = threading.Thread(target=self._run, args=(body,), daemon=True)
+        self._thread.start()
+
+    def _run(self, body: dict[str, Any]) -> None:
+        try:
+            self._conn.request(
+                "POST", "/v1/completions", json.dumps(body).encode(),
+                {"Content-Type": "application/json"},
+            )  # fmt: skip
+            response = self._conn.getresponse()
+            response.read()
+            self.status = response.status
+        except (OSError, http.client.HTTPException) as e:
+            if not self._abandoned.is_set():
+                self.error = e
+
+    def abandon(self) -> None:
+        self._abandoned.set()
+        if self._conn.sock is not None:
+            try:
+                self._conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by the server
+        self._thread.join()
+        self._conn.close()
+
+
 class VllmServer:
     """One `vllm serve` of the tiny model with `profiler_config` (and `args`, more of
     `vllm serve`'s flags), logging to `workdir/server.log`."""
@@ -94,6 +134,7 @@ class VllmServer:
         # vLLM's ZMQ sockets (VLLM_RPC_BASE_PATH, else /tmp, where they outlive the server):
         # a short directory of this server's, removed by stop().
         self.ipc_dir: str | None = None
+        self.open_requests: list[OpenCompletion] = []
 
     def start(self, timeout: float = 600) -> VllmServer:
         self.model.mkdir(parents=True, exist_ok=True)
@@ -189,17 +230,36 @@ class VllmServer:
         """One completion of `max_tokens` tokens (EOS ignored) of the token ids `prompt` (or of
         several prompts, which vLLM admits together, each cut to what the model length leaves
         it); returns its response id and latency in seconds."""
-        body = {
+        status, answer, seconds = self.post("/v1/completions", self._body(prompt, max_tokens))
+        if status != 200:
+            raise RuntimeError(f"completion failed: {status}: {answer}")
+        return answer["id"], seconds
+
+    def _body(self, prompt: list[int] | list[list[int]], max_tokens: int) -> dict[str, Any]:
+        return {
             "model": str(self.model),
             "prompt": prompt,
             "max_tokens": max_tokens,
             "ignore_eos": True,
             "temperature": 0,
         }
-        status, answer, seconds = self.post("/v1/completions", body)
-        if status != 200:
-            raise RuntimeError(f"completion failed: {status}: {answer}")
-        return answer["id"], seconds
+
+    def open_completion(self, prompt: list[list[int]], max_tokens: int) -> OpenCompletion:
+        """A completion like `completion_of`'s, not waited for: it runs until it ends or until
+        `stop()` abandons it (closes its connection, as a client that goes away)."""
+        request = OpenCompletion(self.port, self._body(prompt, max_tokens))
+        self.open_requests.append(request)
+        return request
+
+    def requests_running(self) -> int | None:
+        """vLLM's `vllm:num_requests_running` gauge (summed over engines), None if unread."""
+        status, text, _ = self.get("/metrics", timeout=30)
+        if status != 200 or not isinstance(text, str):
+            return None
+        return int(sum(
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("vllm:num_requests_running")
+        ))  # fmt: skip
 
     def complete(self, n: int, max_tokens: int, prompt_len: int = 8) -> list[float]:
         """`n` concurrent completions of `max_tokens` tokens each (EOS ignored); returns their
@@ -245,6 +305,7 @@ class VllmServer:
         if proc is None:
             return None
         if proc.poll() is None:
+            self._abandon_open_requests()
             proc.send_signal(sig)
             try:
                 proc.wait(timeout)
@@ -268,6 +329,26 @@ class VllmServer:
         if self.ipc_dir is not None:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
         return code
+
+    def _abandon_open_requests(self) -> None:
+        """Closes the connections of requests still running, and waits until vLLM has aborted
+        them. A request in flight at SIGTERM can hang vLLM 0.32's shutdown: seen once in CI and
+        once here, its API server waited for the connection to close ("Waiting for connections
+        to close") with the engine already killed, until this harness killed it 300 s later."""
+        running = [r for r in self.open_requests if r.status is None and r.error is None]
+        self.open_requests = []
+        if not running:
+            return
+        for r in running:
+            r.abandon()
+        deadline = time.monotonic() + 60  # bounds a broken server only
+        while time.monotonic() < deadline:
+            try:
+                if self.requests_running() in (0, None):
+                    return
+            except OSError:
+                return
+            time.sleep(0.1)
 
 
 def _group_alive(pgid: int) -> bool:

@@ -101,9 +101,12 @@ def test_every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size(s
         t.start()
         return t
 
-    # Three short prompts generating LONG tokens (not waited for: the server's stop ends them)
-    # and one prompt leaving room for SHORT tokens: decode batches of four, then of three.
-    complete([prompt(8, i) for i in range(3)] + [prompt(MODEL_LEN - SHORT, 99)], LONG)
+    # Three short prompts generating LONG tokens (not waited for: the server's stop abandons
+    # the request, as a client that goes away) and one prompt leaving room for SHORT tokens:
+    # decode batches of four, then of three.
+    long = server.open_completion(
+        [prompt(8, i) for i in range(3)] + [prompt(MODEL_LEN - SHORT, 99)], LONG
+    )
     first = server.wait_for_worker(lambda w: w["windows_done"] >= 1, "first window")
     due = first["next_window_at"]
     assert first["phase"] == "between" and due is not None, json.dumps(first)
@@ -116,6 +119,7 @@ def test_every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size(s
     assert done["phase"] == "idle", done
     more.join()
     assert not errors, errors
+    assert long.error is None, long.error
 
     deadline = time.monotonic() + 300  # bounds a broken run only
     while True:
