@@ -100,13 +100,17 @@ python: glue
 
 # The stepscope command for the wheel: built as maturin builds a binary's wheel (release, linked
 # by zig against glibc 2.28), then taken out of that wheel into the package
-# (python/stepscope/_bin/, git-ignored).
+# (python/stepscope/_bin/, git-ignored). In a target directory of its own: sharing the wheel's,
+# each of the two builds made the other rebuild the library and nvtx-sys (~16 s a `make test`):
+# the library is built with other features there, and zig names its headers to bindgen by a
+# path relative to where maturin runs.
 CLI_BIN := python/stepscope/_bin/stepscope
 # bindgen (nvtx-sys) parses C headers for the target zig names: the host's headers are named.
 CLANG_INCLUDE = $(lastword $(wildcard /usr/lib/llvm-*/lib/clang/*/include))
 ZIG_BINDGEN := BINDGEN_EXTRA_CLANG_ARGS="-isystem $(CLANG_INCLUDE) -isystem /usr/include/x86_64-linux-gnu -isystem /usr/include"
 cli-bin: setup
-	cd cli && $(ZIG_BINDGEN) $(VENV)/bin/maturin build --quiet --release --zig --out ../target/cli-wheel
+	cd cli && $(ZIG_BINDGEN) $(VENV)/bin/maturin build --quiet --release --zig \
+		--target-dir ../target/cli-build --out ../target/cli-wheel
 	$(PYTHON) scripts/take_cli.py target/cli-wheel $(CLI_BIN)
 
 # The release wheel under dist/: abi3, manylinux_2_28 (linked by zig against glibc 2.28, as
