@@ -538,28 +538,41 @@ mod tests {
     #[test]
     fn readers_on_other_threads_see_only_whole_steps() {
         // Every step's duration equals its index and its counts repeat it: a torn read
-        // would break one of them.
+        // would break one of them. How many whole steps a read finds while the writer laps
+        // the ring depends on the machine (a fast writer can leave none whole), so the
+        // reader reads for as long as the writer writes, then once more after it is done,
+        // when the last 16 steps must all be there.
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
         let t = manual(16, 0);
-        std::thread::scope(|s| {
+        let reading = AtomicBool::new(false);
+        let written = AtomicBool::new(false);
+        let check = |st: &TimelineStep| {
+            assert_eq!(st.duration_ns, st.step % 1000);
+            assert_eq!(st.num_ctx_reqs as u64, st.step);
+            assert_eq!(st.num_gen_tokens as u64, st.step);
+        };
+        let last = std::thread::scope(|s| {
             let reader = s.spawn(|| {
-                let mut seen = 0usize;
-                for _ in 0..2_000 {
-                    for st in t.steps(0) {
-                        assert_eq!(st.duration_ns, st.step % 1000);
-                        assert_eq!(st.num_ctx_reqs as u64, st.step);
-                        assert_eq!(st.num_gen_tokens as u64, st.step);
-                        seen += 1;
-                    }
+                reading.store(true, SeqCst);
+                while !written.load(SeqCst) {
+                    t.steps(0).iter().for_each(check);
                 }
-                seen
+                t.steps(0)
             });
+            while !reading.load(SeqCst) {
+                std::hint::spin_loop();
+            }
             for i in 1..=200_000u64 {
                 let c = i as u32;
                 t.begin_at(i * 1000, i, &IterationInfo::new(c, c, c, c), Phase::Idle);
                 t.end_at(i * 1000 + i % 1000);
             }
-            assert!(reader.join().unwrap() > 0);
+            written.store(true, SeqCst);
+            reader.join().unwrap()
         });
+        last.iter().for_each(check);
+        let idx: Vec<u64> = last.iter().map(|s| s.step).collect();
+        assert_eq!(idx, (199_985..=200_000).collect::<Vec<_>>());
     }
 
     #[test]
