@@ -97,6 +97,10 @@ class OpenCompletion:
             if not self._abandoned.is_set():
                 self.error = e
 
+    def wait(self) -> None:
+        """Waits for the response (or the connection's failure)."""
+        self._thread.join()
+
     def abandon(self) -> None:
         self._abandoned.set()
         if self._conn.sock is not None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import threading
 import time
 from pathlib import Path
 
@@ -88,19 +87,6 @@ def prompt(length: int, seed: int) -> list[int]:
 def test_every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size(server):
     status, _, _ = server.post("/start_profile")
     assert status == 200, server.log_tail()
-    errors: list[BaseException] = []
-
-    def complete(prompts: list[list[int]], max_tokens: int) -> threading.Thread:
-        def run() -> None:
-            try:
-                server.completion_of(prompts, max_tokens)
-            except BaseException as e:  # noqa: BLE001 - reported by the test
-                errors.append(e)
-
-        t = threading.Thread(target=run, daemon=True)
-        t.start()
-        return t
-
     # Three short prompts generating LONG tokens (not waited for: the server's stop abandons
     # the request, as a client that goes away) and one prompt leaving room for SHORT tokens:
     # decode batches of four, then of three.
@@ -114,11 +100,11 @@ def test_every_window_of_a_repeat_series_begins_at_a_batch_of_the_minimum_size(s
     passed = server.wait_for_worker(lambda w: w["step_index"] >= due + 2, "the due step passing")
     assert (passed["phase"], passed["windows_done"]) == ("between", 1), passed
     # Four more requests: batches of at least four again, and the second window.
-    more = complete([prompt(8, 10 + i) for i in range(4)], 200)
+    more = server.open_completion([prompt(8, 10 + i) for i in range(4)], 200)
     done = server.wait_for_worker(lambda w: w["windows_done"] >= 2, "second window")
     assert done["phase"] == "idle", done
-    more.join()
-    assert not errors, errors
+    more.wait()
+    assert more.error is None and more.status == 200, (more.status, more.error)
     assert long.error is None, long.error
 
     deadline = time.monotonic() + 300  # bounds a broken run only
