@@ -38,7 +38,9 @@ enum {
   STEPSCOPE_ERR_BACKEND = 3,          /* driver missing or a driver call failed */
   STEPSCOPE_ERR_IO = 4,               /* a file could not be read or written */
   STEPSCOPE_ERR_TIMEOUT = 5,          /* stepscope_flush ran out of time */
-  STEPSCOPE_ERR_INTERNAL = 6          /* a bug in stepscope, caught */
+  STEPSCOPE_ERR_INTERNAL = 6,         /* a bug in stepscope, caught */
+  STEPSCOPE_ERR_REFUSED = 7           /* a start refused by a capture limit (disk, captures still
+                                         being written; the message names the key): nothing armed */
 };
 
 /* Overrides (delay_iterations, max_iterations) follow one rule on every surface: an absent
@@ -56,7 +58,8 @@ void stepscope_profiler_free(stepscope_profiler *p);
 /* Starts a session; STEPSCOPE_KEEP: the config's value, another negative value:
  * STEPSCOPE_ERR_INVALID_ARGUMENT. Ignored (STEPSCOPE_OK) while a session is active.
  * STEPSCOPE_ERR_BACKEND: the backend failed to start; the session stays active, not running,
- * until stepscope_stop (vLLM's behaviour). */
+ * until stepscope_stop (vLLM's behaviour). STEPSCOPE_ERR_REFUSED: a capture limit refused the
+ * start (stepscope.min_free_disk_mb, stepscope.max_capture_mb); no session is active. */
 int  stepscope_start(stepscope_profiler *p, int64_t delay_iterations, int64_t max_iterations);
 /* Starts a session whose window begins in the step with index start_at_step (the worker's
  * stepscope_step count, from 1) instead of after a delay; the same step on every rank captures

@@ -70,6 +70,15 @@ pub enum Error {
         /// What failed, e.g. `cuProfilerStart failed: CUDA_ERROR_NOT_INITIALIZED (...)`.
         message: String,
     },
+    /// A start was refused before any capture began: the disk is short of
+    /// `stepscope.min_free_disk_mb`, or the captures still being written hold more than
+    /// `stepscope.max_capture_mb`. Nothing was armed; the engine goes on.
+    Refused {
+        /// The config key whose limit refused it, e.g. `stepscope.min_free_disk_mb`.
+        key: String,
+        /// Why, with the figures, and what to do.
+        message: String,
+    },
     /// Waiting for trace writing ran out of time; the writes go on in the background.
     Timeout {
         /// What was being waited for.
@@ -126,11 +135,22 @@ impl Error {
         }
     }
 
-    /// The config field this error is about, if it is a config error.
+    /// A start refused by the limit `key`.
+    #[cfg_attr(not(feature = "torch-dynamic"), allow(dead_code))]
+    pub(crate) fn refused(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Refused {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The config field this error is about: a config error's, a bad argument's, or the key
+    /// whose limit refused a start.
     pub fn field(&self) -> Option<&str> {
         match self {
             Error::Config { field, .. } => Some(field),
             Error::InvalidArgument { name, .. } => Some(name),
+            Error::Refused { key, .. } => Some(key),
             _ => None,
         }
     }
@@ -151,6 +171,7 @@ impl fmt::Display for Error {
             }
             Error::InvalidArgument { name, message } => write!(f, "`{name}` {message}"),
             Error::Backend { backend, message } => write!(f, "profiler '{backend}': {message}"),
+            Error::Refused { key, message } => write!(f, "start refused by `{key}`: {message}"),
             Error::Timeout { what } => write!(f, "timed out waiting for {what}"),
         }
     }

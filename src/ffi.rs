@@ -29,6 +29,8 @@ pub const STEPSCOPE_ERR_IO: c_int = 4;
 pub const STEPSCOPE_ERR_TIMEOUT: c_int = 5;
 /// A bug in stepscope (a caught panic).
 pub const STEPSCOPE_ERR_INTERNAL: c_int = 6;
+/// A start refused by a capture limit (disk, the captures still being written); nothing armed.
+pub const STEPSCOPE_ERR_REFUSED: c_int = 7;
 
 /// Counts of one engine iteration (C layout).
 #[repr(C)]
@@ -67,6 +69,7 @@ fn code_of(e: &Error) -> c_int {
         Error::Backend { .. } => STEPSCOPE_ERR_BACKEND,
         Error::Io { .. } | Error::Format { .. } | Error::Write { .. } => STEPSCOPE_ERR_IO,
         Error::Timeout { .. } => STEPSCOPE_ERR_TIMEOUT,
+        Error::Refused { .. } => STEPSCOPE_ERR_REFUSED,
     }
 }
 
@@ -819,6 +822,7 @@ mod tests {
             ("STEPSCOPE_ERR_IO", STEPSCOPE_ERR_IO),
             ("STEPSCOPE_ERR_TIMEOUT", STEPSCOPE_ERR_TIMEOUT),
             ("STEPSCOPE_ERR_INTERNAL", STEPSCOPE_ERR_INTERNAL),
+            ("STEPSCOPE_ERR_REFUSED", STEPSCOPE_ERR_REFUSED),
         ];
         for (name, value) in codes {
             assert!(

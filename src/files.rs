@@ -41,12 +41,28 @@ pub(crate) fn temp_path(dir: &Path, name: &str, suffix: &str) -> PathBuf {
     dir.join(format!(".{name}.{}.{PARTIAL}{suffix}", std::process::id()))
 }
 
-/// The pid in a temporary's name, `.{name}.{pid}.partial…`.
+/// The endings of the files stepscope writes through temporaries (traces, manifests, op
+/// tables): a temporary another tool renamed (no longer hidden) still ends so before its pid.
+const WRITTEN_ENDINGS: [&str; 4] = [
+    ".trace.json.gz",
+    ".trace.json",
+    ".stepscope.json",
+    ".profiler_out.txt",
+];
+
+/// The pid in a temporary's name, `.{name}.{pid}.partial…`; also in one that a tool moving a
+/// directory's files renamed with a prefix (`{prefix}.{name}.{pid}.partial…`, verl's
+/// relocation), when `{name}` is a file stepscope writes.
 pub(crate) fn temp_owner(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix('.')?;
-    let at = rest.rfind(&format!(".{PARTIAL}"))?;
-    let before = &rest[..at];
-    before[before.rfind('.')? + 1..].parse().ok()
+    let at = name.rfind(&format!(".{PARTIAL}"))?;
+    let before = &name[..at];
+    let dot = before.rfind('.')?;
+    let written = &before[..dot];
+    let ours = name.starts_with('.') || WRITTEN_ENDINGS.iter().any(|e| written.ends_with(e));
+    if !ours || written.is_empty() || written == "." {
+        return None;
+    }
+    before[dot + 1..].parse().ok()
 }
 
 /// Whether `path` is a regular file (not a FIFO, not a link).
@@ -109,6 +125,18 @@ mod tests {
         assert_eq!(temp_owner(name), Some(std::process::id()));
         assert_eq!(temp_owner("w.1.pt.trace.json.gz"), None);
         assert_eq!(temp_owner(".w.1.stepscope.json.x.partial"), None);
+        // Renamed by a tool that moved the directory's files with a prefix (verl).
+        assert_eq!(
+            temp_owner("rollout-replica0_.rank0.5.stepscope.json.77.partial"),
+            Some(77)
+        );
+        assert_eq!(
+            temp_owner("r_.rank0.5.pt.trace.json.gz.78.partial.json.tmp"),
+            Some(78)
+        );
+        // A user's file that merely looks alike is not ours.
+        assert_eq!(temp_owner("notes.12.partial"), None);
+        assert_eq!(temp_owner("data.csv.12.partial"), None);
     }
 
     #[test]

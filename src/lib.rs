@@ -49,8 +49,11 @@ pub mod trace;
 
 pub use config::ProfilerConfig;
 pub use error::{Error, IoSource, Result};
+pub use flush::TraceWrite;
 pub use iteration::{IterationDetail, IterationInfo, PhaseSums, RequestIds, Stage};
-pub use profiler::{IterationGuard, StartOutcome, Status, StepTime, StopOutcome, WorkerProfiler};
+pub use profiler::{
+    IterationGuard, StartOutcome, Status, StepTime, StopOutcome, WorkerProfiler, Writes,
+};
 pub use schedule::{SlowStepSeen, StartOptions};
 pub use timeline::{TimelineInfo, TimelineStep};
 

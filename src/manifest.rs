@@ -34,7 +34,7 @@
 //! A reader needs `status`; it takes any other absent key as absent (empty, zero) and ignores
 //! keys it does not know (a newer writer's): a manifest of any earlier version reads.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -184,7 +184,85 @@ pub struct Manifest {
     pub config: Arc<serde_json::Value>,
 }
 
+/// The name the trace `trace_file` has when its manifest is now named `{stem}.stepscope.json`:
+/// with a prefix added to both (`{prefix}{original stem}`, the prefix ending in a separator:
+/// the original stem is the longest end of `stem` that begins `trace_file`),
+/// `{prefix}{trace_file}`; else, for stepscope's own
+/// names, `{stem}` with the trace's ending. `None` when neither rule applies.
+fn renamed_trace(stem: &str, trace_file: &str) -> Option<String> {
+    let prefixed = stem
+        .char_indices()
+        .map(|(i, _)| i)
+        // A prefix ends at a separator (`rollout-replica0_`), not inside a word.
+        .find(|&i| {
+            i > 0
+                && !stem[..i].ends_with(|c: char| c.is_alphanumeric())
+                && trace_file.starts_with(&stem[i..])
+        })
+        .map(|i| format!("{}{trace_file}", &stem[..i]));
+    prefixed.or_else(|| {
+        TRACE_ENDINGS
+            .iter()
+            .find(|e| trace_file.ends_with(*e))
+            .map(|ending| format!("{stem}{ending}"))
+    })
+}
+
+/// The endings a trace's file name has after its stem ([`trace_names`]), longest first.
+const TRACE_ENDINGS: [&str; 4] = [
+    ".pt.trace.json.gz",
+    ".pt.trace.json",
+    ".trace.json.gz",
+    ".trace.json",
+];
+
 impl Manifest {
+    /// The trace this manifest (at `manifest_path`) describes, beside it: `trace_file` in the
+    /// manifest's directory when it is there; else the file named as the manifest is now, with
+    /// the trace's ending: a trace and manifest renamed together by another tool (verl's
+    /// relocation adds the same prefix to both) stay a pair. A manifest without a trace file,
+    /// or whose trace is in neither place, is an error naming the manifest and both names.
+    pub fn trace_path(&self, manifest_path: &Path) -> Result<PathBuf> {
+        let dir = manifest_path.parent().unwrap_or(Path::new(""));
+        let missing = |message: String| {
+            Error::io(
+                manifest_path,
+                message,
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            )
+        };
+        if self.trace_file.is_empty() {
+            return Err(missing(format!(
+                "the manifest names no trace (status {})",
+                self.status.as_str()
+            )));
+        }
+        let named = dir.join(&self.trace_file);
+        if named.is_file() {
+            return Ok(named);
+        }
+        let renamed = manifest_path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(MANIFEST_SUFFIX))
+            .and_then(|stem| renamed_trace(stem, &self.trace_file))
+            .map(|name| dir.join(name))
+            .filter(|p| *p != named);
+        match renamed {
+            Some(r) if r.is_file() => Ok(r),
+            Some(r) => Err(missing(format!(
+                "its trace is missing: neither {} (the name it was written under) nor {} (the \
+                 manifest's own name) is there",
+                named.display(),
+                r.display()
+            ))),
+            None => Err(missing(format!(
+                "its trace is missing: {} (the name it was written under) is not there",
+                named.display()
+            ))),
+        }
+    }
+
     /// Parses a manifest's text; `path` names it in the error.
     pub fn from_slice(bytes: &[u8], path: &Path) -> Result<Manifest> {
         serde_json::from_slice(bytes).map_err(|e| Error::Format {
@@ -294,6 +372,53 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("/d/x.stepscope.json"), "{e}");
         assert!(e.to_string().contains("not a stepscope manifest"), "{e}");
+    }
+
+    #[test]
+    fn a_trace_and_manifest_renamed_together_stay_a_pair() {
+        let dir = std::env::temp_dir().join(format!("stepscope-pair-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let m = Manifest {
+            status: Status::Complete,
+            trace_file: "rank0.17.pt.trace.json.gz".into(),
+            ..Manifest::default()
+        };
+        // In place.
+        let at = dir.join("rank0.17.stepscope.json");
+        std::fs::write(dir.join(&m.trace_file), b"x").unwrap();
+        assert_eq!(m.trace_path(&at).unwrap(), dir.join(&m.trace_file));
+        // Both renamed with a prefix, as verl's relocation does.
+        std::fs::rename(
+            dir.join(&m.trace_file),
+            dir.join("replica0_rank0.17.pt.trace.json.gz"),
+        )
+        .unwrap();
+        let moved = dir.join("replica0_rank0.17.stepscope.json");
+        assert_eq!(
+            m.trace_path(&moved).unwrap(),
+            dir.join("replica0_rank0.17.pt.trace.json.gz")
+        );
+        // The manifest alone: an error naming it and both names the trace could have.
+        assert_eq!(
+            renamed_trace("a_b_run.1", "run.1.json.gz").as_deref(),
+            Some("a_b_run.1.json.gz")
+        );
+        assert_eq!(
+            renamed_trace("new", "w.5.trace.json.gz").as_deref(),
+            Some("new.trace.json.gz")
+        );
+        assert_eq!(renamed_trace("new", "w.5.json.gz"), None);
+        let e = m
+            .trace_path(&dir.join("other_rank0.17.stepscope.json"))
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("other_rank0.17.stepscope.json")
+                && text.contains("rank0.17.pt.trace.json.gz")
+                && text.contains("other_rank0.17.pt.trace.json.gz"),
+            "{text}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -54,10 +54,20 @@ fn cross_thread_start_acts_on_the_engine_thread_at_its_next_step() {
     let q = Arc::clone(&p);
     let outcome = thread::spawn(move || q.stop().unwrap()).join().unwrap();
     assert_eq!(outcome, StopOutcome::Deferred);
-    assert!(!p.is_active() && !p.is_running());
+    // The session is over, but the backend records until the engine thread stops it: status
+    // says so (running, stopping), never "not running" while the profiler still records.
+    assert!(!p.is_active() && p.is_running());
+    let status = p.status();
+    assert!(status.running && status.stopping, "{status:?}");
+    assert!(
+        !p.writes_since(0).settled(),
+        "a stop still to be carried out"
+    );
     assert_eq!(rec.lifecycle().len(), 1, "stop waits for the engine thread");
     assert_eq!(steps(&p, 1), [false]);
     assert_eq!(rec.lifecycle(), [Call::Start { first_step: 2 }, Call::Stop]);
+    assert!(!p.is_running() && !p.status().stopping);
+    assert!(p.writes_since(0).settled());
     assert!(rec.threads_of(|_| true).iter().all(|t| *t == engine));
 }
 

@@ -271,13 +271,28 @@ fn stop_failure_is_reported_and_the_session_still_ends() {
 #[test]
 fn set_worker_name_is_ignored_while_a_session_is_active() {
     let (p, _rec) = profiler("{}");
-    assert!(p.set_worker_name("before"));
+    assert!(p.set_worker_name("before").unwrap());
     p.start().unwrap();
-    assert!(!p.set_worker_name("during"), "vLLM's set_output_name");
+    assert!(
+        !p.set_worker_name("during").unwrap(),
+        "vLLM's set_output_name"
+    );
     assert_eq!(p.worker_name(), "before");
     p.stop().unwrap();
-    assert!(p.set_worker_name("after"));
+    assert!(p.set_worker_name("after").unwrap());
     assert_eq!(p.worker_name(), "after");
+}
+
+/// A worker name becomes the start of trace files' names: one that `set_trace_name` would
+/// refuse is refused here too, naming `worker_name`, not taken and lost at write time.
+#[test]
+fn set_worker_name_refuses_what_is_no_file_name() {
+    let (p, _rec) = profiler("{}");
+    for bad in ["../x", "a/b", ".hidden", "", "tab\there"] {
+        let e = p.set_worker_name(bad).expect_err(bad);
+        assert_eq!(e.field(), Some("worker_name"), "{bad}: {e}");
+    }
+    assert_eq!(p.worker_name(), "test-worker");
 }
 
 #[test]

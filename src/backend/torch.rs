@@ -430,10 +430,10 @@ impl Backend for TorchBackend {
         if self.min_free_disk_mb > 0 {
             match crate::sys::free_disk(dir) {
                 Ok(free) if free >> 20 < self.min_free_disk_mb => {
-                    return Err(Error::backend(
-                        NAME,
+                    return Err(Error::refused(
+                        "stepscope.min_free_disk_mb",
                         format!(
-                            "stepscope.min_free_disk_mb: {} has {} MB free, under the {} MB a capture needs to begin: free \
+                            "{} has {} MB free, under the {} MB a capture needs to begin: free \
                              some space, point torch_profiler_dir elsewhere, or lower \
                              stepscope.min_free_disk_mb (0: no check)",
                             dir.display(),
@@ -448,10 +448,10 @@ impl Backend for TorchBackend {
         }
         let held = self.writer.held_bytes();
         if self.max_held_bytes > 0 && held > self.max_held_bytes {
-            return Err(Error::backend(
-                NAME,
+            return Err(Error::refused(
+                "stepscope.max_capture_mb",
                 format!(
-                    "stepscope.max_capture_mb: the captures still being written hold {} MB, \
+                    "the captures still being written hold {} MB, \
                      over the {} MB a window may hold: this window is not begun (the engine \
                      goes on); start again once they are on disk (status: pending_writes)",
                     held >> 20,

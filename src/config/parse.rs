@@ -205,6 +205,17 @@ impl StepscopeConfig {
             },
         )?;
         let flush_timeout = f.seconds("flush_timeout_s", d.flush_timeout, "")?;
+        let stop_returns = match f.take("stop_returns") {
+            None => d.stop_returns,
+            Some(Value::String(s)) if s == "written" => StopReturns::Written,
+            Some(Value::String(s)) if s == "at_once" => StopReturns::AtOnce,
+            Some(v) => {
+                return Err(Error::config(
+                    "stepscope.stop_returns",
+                    format!("must be \"written\" or \"at_once\", not {v}"),
+                ))
+            }
+        };
         let torch_with_modules = f.bool("torch_with_modules", d.torch_with_modules)?;
         let request_ids = f.bool("request_ids", d.request_ids)?;
         let timeline = timeline_steps(f.take("timeline"))?;
@@ -216,6 +227,7 @@ impl StepscopeConfig {
             nvtx,
             cuda_device,
             flush_timeout,
+            stop_returns,
             torch_with_modules,
             capture,
             request_ids,

@@ -71,6 +71,31 @@ pub enum NvtxMode {
     Off,
 }
 
+/// When a stop's caller gets the answer (`"stepscope": {"stop_returns": ...}`), in the engine
+/// plugins that wait for it (the library's own `stop()` always returns at once; a caller waits
+/// with `flush` or `writes_since`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReturns {
+    /// Once every trace the stop ended is on disk (`complete`) or has failed, bounded by
+    /// `flush_timeout_s`: the contract of vLLM's own profiler. The engine keeps serving while
+    /// the caller waits.
+    #[default]
+    Written,
+    /// At once; the traces follow (their manifests say `writing` until they are in place).
+    AtOnce,
+}
+
+impl StopReturns {
+    /// The config's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReturns::Written => "written",
+            StopReturns::AtOnce => "at_once",
+        }
+    }
+}
+
 /// stepscope's own settings: the `"stepscope": {...}` object of the config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -86,6 +111,8 @@ pub struct StepscopeConfig {
     /// (`flush_timeout_s`, default 600 s). Unfinished traces are marked in their manifests.
     #[serde(rename = "flush_timeout_s", serialize_with = "seconds")]
     pub flush_timeout: Duration,
+    /// When the engine plugins answer a stop (default: once its traces are written).
+    pub stop_returns: StopReturns,
     /// torch.profiler's `with_modules` (module hierarchy in the trace; TorchScript models
     /// only), which vLLM's config has no field for: set by `profiler_kwargs` through the
     /// Python package, or here. Default false.
@@ -326,6 +353,7 @@ impl Default for StepscopeConfig {
             nvtx: NvtxMode::Running,
             cuda_device: None,
             flush_timeout: Duration::from_secs(600),
+            stop_returns: StopReturns::Written,
             torch_with_modules: false,
             request_ids: false,
             timeline: None,

@@ -95,6 +95,10 @@ fn all_markers() -> Vec<Marker> {
         .filter_map(|entry| {
             let name = entry.file_name();
             let pid = name.to_str()?.strip_prefix(MARKER_PREFIX)?.parse().ok()?;
+            // A marker is a plain file; reading anything else (a FIFO) could block.
+            if !crate::files::is_regular_file(&entry.path()) {
+                return None;
+            }
             let text = fs::read_to_string(entry.path()).unwrap_or_default();
             Some(Marker::parse(pid, &text))
         })
@@ -145,17 +149,29 @@ pub(super) fn in_flight_begin(timeout: Duration) {
     g.count += 1;
 }
 
-/// Writes the marker if traces are in flight and it does not say so yet (writer threads).
+/// Writes the marker if traces are in flight and it does not say so yet (writer threads). The
+/// write happens outside the count's lock: `stop()` takes that lock on the engine thread
+/// ([`in_flight_begin`]), and a slow temporary directory must never hold it up.
 pub(super) fn publish_in_flight() {
-    let mut g = IN_FLIGHT.lock();
-    if g.count == 0 || g.written == Some(g.longest) {
-        return;
-    }
+    let longest = {
+        let g = IN_FLIGHT.lock();
+        if g.count == 0 || g.written == Some(g.longest) {
+            return;
+        }
+        g.longest
+    };
     let path = flushing_marker();
     let started = process_start(std::process::id()).map_or(String::new(), |t| format!(" {t}"));
-    match fs::write(&path, format!("{}{started}\n", g.longest)) {
-        Ok(()) => g.written = Some(g.longest),
-        Err(e) => log::debug!("stepscope: cannot write {}: {e}", path.display()),
+    if let Err(e) = fs::write(&path, format!("{longest}{started}\n")) {
+        log::debug!("stepscope: cannot write {}: {e}", path.display());
+        return;
+    }
+    let mut g = IN_FLIGHT.lock();
+    if g.count == 0 {
+        // Every trace ended while the marker was being written.
+        let _ = fs::remove_file(&path);
+    } else {
+        g.written = Some(longest);
     }
 }
 

@@ -19,7 +19,7 @@
 
 mod pending;
 
-pub use pending::PendingWrites;
+pub use pending::{PendingWrites, TraceWrite};
 
 #[cfg(feature = "torch-dynamic")]
 mod annotate;

@@ -232,13 +232,14 @@ impl Writer {
         job.manifest.pid = std::process::id();
         job.manifest.trace_file = trace_file;
         let manifest_path = s.dir.join(manifest_name(&stem));
+        let trace_path = s.dir.join(&job.manifest.trace_file);
         if self.tx.is_none() {
             self.tx = Some(self.spawn()?);
         }
         self.in_flight
             .lock()
             .push((manifest_path.clone(), job.manifest.clone()));
-        self.pending.begin();
+        self.pending.begin_trace(trace_path, manifest_path.clone());
         self.finalizing.begin();
         let held_bytes = job.held_bytes;
         self.held.fetch_add(held_bytes, Relaxed);
@@ -248,12 +249,14 @@ impl Writer {
             .as_ref()
             .is_some_and(|tx| tx.send((manifest_path.clone(), job)).is_ok());
         if !sent {
-            self.pending.finish();
+            let why = "the trace writer has stopped";
+            self.pending
+                .finish_trace(&manifest_path, Status::Failed, Some(why.into()));
             self.finalizing.finish();
             self.held.fetch_sub(held_bytes, Relaxed);
             in_flight_end(1);
             self.in_flight.lock().retain(|(p, _)| *p != manifest_path);
-            return Err(Error::backend("torch", "the trace writer has stopped"));
+            return Err(Error::backend("torch", why));
         }
         Ok(())
     }
@@ -376,7 +379,8 @@ fn conclude(manifest_path: &Path, manifest: &Manifest, held_bytes: u64, done: &D
         list.len() < before
     };
     done.held.fetch_sub(held_bytes, Relaxed);
-    done.pending.finish();
+    done.pending
+        .finish_trace(manifest_path, manifest.status, manifest.error.clone());
     // A job a drop gave up on was already taken off the process's count.
     if listed {
         in_flight_end(1);

@@ -68,6 +68,13 @@ impl Inner {
         self.backend.pending_writes().map_or(0, |p| p.count())
     }
 
+    /// Whether the backend records: the schedule runs, or a stop asked from another thread
+    /// waits for the engine thread's next step (until then the CUDA profiler or Kineto still
+    /// records).
+    pub(super) fn backend_running(&self) -> bool {
+        self.schedule.is_running() || self.pending_stop
+    }
+
     /// Whether this worker profiles under `stepscope.ranks`; an error when the list is set
     /// and the worker's rank is unknown.
     pub(super) fn selected(&self) -> Result<bool> {

@@ -29,7 +29,7 @@ mod options;
 mod status;
 
 pub use options::{StartOutcome, StopOutcome};
-pub use status::{Status, StepTime};
+pub use status::{Status, StepTime, Writes};
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
@@ -42,6 +42,7 @@ use crate::backend::nvtx::Nvtx;
 use crate::backend::{self, Backend};
 use crate::config::{NvtxMode, ProfilerConfig};
 use crate::error::{Error, Result};
+use crate::flush::PendingWrites;
 use crate::iteration::{IterationInfo, RequestIds};
 use crate::schedule::{
     Limits, Phase, Policy, Schedule, StartDecision, StartOptions, StepBegin, StepInfo, StopDecision,
@@ -193,7 +194,14 @@ impl WorkerProfiler {
             // No disk, or too many traces still to write: the start fails now, visibly,
             // rather than at the window's first step.
             if let Err(e) = g.backend.preflight() {
-                log::warn!("stepscope: start refused: {e}");
+                let e = match e {
+                    Error::Refused { key, message } => Error::Refused {
+                        key,
+                        message: format!("{message} (worker {})", g.worker_name),
+                    },
+                    other => other,
+                };
+                log::warn!("stepscope: {e}");
                 g.last_error = Some(e.clone());
                 return Err(e);
             }
@@ -471,14 +479,36 @@ impl WorkerProfiler {
         self.inner.lock().pending_writes()
     }
 
+    /// A mark to read trace outcomes from: taken before a `stop()`,
+    /// [`WorkerProfiler::writes_since`] with it reports every trace that stop ends (and any
+    /// still being written when the mark was taken). 0 for a backend that writes no files.
+    pub fn write_ticket(&self) -> u64 {
+        let pending = self.inner.lock().backend.pending_writes();
+        pending.map_or(0, |p| p.ticket())
+    }
+
+    /// Where the traces since `ticket` ([`WorkerProfiler::write_ticket`]) stand: what a caller
+    /// who must not return before a stop's traces are on disk polls, without ever waiting on
+    /// the engine thread. Done when [`Writes::settled`].
+    pub fn writes_since(&self, ticket: u64) -> Writes {
+        let g = self.inner.lock();
+        let pending = g.backend.pending_writes();
+        Writes {
+            stopping: g.pending_stop,
+            pending_writes: pending.as_ref().map_or(0, PendingWrites::count),
+            traces: pending.map_or_else(Vec::new, |p| p.traces_since(ticket)),
+        }
+    }
+
     /// A session is active (started and not stopped), vLLM's `_active`.
     pub fn is_active(&self) -> bool {
         self.inner.lock().schedule.is_active()
     }
 
-    /// The backend captures, vLLM's `is_running`.
+    /// The backend captures, vLLM's `is_running`: also after a `stop()` from another thread
+    /// until the engine thread has stopped the backend (at its next step).
     pub fn is_running(&self) -> bool {
-        self.inner.lock().schedule.is_running()
+        self.inner.lock().backend_running()
     }
 
     /// Whether iterations should be annotated: while running, as vLLM's `should_annotate`.
@@ -553,15 +583,18 @@ impl WorkerProfiler {
         Ok(())
     }
 
-    /// Names the next session's traces (vLLM's `set_output_name`). Ignored while a session is
-    /// active, as in vLLM: returns whether the name was taken.
-    pub fn set_worker_name(&self, name: &str) -> bool {
+    /// Names the next session's traces (vLLM's `set_output_name`): they are
+    /// `{name}.{time_ns}.pt.trace.json.gz`. A name that is no file name is an
+    /// [`Error::InvalidArgument`] naming `worker_name`, as [`WorkerProfiler::set_trace_name`]'s
+    /// rule. Ignored while a session is active, as in vLLM: returns whether the name was taken.
+    pub fn set_worker_name(&self, name: &str) -> Result<bool> {
+        check_file_stem("worker_name", name)?;
         let mut g = self.inner.lock();
         if g.schedule.is_active() {
-            return false;
+            return Ok(false);
         }
         name.clone_into(&mut g.worker_name);
-        true
+        Ok(true)
     }
 
     /// Names the files of the next capture exactly: `{name}.trace.json.gz` (or `.json`),
@@ -574,19 +607,7 @@ impl WorkerProfiler {
     /// while a session is active: returns whether it was taken.
     pub fn set_trace_name(&self, name: Option<&str>) -> Result<bool> {
         if let Some(n) = name {
-            let bad = n.is_empty()
-                || n.starts_with('.')
-                || n.len() > 200
-                || n.chars().any(|c| c == '/' || c == '\\' || c.is_control());
-            if bad {
-                return Err(Error::InvalidArgument {
-                    name: "trace_name".to_string(),
-                    message: format!(
-                        "{n:?} is not a file name: non-empty, at most 200 bytes, not starting \
-                         with '.', without '/', '\\' or control characters"
-                    ),
-                });
-            }
+            check_file_stem("trace_name", n)?;
         }
         let mut g = self.inner.lock();
         if g.schedule.is_active() {
@@ -640,6 +661,26 @@ impl WorkerProfiler {
         }
         self.gate.store(gate, Relaxed);
     }
+}
+
+/// A name that becomes the start of trace files' names: non-empty, at most 200 bytes, not
+/// hidden (a leading `.` is what temporaries look like), no path separator or control
+/// character. Else an [`Error::InvalidArgument`] naming `argument`.
+fn check_file_stem(argument: &str, n: &str) -> Result<()> {
+    let bad = n.is_empty()
+        || n.starts_with('.')
+        || n.len() > 200
+        || n.chars().any(|c| c == '/' || c == '\\' || c.is_control());
+    if bad {
+        return Err(Error::InvalidArgument {
+            name: argument.to_string(),
+            message: format!(
+                "{n:?} is not a file name: non-empty, at most 200 bytes, not starting with \
+                 '.', without '/', '\\' or control characters"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Request ids of any type behind a sized reference, so that a slice passes as

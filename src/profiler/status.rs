@@ -2,6 +2,8 @@
 
 use super::driver::Inner;
 use crate::error::Error;
+use crate::flush::TraceWrite;
+use crate::manifest::Status as WriteStatus;
 use crate::schedule::{CutShort, SlowStepSeen};
 use crate::timeline::TimelineInfo;
 
@@ -27,6 +29,37 @@ fn ns_to_ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
+/// How many of the last traces [`Status::traces`] lists.
+pub const STATUS_TRACES: usize = 8;
+
+/// Where the traces since a ticket stand ([`crate::WorkerProfiler::writes_since`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[non_exhaustive]
+pub struct Writes {
+    /// A stop from another thread waits for the engine thread's next step: its traces are not
+    /// queued yet.
+    pub stopping: bool,
+    /// Writes in flight, these or others.
+    pub pending_writes: usize,
+    /// The traces since the ticket, oldest first.
+    pub traces: Vec<TraceWrite>,
+}
+
+impl Writes {
+    /// Every trace since the ticket has been written or has failed, and no stop waits to be
+    /// carried out.
+    pub fn settled(&self) -> bool {
+        !self.stopping && self.traces.iter().all(|t| t.status != WriteStatus::Writing)
+    }
+
+    /// The traces that did not get written whole.
+    pub fn failed(&self) -> impl Iterator<Item = &TraceWrite> {
+        self.traces
+            .iter()
+            .filter(|t| matches!(t.status, WriteStatus::Failed | WriteStatus::Unfinished))
+    }
+}
+
 /// A profiler's state ([`crate::WorkerProfiler::status`]); serializes to the JSON that
 /// `stepscope_status_json` and Python's `status()` return.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -44,8 +77,11 @@ pub struct Status {
     pub phase: &'static str,
     /// A session is active.
     pub active: bool,
-    /// The backend captures.
+    /// The backend captures (also while a stop from another thread waits for the engine
+    /// thread's next step).
     pub running: bool,
+    /// A stop from another thread waits for the engine thread's next step.
+    pub stopping: bool,
     /// The worker's step count.
     pub step_index: u64,
     /// Steps since the session's start.
@@ -88,6 +124,9 @@ pub struct Status {
     pub last_cut: Option<CutShort>,
     /// Stopped sessions whose traces are still being written.
     pub pending_writes: usize,
+    /// The last traces handed to the writer ([`STATUS_TRACES`] at most), oldest first: where
+    /// each is and how its write stands.
+    pub traces: Vec<TraceWrite>,
     /// The last backend error not returned to a caller, if any.
     pub last_error: Option<String>,
     /// The step timeline's size and fill (`stepscope.timeline`); `None` when it is off.
@@ -106,7 +145,8 @@ impl Status {
             selected: g.selected().unwrap_or(false),
             phase: s.phase().as_str(),
             active: s.is_active(),
-            running: s.is_running(),
+            running: g.backend_running(),
+            stopping: g.pending_stop,
             step_index,
             steps_since_start: s.steps_since_start(),
             delay_iterations: limits.delay,
@@ -130,6 +170,10 @@ impl Status {
             max_capture_s: g.budget.max_age_ns as f64 / 1e9,
             last_cut: g.last_cut,
             pending_writes: g.pending_writes(),
+            traces: g
+                .backend
+                .pending_writes()
+                .map_or_else(Vec::new, |p| p.last_traces(STATUS_TRACES)),
             last_error: g.last_error.as_ref().map(Error::to_string),
             // The profiler fills it: the timeline is outside the lock.
             timeline: None,

@@ -1048,6 +1048,10 @@ fn a_start_on_a_disk_short_of_min_free_disk_mb_fails_naming_the_key_and_the_spac
     let extra = r#", "stepscope": {"min_free_disk_mb": 1099511627776}"#;
     let p = WorkerProfiler::new(&config(&dir, extra), "w0").unwrap();
     let e = p.start().expect_err("a start on a disk short of space");
+    assert!(
+        matches!(&e, stepscope::Error::Refused { key, .. } if key == "stepscope.min_free_disk_mb"),
+        "{e:?}"
+    );
     let text = e.to_string();
     assert!(
         text.contains("stepscope.min_free_disk_mb") && text.contains("MB free"),
