@@ -45,9 +45,11 @@ from stepscope._native import (
     BackendError,
     ConfigError,
     Iteration,
+    StartRefused,
     __version__,
     kineto_glue,
     manifest_name,
+    manifest_trace_path,
 )
 from stepscope._native import WorkerProfiler as _NativeWorkerProfiler
 from stepscope._native import _add_kineto_glue_dir, _read_manifest_json
@@ -69,14 +71,18 @@ __all__ = [
     "ConfigError",
     "Iteration",
     "IterationInfo",
+    "StartRefused",
     "WorkerProfiler",
     "__version__",
     "flushing_marker",
     "flushing_markers",
     "kineto_glue",
     "manifest_name",
+    "manifest_trace_path",
     "read_manifest",
     "torch_backend_error",
+    "TraceNotWritten",
+    "check_written",
 ]
 
 logger = logging.getLogger("stepscope")
@@ -214,6 +220,33 @@ class WorkerProfiler(_NativeWorkerProfiler):
         ``grew_mb``), ``pending_writes``, ``rank``/``selected`` and ``last_error``."""
         return json.loads(self.status_json())
 
+    def writes_since(self, ticket: int) -> dict[str, Any]:
+        """Where the traces since ``ticket`` (:meth:`write_ticket`, taken before a stop) stand:
+        ``{"settled": bool, "stopping": bool, "pending_writes": int, "traces": [{"seq",
+        "trace_file", "manifest_file", "status", "error"}]}``. ``settled`` is true once every
+        such trace is ``complete`` or ``failed`` and no stop waits for the engine thread: what
+        a caller that must return only with the traces on disk polls (never blocking the
+        engine thread)."""
+        return json.loads(self._writes_since_json(int(ticket)))
+
+    def wait_written(self, ticket: int, timeout: float | None = None) -> dict[str, Any]:
+        """Waits (up to ``timeout`` s, default ``stepscope.flush_timeout_s``) until the traces
+        since ``ticket`` are settled (see :meth:`writes_since`) and returns where they stand.
+        Raises :class:`TraceNotWritten` naming the worker, each trace and why when one failed
+        or the time ran out. Call it from the thread that waits, never the engine thread
+        while a stop is pending there."""
+        import time
+
+        limit = self._flush_timeout_s() if timeout is None else float(timeout)
+        deadline = time.monotonic() + limit
+        while True:
+            writes = self.writes_since(ticket)
+            if writes["settled"] or time.monotonic() >= deadline:
+                break
+            self.flush(min(0.05, max(0.0, deadline - time.monotonic())))
+        check_written(self.worker_name, writes, limit)
+        return writes
+
     def timeline_dicts(self, since: int = 0) -> list[dict[str, Any]] | None:
         """:meth:`timeline` as dicts keyed by :data:`TIMELINE_FIELDS`; ``None`` when the
         timeline is off."""
@@ -288,6 +321,40 @@ class WorkerProfiler(_NativeWorkerProfiler):
     def capture_cuda_graphs(self) -> AbstractContextManager[None]:
         """vLLM's hook around CUDA graph capture; nothing to observe for these backends."""
         return nullcontext()
+
+
+class TraceNotWritten(RuntimeError):
+    """A stop's traces are not all on disk: one failed, or the wait ran out of
+    ``stepscope.flush_timeout_s``. The message names each worker, trace file and reason;
+    ``traces`` lists them as dicts (``worker``, ``trace_file``, ``status``, ``error``)."""
+
+    def __init__(self, message: str, traces: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.traces = traces
+
+
+def check_written(worker: str, writes: Mapping[str, Any], waited_s: float) -> None:
+    """Raises :class:`TraceNotWritten` unless every trace in ``writes`` (an answer of
+    :meth:`WorkerProfiler.writes_since`) is ``complete`` and the answer is settled."""
+    bad = []
+    for t in writes.get("traces", []):
+        if t["status"] == "complete":
+            continue
+        why = t.get("error") or (
+            f"still being written after {waited_s:g} s (stepscope.flush_timeout_s)"
+            if t["status"] == "writing"
+            else t["status"]
+        )
+        bad.append({"worker": worker, **t, "error": why})
+    if writes.get("stopping") and not bad:
+        bad.append({"worker": worker, "trace_file": None, "status": "stopping",
+                    "error": f"the stop was not carried out by the engine thread within "
+                             f"{waited_s:g} s (no engine step came)"})
+    if bad:
+        raise TraceNotWritten(
+            "; ".join(f"{b['worker']}: {b['trace_file'] or 'its stop'}: {b['error']}" for b in bad),
+            bad,
+        )
 
 
 def _log_not_applied(key: str, why: str) -> None:

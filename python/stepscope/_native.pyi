@@ -16,6 +16,12 @@ class ConfigError(ValueError):
 class BackendError(RuntimeError):
     """A profiling backend failed."""
 
+class StartRefused(RuntimeError):
+    """A capture limit refused a start; nothing was armed."""
+
+    #: The limit's key, e.g. ``"stepscope.min_free_disk_mb"``.
+    key: str
+
 class Iteration:
     """The counts of one engine iteration (context = prefill, generation = decode)."""
 
@@ -73,6 +79,8 @@ class WorkerProfiler:
     def shutdown(self) -> None: ...
     def flush(self, timeout: float | None = None) -> bool: ...
     def set_output_name(self, name: str) -> None: ...
+    def write_ticket(self) -> int: ...
+    def _writes_since_json(self, ticket: int) -> str: ...
     def set_trace_name(self, name: str | None) -> bool:
         """Names the next capture's files exactly: ``{name}.trace.json.gz`` (``.json``
         without gzip), ``{name}.stepscope.json`` and ``{name}.profiler_out.txt``, in place of
@@ -108,6 +116,7 @@ MANIFEST_SUFFIX: str
 MANIFEST_VERSION: int
 TIMELINE_FIELDS: tuple[str, ...]
 
+def manifest_trace_path(path: str | os.PathLike[str]) -> str: ...
 def manifest_name(stem: str) -> str:
     """The manifest's file name for a trace stem: ``{stem}.stepscope.json``."""
 

@@ -271,8 +271,14 @@ def _around_start(original: Callable[..., Any], manager: Any, stage: Any = None)
     torch.profiler."""
     if profile_v2():
         return original(manager, stage)
+    import stepscope
+
     try:
         return _state_of(manager).start_legacy(stage, lambda: original(manager, stage))
+    except stepscope.StartRefused as e:
+        # A capture limit (disk, captures still being written): the start's answer says so.
+        logger.warning("stepscope: %s", e)
+        return _reply(False, f"stepscope: {e}")
     except Exception:  # noqa: BLE001
         logger.exception("stepscope: starting a window failed; SGLang's own profiler starts")
         return original(manager, stage)
@@ -325,8 +331,15 @@ def _around_v2_start(original: Callable[..., Any], v2: Any, stage: Any = None) -
     state = v2.__dict__.get(_STATE)
     if state is None:
         return original(v2, stage)
+    import stepscope
+
     try:
         return state.start_v2(v2, stage, lambda: original(v2, stage))
+    except stepscope.StartRefused as e:
+        # V2's start has no answer to carry it: logged, and no window (SGLang's own profiler
+        # would meet the same disk).
+        logger.error("stepscope: no window: %s", e)
+        return None
     except Exception:  # noqa: BLE001
         logger.exception("stepscope: starting a window failed; SGLang's own profiler starts")
         return original(v2, stage)
@@ -1008,8 +1021,8 @@ def merge_when_written(
     pattern = prefix + "*" + stepscope.MANIFEST_SUFFIX
     deadline = time.monotonic() + timeout
     while True:
-        manifests = [_read_manifest(m) for m in sorted(glob.glob(pattern))]
-        done = [m for m in manifests if m is not None and m.get("status") != "writing"]
+        manifests = [(p, _read_manifest(p)) for p in sorted(glob.glob(pattern))]
+        done = [(p, m) for p, m in manifests if m is not None and m.get("status") != "writing"]
         if len(done) >= expected and len(done) == len(manifests):
             break
         if time.monotonic() > deadline:
@@ -1023,11 +1036,15 @@ def merge_when_written(
             )
             break
         time.sleep(poll)
-    traces = [
-        str(window.output_dir / m["trace_file"])
-        for m in done
-        if m.get("status") == "complete" and m.get("trace_file")
-    ]
+    traces = []
+    for path, m in done:
+        if m.get("status") != "complete":
+            continue
+        try:
+            # Beside its manifest, under either name (a tool may have renamed both).
+            traces.append(str(stepscope.manifest_trace_path(path)))
+        except OSError as e:
+            logger.error("stepscope: merge_profiles: %s", e)
     from stepscope._cli import executable
 
     cli = os.environ.get(CLI_ENV) or executable() or shutil.which("stepscope")

@@ -38,6 +38,15 @@ pyo3::create_exception!(
     "A profiling backend failed (driver missing, driver call failed, Kineto error)."
 );
 
+pyo3::create_exception!(
+    stepscope,
+    StartRefused,
+    PyRuntimeError,
+    "A start was refused by a capture limit (the disk short of stepscope.min_free_disk_mb, or \
+     the captures still being written over stepscope.max_capture_mb): nothing was armed and the \
+     engine goes on. `key` names the limit."
+);
+
 /// The Python exception for a library error. A `ConfigError` carries the offending field as
 /// its `field` attribute (`None` for malformed JSON), so callers need not parse the message.
 fn to_py(e: &Error) -> PyErr {
@@ -66,6 +75,13 @@ fn to_py(e: &Error) -> PyErr {
         Error::InvalidArgument { .. } | Error::Format { .. } => PyValueError::new_err(text),
         Error::Io { .. } | Error::Write { .. } => PyOSError::new_err(text),
         Error::Timeout { .. } => PyTimeoutError::new_err(text),
+        Error::Refused { key, .. } => {
+            let err = StartRefused::new_err(text);
+            Python::attach(|py| {
+                let _ = err.value(py).setattr("key", key.as_str());
+            });
+            err
+        }
         _ => BackendError::new_err(text),
     }
 }
@@ -258,12 +274,15 @@ struct PyWorkerProfiler {
 
 impl PyWorkerProfiler {
     /// Backend failures of start/stop/step/shutdown were logged by the library; anything else
-    /// (a bug in the caller's arguments) raises.
+    /// (a bug in the caller's arguments, a start a capture limit refused) raises.
     fn swallow_backend<T>(result: stepscope::Result<T>) -> PyResult<()> {
         match result {
             Ok(_) => Ok(()),
             Err(
-                e @ (Error::Config { .. } | Error::Json { .. } | Error::InvalidArgument { .. }),
+                e @ (Error::Config { .. }
+                | Error::Json { .. }
+                | Error::InvalidArgument { .. }
+                | Error::Refused { .. }),
             ) => Err(to_py(&e)),
             Err(_) => Ok(()),
         }
@@ -301,7 +320,8 @@ impl PyWorkerProfiler {
     /// Starts a session; the overrides hold for this session only. Ignored while a session is
     /// active. `start_at_step` starts the window in that absolute step instead of after a
     /// delay. A negative override, or a start step already passed, raises `ValueError`; a
-    /// backend failure is logged.
+    /// start a capture limit refuses raises `StartRefused` (nothing armed); a backend failure
+    /// is logged.
     #[pyo3(signature = (*, delay_iterations = None, max_iterations = None, start_at_step = None))]
     fn start(
         &self,
@@ -405,9 +425,26 @@ impl PyWorkerProfiler {
     }
 
     /// Names the next session's traces (vLLM's `set_output_name`); ignored while a session is
-    /// active.
-    fn set_output_name(&self, name: &str) {
-        self.inner.set_worker_name(name);
+    /// active. A name that is no file name raises ValueError naming `worker_name`.
+    fn set_output_name(&self, name: &str) -> PyResult<()> {
+        self.inner.set_worker_name(name).map_err(|e| to_py(&e))?;
+        Ok(())
+    }
+
+    /// A mark to read trace outcomes from: taken before `stop()`, `writes_since(ticket)`
+    /// reports every trace that stop ends (see the Python docs).
+    fn write_ticket(&self) -> u64 {
+        self.inner.write_ticket()
+    }
+
+    /// Where the traces since `ticket` stand, as JSON text: `{"stopping", "pending_writes",
+    /// "settled", "traces": [{"seq", "trace_file", "manifest_file", "status", "error"}]}`.
+    fn _writes_since_json(&self, ticket: u64) -> PyResult<String> {
+        let writes = self.inner.writes_since(ticket);
+        let mut doc =
+            serde_json::to_value(&writes).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        doc["settled"] = writes.settled().into();
+        Ok(doc.to_string())
     }
 
     /// Names the next capture's files exactly (`{name}.trace.json.gz`, `{name}.stepscope.json`),
@@ -570,6 +607,16 @@ fn _read_manifest_json(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Str
     Ok(String::from_utf8_lossy(&manifest.to_vec()).into_owned())
 }
 
+/// The trace the manifest at `path` describes, beside it: under the name it was written
+/// under, or the manifest's own name when another tool renamed both. Raises `OSError` naming
+/// the manifest and both names when it is in neither place.
+#[pyfunction]
+fn manifest_trace_path(py: Python<'_>, path: std::path::PathBuf) -> PyResult<String> {
+    py.detach(|| stepscope::manifest::Manifest::read(&path).and_then(|m| m.trace_path(&path)))
+        .map(|p| p.to_string_lossy().into_owned())
+        .map_err(|e| to_py(&e))
+}
+
 /// The manifest's file name for a trace stem: `{stem}.stepscope.json`.
 #[pyfunction]
 fn manifest_name(stem: &str) -> String {
@@ -606,6 +653,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kineto_glue, m)?)?;
     m.add_function(wrap_pyfunction!(_read_manifest_json, m)?)?;
     m.add_function(wrap_pyfunction!(manifest_name, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest_trace_path, m)?)?;
     m.add_function(wrap_pyfunction!(flushing_marker, m)?)?;
     m.add_function(wrap_pyfunction!(flushing_markers, m)?)?;
     m.add("MANIFEST_SUFFIX", stepscope::manifest::MANIFEST_SUFFIX)?;
@@ -616,6 +664,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("BackendError", py.get_type::<BackendError>())?;
+    m.add("StartRefused", py.get_type::<StartRefused>())?;
     m.add("__version__", stepscope::VERSION)?;
     Ok(())
 }

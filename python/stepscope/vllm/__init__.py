@@ -7,7 +7,8 @@ starts. Then, in worker processes:
 - ``create_worker_profiler`` (what ``vllm.v1.worker.gpu_worker.Worker.profile`` calls on
   ``/start_profile``) returns a :class:`stepscope.WorkerProfiler` for ``"profiler": "torch"`` and
   ``"cuda"`` (Proton stays vLLM's). Its ``stop()`` returns at once; the trace is written off the
-  engine thread.
+  engine thread, and ``AsyncLLM.stop_profile()`` / ``LLM.stop_profile()`` (``/stop_profile``)
+  return once it is on disk, the engine serving on meanwhile (``stop``).
 - ``Worker.annotate_profile`` hands each iteration's request and token counts to stepscope, so
   the NVTX range and the Kineto annotation carry vLLM's names (simple or detailed) and counts.
 
@@ -32,7 +33,8 @@ and leaves vLLM untouched. :func:`register` is idempotent.
 Modules, one job each: ``environment`` (the switch, ``STEPSCOPE_CONFIG``, the one-time log
 lines), ``interfaces`` (vLLM's modules and signatures the plugin knows), ``config`` (vLLM's
 config as stepscope's, and the profiler made from it), ``factory`` (vLLM's profiler factories,
-replaced), ``frontend`` (the API server's profiler), ``worker`` (``annotate_profile``, the status
+replaced), ``frontend`` (the API server's profiler), ``stop`` (a stop returns with its traces
+on disk; a refused start is an error), ``worker`` (``annotate_profile``, the status
 RPC and endpoint), ``shutdown`` (process managers wait for traces being written), ``__main__``
 (``python -m stepscope.vllm --check``). What the SGLang plugin shares with this one is in
 ``stepscope._plugin``; the import hook in ``stepscope._imports``.
@@ -44,7 +46,16 @@ import os
 import threading
 
 from stepscope._imports import when_imported
-from stepscope.vllm import config, environment, factory, frontend, interfaces, shutdown, worker
+from stepscope.vllm import (
+    config,
+    environment,
+    factory,
+    frontend,
+    interfaces,
+    shutdown,
+    stop,
+    worker,
+)
 from stepscope.vllm.config import build_profiler, config_dict, make_with_known_fields, rank_of
 from stepscope.vllm.environment import (
     CONFIG_ENV,
@@ -83,6 +94,7 @@ __all__ = [
     "request_ids_of",
     "shutdown",
     "stepscope_keys_from_env",
+    "stop",
     "wait_for_flushes",
     "worker",
     "worker_status",
@@ -115,6 +127,9 @@ def register() -> None:
     when_imported(interfaces.WRAPPER, factory._patch_wrapper, logger, _FALLBACK)
     when_imported(interfaces.GPU_WORKER, worker._patch_gpu_worker, logger, _FALLBACK)
     when_imported(interfaces.ASYNC_LLM, factory._patch_async_llm, logger, _FALLBACK)
+    when_imported(interfaces.ASYNC_LLM, stop._patch_async_llm, logger, _FALLBACK)
+    when_imported(interfaces.LLM_ENGINE, stop._patch_llm_engine, logger, _FALLBACK)
+    when_imported(interfaces.PROFILE_ROUTER, stop._patch_profile_router, logger, _FALLBACK)
     when_imported(interfaces.V1_UTILS, shutdown._patch_process_shutdown, logger, _FALLBACK)
     when_imported(interfaces.ENGINE_UTILS, shutdown._patch_process_shutdown, logger, _FALLBACK)
     when_imported(

@@ -12,6 +12,8 @@ from stepscope.vllm.environment import logger, warn_once
 WRAPPER = "vllm.profiler.wrapper"
 GPU_WORKER = "vllm.v1.worker.gpu_worker"
 ASYNC_LLM = "vllm.v1.engine.async_llm"
+LLM_ENGINE = "vllm.v1.engine.llm_engine"
+PROFILE_ROUTER = "vllm.entrypoints.serve.profile.api_router"
 ENGINE_UTILS = "vllm.v1.engine.utils"
 V1_UTILS = "vllm.v1.utils"
 MULTIPROC_EXECUTOR = "vllm.v1.executor.multiproc_executor"
@@ -36,6 +38,8 @@ KNOWN_SIGNATURES: dict[str, list[tuple[tuple[str, Any], ...]]] = {
          ("delay_iterations", KW), ("max_iterations", KW), ("profiler_kwargs", KW)),  # 0.33
     ],
     "shutdown": [(("procs", POS), ("timeout", POS))],
+    "AsyncLLM.stop_profile": [(("self", POS),)],
+    "LLMEngine.stop_profile": [(("self", POS),)],
     "MultiprocExecutor._ensure_worker_termination": [(("worker_procs", POS),)],
 }  # fmt: skip
 

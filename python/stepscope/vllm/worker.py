@@ -5,6 +5,7 @@ answer ``collective_rpc``; and the API server's ``GET /stepscope/status`` and
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -61,6 +62,9 @@ def _patch_gpu_worker(module: ModuleType) -> None:
         worker.stepscope_status = worker_status
     if not hasattr(worker, "stepscope_timeline"):
         worker.stepscope_timeline = worker_timeline
+    if not hasattr(worker, "stepscope_stop_ticket"):
+        worker.stepscope_stop_ticket = worker_stop_ticket
+        worker.stepscope_writes = worker_writes
 
 
 def _make_annotate(
@@ -159,6 +163,46 @@ def worker_timeline(self: Any, since: int = 0) -> dict[str, Any]:
     }
 
 
+def worker_stop_ticket(self: Any) -> dict[str, Any]:
+    """``Worker.stepscope_stop_ticket``, for ``collective_rpc`` right before a stop: the
+    worker keeps a mark of its trace writes (:meth:`stepscope.WorkerProfiler.write_ticket`)
+    that :func:`worker_writes` reads from, and says how its stop is to be answered
+    (``stepscope.stop_returns``) and for how long at most (``flush_timeout_s``)."""
+    import stepscope
+
+    profiler = getattr(self, "profiler", None)
+    if not isinstance(profiler, stepscope.WorkerProfiler):
+        self._stepscope_ticket = None
+        return {"stepscope": False, "rank": getattr(self, "rank", None)}
+    self._stepscope_ticket = profiler.write_ticket()
+    keys = profiler.config.get("stepscope", {})
+    return {
+        "stepscope": True,
+        "rank": getattr(self, "rank", None),
+        "worker_name": profiler.worker_name,
+        "stop_returns": keys.get("stop_returns", "written"),
+        "flush_timeout_s": keys.get("flush_timeout_s", 600.0),
+    }
+
+
+def worker_writes(self: Any) -> dict[str, Any]:
+    """``Worker.stepscope_writes``, for ``collective_rpc`` while a stop's caller waits: where
+    the worker's traces since its stop ticket stand (:meth:`stepscope.WorkerProfiler.
+    writes_since`). Answers at once: it never waits on a write."""
+    import stepscope
+
+    profiler = getattr(self, "profiler", None)
+    ticket = getattr(self, "_stepscope_ticket", None)
+    if not isinstance(profiler, stepscope.WorkerProfiler) or ticket is None:
+        return {"stepscope": False, "rank": getattr(self, "rank", None)}
+    return {
+        "stepscope": True,
+        "rank": getattr(self, "rank", None),
+        "worker_name": profiler.worker_name,
+        **profiler.writes_since(ticket),
+    }
+
+
 def worker_status(self: Any) -> dict[str, Any]:
     """``Worker.stepscope_status``, for ``collective_rpc("stepscope_status")``: the worker's
     profiler status, or what is known before its first ``/start_profile``."""
@@ -166,7 +210,7 @@ def worker_status(self: Any) -> dict[str, Any]:
 
     profiler = getattr(self, "profiler", None)
     if isinstance(profiler, stepscope.WorkerProfiler):
-        return profiler.status()
+        return {"pid": os.getpid(), **profiler.status()}
     config = getattr(self, "profiler_config", None)
     return {
         "rank": getattr(self, "rank", None),

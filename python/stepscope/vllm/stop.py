@@ -1,0 +1,282 @@
+"""vLLM's profiling contract, kept with traces written off the engine thread:
+
+- **A stop returns when its traces are on disk.** ``AsyncLLM.stop_profile()`` (what
+  ``/stop_profile``, verl's rollout server and other RL trainers await) and
+  ``LLMEngine.stop_profile()`` (the offline ``LLM.stop_profile()``) first stop every worker as
+  vLLM does (the engine never waits on a write), then wait, without holding the engine loop,
+  until every trace that stop ended on every worker (and the API server's own CPU trace) is
+  ``complete`` or ``failed``: short ``collective_rpc`` status calls between engine steps,
+  bounded by ``stepscope.flush_timeout_s``. A failed write or a timeout raises
+  :class:`stepscope.TraceNotWritten` naming the worker, the file and why. With
+  ``"stepscope": {"stop_returns": "at_once"}`` a stop returns at once, as before.
+- **A refused start is an error.** A worker's start refused by a capture limit
+  (``stepscope.min_free_disk_mb``, ``max_capture_mb``) raises :class:`stepscope.StartRefused`
+  from ``start_profile()``, naming the key and the worker.
+- ``/start_profile`` and ``/stop_profile`` answer those errors with a JSON body naming them
+  (HTTP 503 for a refused start, 500 for a trace not written), not vLLM's bare 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from types import ModuleType
+from typing import Any, Callable
+
+from stepscope.vllm.environment import logger
+from stepscope.vllm.interfaces import PATCHED_MARK, signature_known
+
+#: The RPCs the plugin installs on vLLM's worker (see ``worker.py``).
+TICKET_RPC = "stepscope_stop_ticket"
+WRITES_RPC = "stepscope_writes"
+
+#: How often the waiting stop asks the workers, s: at first, and at most.
+_POLL_FIRST_S = 0.005
+_POLL_MAX_S = 0.05
+
+#: A worker's refusal as it reaches the API server (vLLM passes a worker's exception on as
+#: text): "start refused by `stepscope.min_free_disk_mb`: ...".
+_REFUSED = re.compile(r"start refused by `([^`]+)`: ([^'\n]*)")
+
+
+def _refusal(e: BaseException) -> Exception | None:
+    """A :class:`stepscope.StartRefused` for an exception that carries a worker's refusal."""
+    import stepscope
+
+    if isinstance(e, stepscope.StartRefused):
+        return None
+    m = _REFUSED.search(str(e))
+    if m is None:
+        return None
+    refused = stepscope.StartRefused(f"a worker refused the start: {m.group(0)}")
+    refused.key = m.group(1)
+    return refused
+
+
+class _Plan:
+    """What one stop waits for: the workers' answers to the ticket RPC and the frontend
+    profiler's ticket."""
+
+    def __init__(self, workers: list[Any] | None, frontend: Any) -> None:
+        self.workers = [w for w in (workers or []) if isinstance(w, dict) and w.get("stepscope")]
+        self.frontend = frontend
+        self.frontend_ticket = frontend.write_ticket() if frontend is not None else None
+
+    @property
+    def waits(self) -> bool:
+        return any(w["stop_returns"] == "written" for w in self.workers) or (
+            self.frontend is not None
+            and self.frontend.config.get("stepscope", {}).get("stop_returns", "written")
+            == "written"
+        )
+
+    @property
+    def timeout_s(self) -> float:
+        limits = [float(w["flush_timeout_s"]) for w in self.workers]
+        if self.frontend is not None:
+            limits.append(self.frontend._flush_timeout_s())
+        return max(limits, default=600.0)
+
+
+def _frontend_of(engine: Any) -> Any:
+    """The stepscope profiler behind the API server's CPU profiler, if it is stepscope's."""
+    from stepscope.vllm.frontend import FrontendProfiler
+
+    profiler = getattr(engine, "profiler", None)
+    return profiler.profiler if isinstance(profiler, FrontendProfiler) else None
+
+
+def _check(answers: list[Any], waited_s: float) -> None:
+    import stepscope
+
+    bad: list[dict[str, Any]] = []
+    for a in answers:
+        try:
+            stepscope.check_written(a["worker_name"], a, waited_s)
+        except stepscope.TraceNotWritten as e:
+            bad.extend(e.traces)
+    if bad:
+        raise stepscope.TraceNotWritten(
+            "the stop's traces are not all on disk: "
+            + "; ".join(f"{b['worker']}: {b['trace_file'] or 'its stop'}: {b['error']}" for b in bad),
+            bad,
+        )
+
+
+def _settled(answers: list[Any]) -> bool:
+    return all(a.get("settled", True) for a in answers)
+
+
+def _log_done(answers: list[Any], began: float) -> None:
+    n = sum(len(a.get("traces", [])) for a in answers)
+    logger.info(
+        "stepscope: the stop's %d trace(s) are on disk, %.3f s after the stop reached the "
+        "workers",
+        n,
+        time.monotonic() - began,
+    )
+
+
+async def wait_async(engine: Any, plan: _Plan) -> None:
+    """Waits until the traces the stop ended are settled (polling the workers between engine
+    steps, and the frontend profiler on a thread); raises TraceNotWritten if one is not
+    complete or the time runs out."""
+    began = time.monotonic()
+    deadline = began + plan.timeout_s
+    poll = _POLL_FIRST_S
+    while True:
+        answers = await engine.collective_rpc(WRITES_RPC) if plan.workers else []
+        answers = [a for a in answers if isinstance(a, dict) and a.get("stepscope")]
+        if plan.frontend is not None:
+            answers.append(_frontend_answer(plan))
+        if _settled(answers) or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(poll)
+        poll = min(poll * 2, _POLL_MAX_S)
+    _check(answers, plan.timeout_s)
+    _log_done(answers, began)
+
+
+def wait_sync(collective_rpc: Callable[..., list[Any]], plan: _Plan) -> None:
+    """:func:`wait_async` for the synchronous engine (``LLM``)."""
+    began = time.monotonic()
+    deadline = began + plan.timeout_s
+    poll = _POLL_FIRST_S
+    while True:
+        answers = collective_rpc(WRITES_RPC) if plan.workers else []
+        answers = [a for a in answers if isinstance(a, dict) and a.get("stepscope")]
+        if plan.frontend is not None:
+            answers.append(_frontend_answer(plan))
+        if _settled(answers) or time.monotonic() >= deadline:
+            break
+        time.sleep(poll)
+        poll = min(poll * 2, _POLL_MAX_S)
+    _check(answers, plan.timeout_s)
+    _log_done(answers, began)
+
+
+def _frontend_answer(plan: _Plan) -> dict[str, Any]:
+    writes = plan.frontend.writes_since(plan.frontend_ticket)
+    return {"stepscope": True, "worker_name": plan.frontend.worker_name, **writes}
+
+
+def _patch_async_llm(module: ModuleType) -> None:
+    """``AsyncLLM.start_profile`` raises StartRefused for a worker's refusal;
+    ``AsyncLLM.stop_profile`` returns once the stop's traces are written."""
+    cls = getattr(module, "AsyncLLM", None)
+    stop = getattr(cls, "stop_profile", None)
+    start = getattr(cls, "start_profile", None)
+    if stop is None or start is None or hasattr(stop, PATCHED_MARK):
+        return
+    if not signature_known("AsyncLLM.stop_profile", stop, module):
+        return
+
+    async def start_profile(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            await start(self, *args, **kwargs)
+        except Exception as e:
+            refused = _refusal(e)
+            if refused is None:
+                raise
+            raise refused from e
+
+    async def stop_profile(self: Any) -> None:
+        try:
+            workers = await self.collective_rpc(TICKET_RPC)
+        except Exception:  # noqa: BLE001 - workers without the plugin: vLLM's stop alone
+            logger.debug("stepscope: no stop tickets from the workers", exc_info=True)
+            workers = None
+        plan = _Plan(workers, _frontend_of(self))
+        await stop(self)
+        if plan.waits:
+            await wait_async(self, plan)
+
+    for new, old in ((start_profile, start), (stop_profile, stop)):
+        new.__doc__ = old.__doc__
+        new.__name__ = old.__name__
+        new.__qualname__ = old.__qualname__
+        setattr(new, PATCHED_MARK, old)
+    cls.start_profile = start_profile
+    cls.stop_profile = stop_profile
+
+
+def _patch_llm_engine(module: ModuleType) -> None:
+    """The synchronous engine behind ``LLM``: the same contract."""
+    cls = getattr(module, "LLMEngine", None)
+    stop = getattr(cls, "stop_profile", None)
+    start = getattr(cls, "start_profile", None)
+    if stop is None or start is None or hasattr(stop, PATCHED_MARK):
+        return
+    if not signature_known("LLMEngine.stop_profile", stop, module):
+        return
+
+    def start_profile(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            start(self, *args, **kwargs)
+        except Exception as e:
+            refused = _refusal(e)
+            if refused is None:
+                raise
+            raise refused from e
+
+    def stop_profile(self: Any) -> None:
+        try:
+            workers = self.collective_rpc(TICKET_RPC)
+        except Exception:  # noqa: BLE001 - workers without the plugin: vLLM's stop alone
+            logger.debug("stepscope: no stop tickets from the workers", exc_info=True)
+            workers = None
+        plan = _Plan(workers, None)
+        stop(self)
+        if plan.waits:
+            wait_sync(self.collective_rpc, plan)
+
+    for new, old in ((start_profile, start), (stop_profile, stop)):
+        new.__doc__ = old.__doc__
+        new.__name__ = old.__name__
+        new.__qualname__ = old.__qualname__
+        setattr(new, PATCHED_MARK, old)
+    cls.start_profile = start_profile
+    cls.stop_profile = stop_profile
+
+
+def _patch_profile_router(module: ModuleType) -> None:
+    """vLLM's ``/start_profile`` and ``/stop_profile`` router: the app it is attached to
+    answers StartRefused with 503 and TraceNotWritten with 500, each with a JSON body naming
+    the key, or the workers, files and reasons."""
+    original = getattr(module, "attach_router", None)
+    if original is None or hasattr(original, PATCHED_MARK):
+        return
+
+    def attach_router(app: Any) -> Any:
+        result = original(app)
+        try:
+            _add_handlers(app)
+        except Exception:  # noqa: BLE001 - vLLM's plain 500 then
+            logger.debug("stepscope: no error handlers on the profile routes", exc_info=True)
+        return result
+
+    attach_router.__doc__ = original.__doc__
+    setattr(attach_router, PATCHED_MARK, original)
+    module.attach_router = attach_router
+
+
+def _add_handlers(app: Any) -> None:
+    from fastapi.responses import JSONResponse
+
+    import stepscope
+
+    async def refused(request: Any, e: Exception) -> Any:
+        logger.warning("stepscope: %s", e)
+        return JSONResponse(
+            {"error": str(e), "key": getattr(e, "key", None)}, status_code=503
+        )
+
+    async def not_written(request: Any, e: Exception) -> Any:
+        logger.error("stepscope: %s", e)
+        return JSONResponse(
+            {"error": str(e), "traces": getattr(e, "traces", [])}, status_code=500
+        )
+
+    app.add_exception_handler(stepscope.StartRefused, refused)
+    app.add_exception_handler(stepscope.TraceNotWritten, not_written)
