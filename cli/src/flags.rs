@@ -36,6 +36,35 @@ pub enum Command {
     Merge(MergeArgs),
     /// Write a self-contained HTML report (charts, no network) of one trace or a run's ranks
     Report(ReportArgs),
+    /// Wait until every trace under a directory is written (its manifest says complete)
+    #[command(
+        after_help = "For flows that end a capture by max_iterations, or an engine whose \
+        stop answers before the trace is written (SGLang), and then list the directory:\n  \
+        stepscope wait /traces --timeout 600 && ls /traces\n\n\
+        Reads the manifests (*.stepscope.json) under DIR and its subdirectories; prints one \
+        line per trace (status, manifest, trace file or why it failed).\n\n\
+        Exit status: 0 when every trace is complete, 1 when one failed, is unfinished, is still \
+        being written at --timeout, or fewer than --expect manifests appeared, 2 when DIR is \
+        not a directory."
+    )]
+    Wait(WaitArgs),
+}
+
+#[derive(Args)]
+pub struct WaitArgs {
+    /// The directory the traces are written to (torch_profiler_dir, SGLang's output_dir)
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Seconds to wait at most
+    #[arg(long, value_name = "SECS", default_value_t = 600.0, value_parser = positive_secs)]
+    pub timeout: f64,
+    /// Wait until at least this many manifests exist (a manifest appears a moment after its
+    /// stop, when the worker's writer takes the capture)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub expect: usize,
+    /// No progress lines on stderr
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 /// The traces a reading command takes.
@@ -91,8 +120,17 @@ pub enum CtlCommand {
         stepscope ctl start --router-url http://router:8000 --delay-iterations 20 --max-iterations 5\n  \
         stepscope ctl start --engine sglang --worker http://w0:30000 --worker http://w1:30000 --num-steps 5")]
     Start(StartArgs),
-    /// POST /stop_profile to every worker
-    Stop(Common),
+    /// POST /stop_profile to every worker; with --wait, until every worker's traces are written
+    #[command(
+        after_help = "With the vLLM plugin, /stop_profile answers once the traces are on \
+        disk (unless \"stepscope\": {\"stop_returns\": \"at_once\"}); SGLang's answers at \
+        once. --wait then polls each server's stepscope status (vLLM: GET /stepscope/status, \
+        with VLLM_PLUGINS naming stepscope; SGLang: GET /server_info) until no engine worker \
+        still records or writes, and lists each trace the stop ended: worker, status, file.\n\n\
+        Exit status: 0 when every worker stopped (and, with --wait, every trace is complete), \
+        1 when some did not, 2 on bad flags or targets."
+    )]
+    Stop(StopArgs),
     /// List the workers discovery finds, and probe their /health
     Workers(Common),
     /// Show every engine worker's stepscope state (vLLM: GET /stepscope/status, with
@@ -198,6 +236,19 @@ pub struct Common {
     /// (`ctl status` adds each server's "engine_workers")
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args)]
+pub struct StopArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Wait until every engine worker's traces are written, and list them
+    #[arg(long)]
+    pub wait: bool,
+    /// Seconds --wait waits at most
+    #[arg(long, value_name = "SECS", default_value_t = 600.0, value_parser = positive_secs,
+          requires = "wait")]
+    pub wait_timeout: f64,
 }
 
 #[derive(Args)]

@@ -11,6 +11,7 @@ pub mod par;
 pub mod report;
 pub mod trace;
 pub mod trace_report;
+pub mod wait;
 
 pub use error::Error;
 
@@ -26,5 +27,6 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Analyze(a) => analyze::command(&a),
         Command::Merge(m) => merge::command(&m),
         Command::Report(r) => report::command(&r),
+        Command::Wait(w) => wait::command(&w),
     }
 }

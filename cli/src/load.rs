@@ -31,6 +31,8 @@ pub struct Loaded {
 enum Slot {
     Summarized(Box<TraceReport>),
     Unread(PathBuf),
+    /// A complete manifest whose trace is not beside it.
+    Missing(TraceError),
 }
 
 impl Slot {
@@ -38,6 +40,7 @@ impl Slot {
         match self {
             Slot::Summarized(r) => Path::new(&r.file),
             Slot::Unread(f) => f,
+            Slot::Missing(e) => &e.path,
         }
     }
 }
@@ -55,13 +58,20 @@ fn reading_cost(path: &Path) -> u64 {
     (8 << 20) + if gz { size * 4 } else { size / 2 }
 }
 
-/// The reports of a directory's manifests that hold a summary of a complete trace; the trace
-/// files they cover.
-fn from_manifests(dir: &Path, top: usize) -> (Vec<TraceReport>, HashSet<PathBuf>) {
-    let mut reports = Vec::new();
-    let mut covered = HashSet::new();
+/// What a directory's manifests give: the reports of those that hold a summary of a complete
+/// trace, and an error for each complete one whose trace is not beside it.
+#[derive(Default)]
+struct FromManifests {
+    reports: Vec<TraceReport>,
+    missing: Vec<TraceError>,
+}
+
+/// Reads a directory's manifests. A trace and manifest another tool renamed together stay a
+/// pair ([`Manifest::trace_path`]).
+fn from_manifests(dir: &Path, top: usize) -> FromManifests {
+    let mut found = FromManifests::default();
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return (reports, covered);
+        return found;
     };
     for entry in entries.flatten() {
         let path = entry.path();
@@ -70,26 +80,35 @@ fn from_manifests(dir: &Path, top: usize) -> (Vec<TraceReport>, HashSet<PathBuf>
         if !is_manifest_name(name) {
             continue;
         }
-        // A manifest that cannot be read, of a trace not complete, or without a summary is
-        // passed over: its trace is read.
-        let Ok(Manifest {
-            status: Status::Complete,
-            trace_file,
-            summary: Some(mut summary),
-            ..
-        }) = Manifest::read(&path)
-        else {
+        // A manifest that cannot be read or of a trace not complete is passed over (its trace,
+        // if any, is read as a trace).
+        let Ok(manifest) = Manifest::read(&path) else {
             continue;
         };
-        if trace_file.is_empty() {
+        if manifest.status != Status::Complete {
             continue;
         }
-        summary.keep_top(top);
-        let file = dir.join(&trace_file);
-        reports.push(TraceReport::from_manifest(&file, summary));
-        covered.insert(file);
+        // A trace not beside its manifest is an error naming both; the summary the manifest
+        // holds is still reported, under the name the trace was written with.
+        let file = match manifest.trace_path(&path) {
+            Ok(file) => file,
+            Err(e) => {
+                found.missing.push(TraceError {
+                    path: path.clone(),
+                    message: e.to_string(),
+                });
+                dir.join(&manifest.trace_file)
+            }
+        };
+        // Without a summary its trace is read.
+        if let Some(mut summary) = manifest.summary {
+            summary.keep_top(top);
+            found
+                .reports
+                .push(TraceReport::from_manifest(&file, summary));
+        }
     }
-    (reports, covered)
+    found
 }
 
 /// The inputs' traces in the output's order. An input that names nothing readable (a missing
@@ -102,20 +121,22 @@ fn slots(inputs: &Inputs, top: usize) -> Result<Vec<Slot>, Error> {
             slots.extend(found.into_iter().map(Slot::Unread));
             continue;
         }
-        let (summarized, covered) = from_manifests(path, top);
-        let nothing_summarized = summarized.is_empty();
-        let mut here: Vec<Slot> = summarized
+        let FromManifests { reports, missing } = from_manifests(path, top);
+        let summarized: HashSet<PathBuf> = reports.iter().map(|r| PathBuf::from(&r.file)).collect();
+        let nothing_found = reports.is_empty() && missing.is_empty();
+        let mut here: Vec<Slot> = reports
             .into_iter()
             .map(|r| Slot::Summarized(Box::new(r)))
+            .chain(missing.into_iter().map(Slot::Missing))
             .collect();
         match trace::expand(std::slice::from_ref(path)) {
             Ok(found) => here.extend(
                 found
                     .into_iter()
-                    .filter(|f| !covered.contains(f))
+                    .filter(|f| !summarized.contains(f))
                     .map(Slot::Unread),
             ),
-            Err(e) if nothing_summarized => return Err(e.into()),
+            Err(e) if nothing_found => return Err(e.into()),
             Err(_) => {}
         }
         here.sort_by(|a, b| a.file().cmp(b.file()));
@@ -131,10 +152,13 @@ pub fn load(inputs: &Inputs, top: usize) -> Result<Loaded, Error> {
         .iter()
         .filter_map(|s| match s {
             Slot::Unread(f) => Some(f.clone()),
-            Slot::Summarized(_) => None,
+            Slot::Summarized(_) | Slot::Missing(_) => None,
         })
         .collect();
-    let from_manifests = slots.len() - files.len();
+    let from_manifests = slots
+        .iter()
+        .filter(|s| matches!(s, Slot::Summarized(_)))
+        .count();
     if from_manifests > 0 {
         eprintln!(
             "stepscope: {from_manifests} trace(s) summarized from their manifests \
@@ -171,6 +195,7 @@ pub fn load(inputs: &Inputs, top: usize) -> Result<Loaded, Error> {
     for slot in slots {
         let report = match slot {
             Slot::Summarized(r) => Ok(*r),
+            Slot::Missing(e) => Err(e),
             Slot::Unread(f) => read.next().unwrap_or_else(|| {
                 Err(TraceError {
                     path: f,

@@ -159,11 +159,13 @@ pub fn read_events<S: EventSink>(path: &Path, sink: &mut S) -> Result<Meta, Trac
         })
 }
 
-/// Whether a path looks like a trace file: `.json` or `.json.gz`, not hidden (a temporary
-/// still being written), not a stepscope manifest.
+/// Whether a path looks like a trace file: `.json` or `.json.gz`, not a temporary still being
+/// written (hidden, or renamed by a tool that moved it: `….{pid}.partial…`), not a stepscope
+/// manifest.
 pub fn is_trace_file(path: &Path) -> bool {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     !name.starts_with('.')
+        && !name.contains(".partial")
         && !name.ends_with(MANIFEST_SUFFIX)
         && (name.ends_with(".json") || name.ends_with(".json.gz"))
 }
@@ -224,6 +226,7 @@ mod tests {
         assert!(t("w0.123.pt.trace.json.gz") && t("rank-1.json"));
         assert!(!t("w0.123.pt.stepscope.json"));
         assert!(!t(".w0.123.pt.trace.json.gz.77.partial"));
+        assert!(!t("r0_.w0.123.pt.trace.json.gz.77.partial.json"));
         assert!(!t("w0.123.pt.profiler_out.txt"));
     }
 }

@@ -699,10 +699,45 @@ fn a_directory_with_manifests_is_analyzed_from_them_with_the_same_figures() {
     }
     std::fs::remove_file(dir.join("trace_diff__control__control.json.gz")).unwrap();
     std::fs::remove_file(&older).unwrap();
-    let only = top20(&[d]);
+    // Their figures are still given, and each missing trace is an error naming the manifest
+    // and the trace (exit 1), never a silent "[from its manifest]".
+    let out = stepscope(&["analyze", "--json", "--top", "20", d]);
+    assert_eq!(out.status.code(), Some(1));
+    let only: Value = serde_json::from_slice(&out.stdout).unwrap();
     let mut without_first = from_traces["ranks"].clone();
     without_first.as_array_mut().unwrap().remove(0);
     assert!(same_json(&only["ranks"], &without_first));
+    let errors = only["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    for e in errors {
+        let (file, text) = (e["file"].as_str().unwrap(), e["error"].as_str().unwrap());
+        assert!(file.ends_with(".stepscope.json"), "{file}");
+        assert!(
+            text.contains("its trace is missing") && text.contains(".json.gz"),
+            "{text}"
+        );
+    }
+}
+
+/// A trace and its manifest renamed together by another tool (verl's relocation adds the
+/// same prefix to both) stay a pair: analyzed from the manifest, its trace not read twice.
+#[test]
+fn a_trace_and_manifest_renamed_together_are_still_a_pair() {
+    let dir = scratch("renamed");
+    let name = "trace_filter__sampled_rank-1.json.gz";
+    std::fs::copy(data(name), dir.join(name)).unwrap();
+    write_manifests(&dir);
+    for f in [name, "trace_filter__sampled_rank-1.stepscope.json"] {
+        std::fs::rename(dir.join(f), dir.join(format!("rollout-replica0_{f}"))).unwrap();
+    }
+    let doc = analyze_json_top("20", &[dir.to_str().unwrap()]);
+    let traces = doc["traces"].as_array().unwrap();
+    assert_eq!(traces.len(), 1, "{traces:?}");
+    assert_eq!(traces[0]["source"], "manifest");
+    assert!(traces[0]["file"]
+        .as_str()
+        .unwrap()
+        .ends_with("rollout-replica0_trace_filter__sampled_rank-1.json.gz"));
 }
 
 #[test]

@@ -806,3 +806,174 @@ fn the_timeline_page_renders_in_headless_chromium() {
     assert!(out.status.success());
     assert!(std::fs::metadata(&shot).unwrap().len() > 0);
 }
+
+/// A vLLM server with the plugin whose worker writes one trace per stop: `/stepscope/status`
+/// says the trace is being written for the first `writing_polls` status calls after the stop,
+/// then `outcome` (`complete`, or `failed` with an error).
+fn writing_server(writing_polls: usize, outcome: &'static str) -> Server {
+    let stopped = Arc::new(AtomicBool::new(false));
+    let polls = Arc::new(AtomicUsize::new(0));
+    Server::new(move |req, _| {
+        let old = json!({"seq": 1, "status": "complete", "trace_file": "/t/rank0.1.pt.trace.json.gz",
+                         "error": null});
+        match req.path.as_str() {
+            "/stop_profile" => {
+                stopped.store(true, Ordering::SeqCst);
+                Reply::Json(200, json!({}))
+            }
+            "/stepscope/status" if !stopped.load(Ordering::SeqCst) => Reply::Json(
+                200,
+                json!({"workers": [{"worker_name": "rank0", "running": true, "pending_writes": 0,
+                                    "traces": [old]}]}),
+            ),
+            "/stepscope/status" => {
+                let n = polls.fetch_add(1, Ordering::SeqCst);
+                let (status, pending) = if n < writing_polls {
+                    ("writing", 1)
+                } else {
+                    (outcome, 0)
+                };
+                let error = (status == "failed").then_some("No space left on device");
+                Reply::Json(
+                    200,
+                    json!({"workers": [{"worker_name": "rank0", "running": false,
+                        "pending_writes": pending, "traces": [old, {"seq": 2, "status": status,
+                        "trace_file": "/t/rank0.2.pt.trace.json.gz", "error": error}]}]}),
+                )
+            }
+            _ => Reply::Json(404, json!({"detail": "Not Found"})),
+        }
+    })
+}
+
+#[test]
+fn stop_wait_returns_once_every_workers_trace_is_written_and_lists_it() {
+    let server = writing_server(3, "complete");
+    let (out, _) = ctl(&["stop", "--wait", "--worker", &server.url]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{table}");
+    // Only this stop's trace, once complete; the earlier one is not listed.
+    assert!(
+        table.contains("complete") && table.contains("/t/rank0.2.pt.trace.json.gz"),
+        "{table}"
+    );
+    assert!(!table.contains("rank0.1.pt"), "{table}");
+    let polls_after_stop = server
+        .requests()
+        .iter()
+        .skip_while(|r| r.path != "/stop_profile")
+        .filter(|r| r.path == "/stepscope/status")
+        .count();
+    assert_eq!(
+        polls_after_stop, 4,
+        "three answers said writing, the fourth complete"
+    );
+
+    let server = writing_server(1, "complete");
+    let (out, _) = ctl(&["stop", "--wait", "--json", "--worker", &server.url]);
+    let doc = json_of(&out);
+    assert_eq!(doc["traces"][0]["status"], "complete");
+    assert_eq!(doc["workers"][0]["ok"], true);
+}
+
+#[test]
+fn stop_wait_exits_1_naming_a_trace_that_failed() {
+    let server = writing_server(1, "failed");
+    let (out, _) = ctl(&["stop", "--wait", "--worker", &server.url]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("failed"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        row.contains("rank0.2.pt.trace.json.gz") && row.contains("No space left on device"),
+        "{row}"
+    );
+    // A server without the status endpoint cannot be said to have written its traces.
+    let bare = Server::new(|req, _| match req.path.as_str() {
+        "/stop_profile" => Reply::Json(200, json!({})),
+        _ => Reply::Json(404, json!({"detail": "Not Found"})),
+    });
+    let (out, _) = ctl(&[
+        "stop",
+        "--wait",
+        "--wait-timeout",
+        "5",
+        "--worker",
+        &bare.url,
+    ]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{table}");
+    assert!(table.contains("could not be read"), "{table}");
+}
+
+/// `stepscope wait DIR`: returns once no manifest under DIR is `writing`, 0 when all are
+/// complete, 1 naming the others; a writer still at work is waited for.
+#[test]
+fn wait_returns_when_the_directorys_traces_are_written() {
+    let dir = std::env::temp_dir().join(format!("stepscope-wait-{}", std::process::id()));
+    let sub = dir.join("agent_loop_rollout_replica_0");
+    std::fs::create_dir_all(&sub).unwrap();
+    let manifest = sub.join("rank0.5.stepscope.json");
+    let write = |status: &str| {
+        std::fs::write(
+            &manifest,
+            json!({"status": status, "pid": 1, "trace_file": "rank0.5.pt.trace.json.gz",
+                   "error": (status == "failed").then_some("disk full")})
+            .to_string(),
+        )
+        .unwrap()
+    };
+    write("writing");
+    std::fs::write(sub.join("rank0.5.pt.trace.json.gz"), b"x").unwrap();
+    let wait = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_stepscope"))
+            .arg("wait")
+            .arg(&dir)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut child = wait(&["--timeout", "120"]);
+    // Its first line says it waits for the one being written; then the writer finishes.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("1 still being written"), "{line}");
+    write("complete");
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(out.starts_with("complete"), "{out}");
+    assert!(out.contains("rank0.5.pt.trace.json.gz"), "{out}");
+
+    write("failed");
+    let o = wait(&[]).wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.starts_with("failed") && text.contains("disk full"),
+        "{text}"
+    );
+
+    // Still writing at the timeout: 1, saying so.
+    write("writing");
+    let o = wait(&["--timeout", "0.2"]).wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("still being written after"));
+
+    // Fewer manifests than expected; no directory at all.
+    write("complete");
+    let o = wait(&["--expect", "2", "--timeout", "0.2"])
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("fewer than the 2 expected"));
+    std::fs::remove_dir_all(&dir).unwrap();
+    let o = wait(&[]).wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a directory"));
+}

@@ -9,6 +9,7 @@
 //! - `http`: the calls, their retries and what their failures mean, the fan-out;
 //! - `body`: the `/start_profile` body in each engine's dialect;
 //! - `render`: the table and the `--json` document;
+//! - `stop_wait`: `ctl stop --wait`, until every engine worker's traces are written;
 //! - `top`: `ctl top` and `ctl timeline`, from each server's step timeline; `page`: the
 //!   timeline's HTML page.
 
@@ -26,6 +27,7 @@ mod fleet;
 mod http;
 mod page;
 mod render;
+mod stop_wait;
 mod top;
 
 pub use crate::flags::{Engine, StartFields};
@@ -89,7 +91,7 @@ pub fn command(c: &CtlCommand) -> Result<ExitCode, Error> {
             let body = start_body(a.common.engine, &a.fields).map_err(Error::Usage)?;
             run(Action::Start, &a.common, Some(body))
         }
-        CtlCommand::Stop(c) => run(Action::Stop, c, None),
+        CtlCommand::Stop(a) => stop_wait::command(a),
         CtlCommand::Workers(c) => run(Action::Workers, c, None),
         CtlCommand::Status(c) => run(Action::Status, c, None),
         CtlCommand::Top(a) => top::top(a),
