@@ -30,11 +30,18 @@ all: test
 setup:
 	@scripts/setup.sh $(DEBS)
 
-# The toy engine's capture (NVTX and the CUDA profiler API), the torch backend on a libtorch
-# toy engine (a Kineto trace written off the engine thread), the same through the Python
-# package, then reading a real GPU trace back (bundled, from HTA's test set: no GPU here to
-# make one).
+# The main job as users meet it: a live `vllm serve` (vLLM's CPU build, a tiny model) with the
+# plugin, /start_profile, requests, /stop_profile returning with the trace on disk while
+# requests are served, then `stepscope analyze` of that directory. Then the toy engine's
+# capture (NVTX and the CUDA profiler API), the torch backend on a libtorch toy engine, the
+# same through the Python package, and a real GPU trace read back (bundled, from HTA's test
+# set: no GPU here to make one).
 demo: setup python
+	$(PYTHON) scripts/demo_vllm.py out/vllm
+	@echo
+	@echo "== stepscope analyze out/vllm: the worker's and the API server's traces, from their manifests"
+	$(CARGO) run --quiet --release -p stepscope-cli -- analyze --top 5 out/vllm
+	@echo
 	$(CARGO) run --quiet --release --example engine
 	@echo
 	@echo "== the torch (Kineto) backend: a toy engine on libtorch, iterations 4-6 captured"
@@ -128,7 +135,7 @@ sdist: setup
 # The same wheel file installed (--no-deps) into the three environments: the Python API on the
 # stub driver and real Kineto, the vLLM plugin on vLLM 0.32 (with the live `vllm serve` tests)
 # and on vLLM 0.33's modules, the SGLang plugin on SGLang 0.5.23's modules (the built `stepscope`
-# command merges for it); six pytest processes at once, each live server's file in its own
+# command merges for it); seven pytest processes at once, each live server's file in its own
 # (scripts/pytest_envs.sh). ruff first: undefined names, unused imports, likely bugs.
 PY_SOURCES := python tests/python examples scripts/*.py
 test-python: wheel

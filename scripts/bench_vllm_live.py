@@ -10,8 +10,11 @@ one per (profiler, ignore_frontend), each with vLLM's default torch profiler con
   `max_iterations` (vLLM's own profiler stops and exports on the engine thread there), against
   the same request unprofiled;
 - how long until the worker's trace is on disk after the stop, and its JSON size and MB/s
-  (vLLM's: the stop returns once torch has finalized and exported; stepscope's: the manifest's
-  `writer_seconds`, finalize included).
+  (both stops return once the trace is on disk: vLLM's has exported it on the engine thread,
+  stepscope's has waited for its writer, the engine serving on; the script checks the manifest
+  says `complete` at once);
+- short requests sent one after another while `/stop_profile` waits, against the same
+  requests unprofiled: what a stop costs the traffic it overlaps.
 
 Usage: .venv/bin/python scripts/bench_vllm_live.py [--tokens 64] [--requests 8] [--json OUT]
 Needs the release build of the extension for representative writer figures (`make bench`).
@@ -25,12 +28,17 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 
 from live_vllm import VllmServer, cpu_build_missing  # noqa: E402
+
+
+#: Tokens of the short requests sent while a stop waits.
+SHORT_TOKENS = 8
 
 
 def say(*args: object) -> None:
@@ -82,22 +90,36 @@ def run_one(kind: str, ignore_frontend: bool, args: argparse.Namespace, root: Pa
         base = srv.complete(args.requests, args.tokens)
         single = [srv.complete(1, args.tokens)[0] for _ in range(3)]
 
-        # A capture of the same traffic, then /stop_profile.
+        short = [srv.completion(8, SHORT_TOKENS, seed=i)[1] for i in range(5)]
+
+        # A capture of the same traffic, then /stop_profile, with short requests sent one
+        # after another while it waits.
         known: set[str] = set()
         before = worker_traces(traces)
         assert srv.post("/start_profile")[0] == 200, srv.log_tail()
         profiled = srv.complete(args.requests, args.tokens)
+        stop_done = threading.Event()
+        during: list[float] = []
+
+        def overlap() -> None:
+            while not stop_done.is_set():
+                during.append(srv.completion(8, SHORT_TOKENS, seed=len(during))[1])
+
+        t = threading.Thread(target=overlap)
+        t.start()
         status, _, stop_s = srv.post("/stop_profile")
-        stopped = time.monotonic()
+        stop_done.set()
+        t.join()
         assert status == 200, srv.log_tail()
-        if kind == "vllm":
-            (trace,) = worker_traces(traces) - before
-            on_disk_s = stop_s
-            m = None
-        else:
-            m = wait_manifest(traces, known)
-            on_disk_s = m["writer_seconds"]
-            trace = traces / m["trace_file"]
+        (trace,) = worker_traces(traces) - before  # on disk when the stop returned
+        m = None
+        if kind != "vllm":
+            (mpath,) = [p for p in traces.glob("rank0.*.stepscope.json")
+                        if p.name.startswith(trace.name.split(".pt.trace")[0])]
+            m = json.loads(mpath.read_text())
+            assert m["status"] == "complete", m
+            known.add(mpath.name)
+        on_disk_s = stop_s
         out.update(
             stop_profile_s=stop_s,
             latency_base_median_s=statistics.median(base),
@@ -106,10 +128,15 @@ def run_one(kind: str, ignore_frontend: bool, args: argparse.Namespace, root: Pa
             trace_json_mb=json_size(trace) / 1e6,
             trace_gz_mb=trace.stat().st_size / 1e6,
         )
+        out.update(
+            short_base_median_s=statistics.median(short),
+            short_during_stop=during,
+        )
         if m is not None:
-            out.update(finalize_s=m["finalize_seconds"], write_s=m["write_seconds"])
-            out["wall_until_manifest_s"] = time.monotonic() - stopped + stop_s
-        say(f"   capture: stop_profile {stop_s:.3f} s, trace on disk after {on_disk_s:.2f} s")
+            out.update(finalize_s=m["finalize_seconds"], write_s=m["write_seconds"],
+                       writer_s=m["writer_seconds"])
+        say(f"   capture: stop_profile {stop_s:.3f} s with the trace on disk; "
+            f"{len(during)} short request(s) sent during it")
 
         # One request crossing the automatic stop of an 8-iteration window.
         time.sleep(1 if kind == "vllm" else 0)
@@ -164,8 +191,19 @@ def main() -> int:
     print("|---|---|---|---|")
     for ign in (True, False):
         v, s = by[("vllm", ign)], by[("stepscope", ign)]
-        print(f"| `/stop_profile`, ignore_frontend={str(ign).lower()} | {v['stop_profile_s']:.3f} s "
+        print(f"| `/stop_profile` (returns with the trace on disk), "
+              f"ignore_frontend={str(ign).lower()} | {v['stop_profile_s']:.3f} s "
               f"| {s['stop_profile_s']:.3f} s | {v['stop_profile_s'] / s['stop_profile_s']:.0f}x |")
+    for ign in (True, False):
+        v, s = by[("vllm", ign)], by[("stepscope", ign)]
+        cells = []
+        for r in (v, s):
+            d = r["short_during_stop"]
+            cells.append(f"{len(d)} sent, median {statistics.median(d):.3f} s, max {max(d):.3f} s"
+                         f" ({statistics.median(d) / r['short_base_median_s']:.1f}x unprofiled "
+                         f"{r['short_base_median_s']:.3f} s)")
+        print(f"| {SHORT_TOKENS}-token requests sent one after another during `/stop_profile`, "
+              f"ignore_frontend={str(ign).lower()} | {cells[0]} | {cells[1]} | |")
     for ign in (True, False):
         v, s = by[("vllm", ign)], by[("stepscope", ign)]
         print(f"| request crossing the auto-stop (unprofiled: {v['single_base_median_s']:.3f} / "
@@ -180,12 +218,12 @@ def main() -> int:
     for ign in (True, False):
         v, s = by[("vllm", ign)], by[("stepscope", ign)]
         vr = v["trace_json_mb"] / v["trace_on_disk_s"]
-        sr = s["trace_json_mb"] / s["trace_on_disk_s"]
-        print(f"| worker trace on disk after the stop, ignore_frontend={str(ign).lower()} "
+        print(f"| worker trace written, ignore_frontend={str(ign).lower()} "
               f"| {v['trace_on_disk_s']:.2f} s ({v['trace_json_mb']:.0f} MB JSON, {vr:.1f} MB/s, "
-              f"{v['trace_gz_mb']:.1f} MB gz) | {s['trace_on_disk_s']:.2f} s ({s['trace_json_mb']:.0f} MB "
-              f"JSON, {sr:.1f} MB/s, {s['trace_gz_mb']:.1f} MB gz; finalize {s['finalize_s']:.2f} s) "
-              f"| {sr / vr:.1f}x MB/s |")
+              f"{v['trace_gz_mb']:.1f} MB gz) | {s['writer_s']:.2f} s from the stop to the "
+              f"rename ({s['trace_json_mb']:.0f} MB JSON, {s['trace_json_mb'] / s['writer_s']:.1f} "
+              f"MB/s, {s['trace_gz_mb']:.1f} MB gz; finalize {s['finalize_s']:.2f} s) "
+              f"| {v['trace_on_disk_s'] / s['writer_s']:.1f}x |")
     return 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python tests in the three environments, as six pytest processes at once: each live vLLM
+# The Python tests in the three environments, as seven pytest processes at once: each live vLLM
 # server's test file in a process of its own (a server start is mostly three processes
 # importing vLLM, and the three starts overlap), the rest of vLLM 0.32's tests, vLLM 0.33's,
 # SGLang's. On two cores one process after another leaves a core idle while a server imports;
@@ -27,8 +27,10 @@ live=tests/python/test_vllm_live
 run "vLLM 0.32 / torch 2.13, live: windows, stops, the timeline ($py)" "$py" "$live.py"
 run "vLLM 0.32 / torch 2.13, live: the slow-step trigger ($py)" "$py" "${live}_trigger.py"
 run "vLLM 0.32 / torch 2.13, live: a repeat series ($py)" "$py" "${live}_repeat.py"
+run "vLLM 0.32 / torch 2.13, live: verl's rollout server and its stops ($py)" "$py" "${live}_verl.py"
 run "vLLM 0.32 / torch 2.13 ($py)" "$py" tests/python \
-  --ignore "$live.py" --ignore "${live}_trigger.py" --ignore "${live}_repeat.py"
+  --ignore "$live.py" --ignore "${live}_trigger.py" --ignore "${live}_repeat.py" \
+  --ignore "${live}_verl.py"
 run "vLLM 0.33 / torch 2.14 ($py033)" "$py033" tests/python --ignore "$live.py"
 STEPSCOPE_CLI=$cli run "SGLang 0.5.23 / torch 2.14.1 ($pysgl)" "$pysgl" \
   tests/python/test_sglang.py tests/python/test_sglang_differential.py

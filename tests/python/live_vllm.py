@@ -63,6 +63,30 @@ def cpu_build_missing() -> str | None:
     return None
 
 
+def live_env(ipc_dir: str) -> dict[str, str]:
+    """The environment of a live vLLM process on this CPU: the CPU platform, 1 GiB of KV cache,
+    and everything it writes besides its traces kept in ``ipc_dir`` (removed by its owner)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STEPSCOPE_", "VLLM_"))}
+    env.update(
+        {
+            "VLLM_TARGET_DEVICE": "cpu",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    # vLLM's ZMQ sockets (VLLM_RPC_BASE_PATH, else /tmp, where they outlive the server).
+    env["VLLM_RPC_BASE_PATH"] = ipc_dir
+    # What else the server writes, left behind after every start (its torch.distributed init
+    # file in the temporary directory, its compiled model, ~4 MB, under ~/.cache/vllm;
+    # inductor's cache should it write one), goes here too. The cache made no later start
+    # faster (measured: each start's model path is new, so each compiles).
+    env["TMPDIR"] = ipc_dir
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(ipc_dir, "inductor")
+    env["VLLM_CACHE_ROOT"] = os.path.join(ipc_dir, "cache")
+    return env
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -140,27 +164,13 @@ class VllmServer:
         self.ipc_dir: str | None = None
         self.open_requests: list[OpenCompletion] = []
 
-    def start(self, timeout: float = 600) -> VllmServer:
+    def start(self, timeout: float = 600, progress: Any = None, every: float = 10) -> VllmServer:
+        """Starts the server and waits until it answers /health. ``progress(seconds, line)``,
+        if given, is called every ``every`` seconds meanwhile with the log's last line."""
         self.model.mkdir(parents=True, exist_ok=True)
         (self.model / "config.json").write_text(json.dumps(self.model_config))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("STEPSCOPE_", "VLLM_"))}
-        env.update(
-            {
-                "VLLM_TARGET_DEVICE": "cpu",
-                "VLLM_CPU_KVCACHE_SPACE": "1",
-                "VLLM_NO_USAGE_STATS": "1",
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
         self.ipc_dir = tempfile.mkdtemp(prefix="stepscope-vllm-")
-        env["VLLM_RPC_BASE_PATH"] = self.ipc_dir
-        # What else the server writes, left behind after every start (its torch.distributed
-        # init file in the temporary directory, its compiled model, ~4 MB, under
-        # ~/.cache/vllm; inductor's cache should it write one), goes here too. The cache made
-        # no later start faster (measured: each start's model path is new, so each compiles).
-        env["TMPDIR"] = self.ipc_dir
-        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(self.ipc_dir, "inductor")
-        env["VLLM_CACHE_ROOT"] = os.path.join(self.ipc_dir, "cache")
+        env = live_env(self.ipc_dir)
         env.update(self.env)
         vllm_cli = Path(sys.executable).parent / "vllm"
         cmd = [
@@ -177,8 +187,14 @@ class VllmServer:
             start_new_session=True,
         )  # fmt: skip
         log.close()
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = began + timeout
+        said = began
         while time.monotonic() < deadline:
+            if progress is not None and time.monotonic() - said >= every:
+                said = time.monotonic()
+                last = self.log_tail(1).strip()
+                progress(said - began, last)
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vllm serve exited ({self.proc.returncode}):\n{self.log_tail()}")
             try:

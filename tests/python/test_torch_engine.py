@@ -403,3 +403,37 @@ def test_an_open_ended_capture_with_stacks_ends_itself_at_max_capture_mb(tmp_pat
     assert p.is_active
     p.stop()
     assert p.flush(120)
+
+
+def test_wait_written_returns_with_the_stops_traces_on_disk_and_names_one_not_written(tmp_path):
+    """What the engine plugins build their waiting stop on: a ticket before the stop, then
+    ``wait_written``, after which the files are acted on at once (as verl moves them)."""
+    p = stepscope.WorkerProfiler(config(tmp_path), "w0")
+    ticket = p.write_ticket()
+    p.start()
+    engine(p, 3)
+    p.stop()
+    writes = p.wait_written(ticket)
+    (trace,) = writes["traces"]
+    assert writes["settled"] and trace["status"] == "complete" and trace["seq"] == ticket
+    # At once: whole, and its manifest complete.
+    assert len(spans(read_trace(Path(trace["trace_file"])), "user_annotation")) == 3
+    assert stepscope.read_manifest(trace["manifest_file"])["status"] == "complete"
+    assert stepscope.manifest_trace_path(trace["manifest_file"]) == trace["trace_file"]
+    assert p.status()["traces"][-1] == trace
+
+    # A directory gone under the capture: the write fails, and the wait says which and why.
+    ticket = p.write_ticket()
+    p.start()
+    engine(p, 2)
+    for f in tmp_path.iterdir():
+        f.unlink()
+    tmp_path.rmdir()
+    tmp_path.write_text("not a directory any more")
+    p.stop()
+    with pytest.raises(stepscope.TraceNotWritten) as e:
+        p.wait_written(ticket)
+    (failed,) = e.value.traces
+    assert failed["worker"] == "w0" and failed["status"] == "failed"
+    assert "w0" in str(e.value) and failed["trace_file"] in str(e.value)
+    tmp_path.unlink()

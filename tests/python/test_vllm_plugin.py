@@ -681,3 +681,187 @@ def test_without_the_timeline_the_profiler_waits_for_start_profile(vllm_loaded, 
         pass
     assert worker.profiler is None
     assert plugin.worker_timeline(worker)["steps"] is None
+
+
+class EngineCore:
+    """vLLM's engine-core client as AsyncLLM and LLMEngine use it for profiling, answered by
+    real worker objects (each with its stepscope profiler and real Kineto): ``profile`` reaches
+    every worker as vLLM's executor does, and a worker's exception comes back as vLLM's
+    utility call reports it (an Exception with the text)."""
+
+    def __init__(self, workers):
+        self.workers = workers
+        self.rpcs: list[str] = []
+
+    def shutdown(self, *args, **kwargs):
+        pass
+
+    def profile(self, is_start=True, *args):
+        try:
+            for w in self.workers:
+                w.profile(is_start)
+        except Exception as e:  # noqa: BLE001 - as vLLM's utility call passes it on
+            raise Exception(f"Call to profile method failed: {e}") from None  # noqa: TRY002
+
+    async def profile_async(self, is_start=True, *args):
+        self.profile(is_start, *args)
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.rpcs.append(method)
+        return [getattr(w, method)(*args, **(kwargs or {})) for w in self.workers]
+
+
+def engines(gpu_worker, tmp_path, stepscope_keys=None, monkeypatch=None):
+    """vLLM's AsyncLLM and LLMEngine (their real profiling methods, as the plugin patched
+    them) around a worker whose traces go to ``tmp_path`` (one: Kineto records one session per
+    thread, and these workers share the test's)."""
+    import asyncio
+
+    from vllm.config import ProfilerConfig
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    if stepscope_keys is not None:
+        monkeypatch.setenv("STEPSCOPE_CONFIG", json.dumps({"stepscope": stepscope_keys}))
+        monkeypatch.setattr(plugin.environment, "_stepscope_keys", None)
+    cfg = ProfilerConfig(profiler="torch", torch_profiler_dir=str(tmp_path))
+    core = EngineCore([bare_worker(gpu_worker, cfg, rank=0)])
+    async_llm = AsyncLLM.__new__(AsyncLLM)
+    async_llm.engine_core = core
+    async_llm.profiler = None
+    async_llm._profile_lock = asyncio.Lock()
+    async_llm._profile_session_guard_enabled = True
+    async_llm._profile_session_active = False
+    async_llm._frontend_profiler_injected = True
+
+    async def collective_rpc(method, timeout=None, args=(), kwargs=None):
+        return core.collective_rpc(method, timeout, args, kwargs)
+
+    async_llm.collective_rpc = collective_rpc
+    llm_engine = LLMEngine.__new__(LLMEngine)
+    llm_engine.engine_core = core
+    llm_engine._profile_session_active = False
+    llm_engine.collective_rpc = core.collective_rpc
+    return async_llm, llm_engine, core
+
+
+def step(core, n=2):
+    for w in core.workers:
+        for _ in range(n):
+            w.profiler.step()
+
+
+def test_the_plugin_patches_the_stop_the_start_and_the_profile_routes(vllm_loaded):
+    from vllm.entrypoints.serve.profile import api_router
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from stepscope.vllm.interfaces import PATCHED_MARK
+
+    for fn in (AsyncLLM.stop_profile, AsyncLLM.start_profile, LLMEngine.stop_profile,
+               LLMEngine.start_profile, api_router.attach_router):  # fmt: skip
+        assert hasattr(fn, PATCHED_MARK), fn
+
+
+def test_a_stop_returns_with_every_workers_trace_complete_on_disk(vllm_loaded, tmp_path):
+    import asyncio
+
+    async_llm, llm_engine, core = engines(vllm_loaded, tmp_path)
+    for engine, run in ((async_llm, asyncio.run), (llm_engine, lambda x: x)):
+        core.rpcs.clear()
+        run(engine.start_profile())
+        step(core)
+        run(engine.stop_profile())
+        # Acted on at once, as verl does: every trace of the stop is whole, its manifest
+        # complete, nothing is being written, no temporary.
+        writes = [w.profiler.writes_since(0) for w in core.workers]
+        assert all(w["pending_writes"] == 0 for w in writes)
+        names = os.listdir(tmp_path)
+        assert not [n for n in names if n.startswith(".")], names
+        for w in core.workers:
+            (last,) = w.profiler.writes_since(w._stepscope_ticket)["traces"]
+            assert last["status"] == "complete"
+            assert stepscope.read_manifest(last["manifest_file"])["status"] == "complete"
+            with gzip.open(last["trace_file"], "rt") as f:
+                assert json.load(f)["traceEvents"]
+        assert core.rpcs[0] == "stepscope_stop_ticket" and "stepscope_writes" in core.rpcs
+
+
+def test_a_trace_that_cannot_be_written_makes_the_stop_an_error_naming_worker_and_file(
+    vllm_loaded, tmp_path
+):
+    import asyncio
+
+    traces = tmp_path / "traces"
+    async_llm, _, core = engines(vllm_loaded, traces)
+    asyncio.run(async_llm.start_profile())
+    step(core)
+    # The directory goes away under the capture: the write fails.
+    import shutil
+
+    shutil.rmtree(traces)
+    traces.write_text("not a directory")
+    with pytest.raises(stepscope.TraceNotWritten) as e:
+        asyncio.run(async_llm.stop_profile())
+    text = str(e.value)
+    assert "rank0" in text and ".pt.trace.json.gz" in text, text
+    assert {t["status"] for t in e.value.traces} == {"failed"}
+    # The session is over all the same (vLLM's own state too): a new start is taken.
+    assert not async_llm._profile_session_active
+
+
+def test_with_stop_returns_at_once_the_stop_does_not_wait(vllm_loaded, tmp_path, monkeypatch):
+    import asyncio
+
+    async_llm, _, core = engines(vllm_loaded, tmp_path, {"stop_returns": "at_once"}, monkeypatch)
+    asyncio.run(async_llm.start_profile())
+    step(core)
+    asyncio.run(async_llm.stop_profile())
+    assert "stepscope_writes" not in core.rpcs, core.rpcs
+    for w in core.workers:
+        assert w.profiler.flush(60)
+
+
+def test_a_start_refused_by_a_worker_raises_start_refused_naming_the_key(
+    vllm_loaded, tmp_path, monkeypatch
+):
+    import asyncio
+
+    keys = {"min_free_disk_mb": 1 << 40}
+    async_llm, llm_engine, core = engines(vllm_loaded, tmp_path, keys, monkeypatch)
+    for call in (lambda: asyncio.run(async_llm.start_profile()), llm_engine.start_profile):
+        with pytest.raises(stepscope.StartRefused) as e:
+            call()
+        assert e.value.key == "stepscope.min_free_disk_mb"
+        assert "MB free" in str(e.value) and "rank0" in str(e.value)
+    # Nothing armed; AsyncLLM's own session guard was released.
+    assert not async_llm._profile_session_active
+    assert all(not w.profiler.is_active for w in core.workers)
+
+
+def test_the_profile_routes_answer_a_refusal_with_503_and_an_unwritten_trace_with_500(
+    vllm_loaded, tmp_path, monkeypatch
+):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from vllm.entrypoints.serve.profile import api_router
+
+    async def refuse(**kwargs):
+        raise stepscope.StartRefused("start refused by `stepscope.min_free_disk_mb`: full")
+
+    async def unwritten():
+        raise stepscope.TraceNotWritten("rank0: /t/x.pt.trace.json.gz: disk full", [])
+
+    from vllm.config import ProfilerConfig
+
+    app = FastAPI()
+    app.state.engine_client = SimpleNamespace(start_profile=refuse, stop_profile=unwritten)
+    cfg = ProfilerConfig(profiler="torch", torch_profiler_dir=str(tmp_path))
+    app.state.args = SimpleNamespace(profiler_config=cfg)
+    # As vLLM's build_app attaches the profile routes (the plugin's patch adds the handlers).
+    api_router.attach_router(app)
+    client = TestClient(app, raise_server_exceptions=False)
+    r = client.post("/start_profile")
+    assert r.status_code == 503 and "min_free_disk_mb" in r.json()["error"], r.text
+    r = client.post("/stop_profile")
+    assert r.status_code == 500 and "disk full" in r.json()["error"], r.text

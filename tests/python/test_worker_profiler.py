@@ -238,6 +238,45 @@ def test_a_start_from_another_thread_reaches_the_driver_on_the_engine_thread(eng
     }
 
 
+def test_a_stop_from_another_thread_is_running_until_the_driver_has_stopped(engine_script):
+    """The stub driver's log is the truth: while cuProfilerStart has no cuProfilerStop yet,
+    the profiler says it runs (``is_running``, ``status()["running"]``, ``"stopping"``)."""
+    r = engine_script(
+        f"""
+        p = stepscope.WorkerProfiler({cfg()!r}, "w0")
+        engine(p, 1)
+        p.start()
+        t = threading.Thread(target=p.stop); t.start(); t.join()
+        s = p.status()
+        RESULT["pending"] = [p.is_active, p.is_running, s["running"], s["stopping"]]
+        # The doubles' log, in the child's working directory.
+        RESULT["calls_then"] = [l for l in open("doubles.log") if "cuProfiler" in l]
+        engine(p, 1)
+        s = p.status()
+        RESULT["after_step"] = [p.is_active, p.is_running, s["running"], s["stopping"]]
+        """
+    )
+    assert r.result["pending"] == [False, True, True, True]
+    assert len(r.result["calls_then"]) == 1 and "cuProfilerStart" in r.result["calls_then"][0]
+    assert r.result["after_step"] == [False, False, False, False]
+    assert r.driver() == [("cuProfilerStart", "0"), ("cuProfilerStop", "0")]
+
+
+def test_set_output_name_refuses_what_is_no_file_name(engine_script):
+    r = engine_script(
+        f"""
+        p = stepscope.WorkerProfiler({cfg()!r}, "w0")
+        try:
+            p.set_output_name("../x")
+        except ValueError as e:
+            RESULT["error"] = str(e)
+        RESULT["name"] = p.worker_name
+        """
+    )
+    assert "worker_name" in r.result["error"] and "../x" in r.result["error"]
+    assert r.result["name"] == "w0"
+
+
 def test_set_output_name_is_ignored_while_a_session_is_active(engine_script):
     r = engine_script(
         f"""
