@@ -945,7 +945,12 @@ fn wait_returns_when_the_directorys_traces_are_written() {
     assert!(line.contains("1 still being written"), "{line}");
     write("complete");
     let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(0));
     assert!(out.starts_with("complete"), "{out}");
     assert!(out.contains("rank0.5.pt.trace.json.gz"), "{out}");
