@@ -16,8 +16,9 @@ A drop-in for vLLM's ``WorkerProfiler`` (same methods, same delay/max semantics)
                                           num_gen_reqs=31, num_gen_tokens=31))
         run_model(batch)
         profiler.step_end()
+    ticket = profiler.write_ticket()
     profiler.stop()          # returns at once; the trace is written in the background
-    profiler.flush()         # optional: wait for it
+    profiler.wait_written(ticket)   # optional: returns once it is on disk (or raises naming it)
 
 Inside vLLM nothing changes: the plugin (``stepscope.vllm``) makes vLLM's own
 ``--profiler-config`` create stepscope's profiler. See docs/vllm.md.
@@ -140,7 +141,14 @@ class WorkerProfiler(_NativeWorkerProfiler):
     ``config`` is vLLM's ``--profiler-config`` as a dict, JSON text, or a path to a JSON file,
     plus stepscope's own keys under ``"stepscope"``. A bad config raises :class:`ConfigError`
     naming the field. Backend failures in ``start``/``step``/``stop`` are logged on the
-    ``stepscope`` logger and never raise into the engine loop, as in vLLM.
+    ``stepscope`` logger and never raise into the engine loop, as in vLLM. A ``start`` that a
+    capture limit refuses (``stepscope.min_free_disk_mb``, ``max_capture_mb``) raises
+    :class:`StartRefused` naming the key: nothing was armed, and its caller (a control call,
+    not the engine loop) must know.
+
+    ``stop()`` returns at once; the trace is written on stepscope's threads. A caller that
+    must return only once the files are there takes :meth:`write_ticket` before the stop and
+    then :meth:`wait_written` (or polls :meth:`writes_since`), as the vLLM plugin's stop does.
     """
 
     def __init__(

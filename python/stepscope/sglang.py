@@ -710,7 +710,8 @@ class _SchedulerProfiler:
             ).start()
         return (
             f"Succeeded. stepscope writes the traces to {window.output_dir} off the scheduler "
-            f"thread; each {window.profile}-*.stepscope.json says when its trace is complete."
+            f"thread; each {window.profile}-*.stepscope.json says when its trace is complete, "
+            f"and `stepscope wait {window.output_dir}` returns once they all are."
         )
 
     def _make_profilers(

@@ -583,3 +583,30 @@ def test_the_step_timeline_times_every_forward_batch_and_ctl_top_reads_it(monkey
     assert row["mean_requests"] == pytest.approx(sum(r for _, r in batches) / len(batches))
     durations = sorted(t["duration_ns"] / 1e6 for t in steps)
     assert row["max_ms"] == pytest.approx(durations[-1])
+
+
+def test_a_stop_answers_at_once_and_server_info_then_says_where_each_trace_is(tmp_path):
+    """SGLang's stop is answered at once (its message says how to wait); the scheduler's
+    status in /server_info lists each trace with where it is and how its write ended, which
+    `stepscope ctl stop --wait --engine sglang` polls."""
+    from sglang.srt.managers.io_struct import GetInternalStateReq, GetInternalStateReqOutput
+
+    s = Scheduler()
+    assert s.profile(**profile_req(tmp_path, "waited")).success
+    for _ in range(2):
+        s.run(P)
+    reply = s.stop()
+    assert reply.success and f"stepscope wait {tmp_path}" in reply.message, reply.message
+    for p in plugin._state_of(s.manager).profilers:
+        assert p.flush(60)
+    controller = SimpleNamespace(scheduler=SimpleNamespace(profiler_manager=s.manager))
+    out = plugin._after_internal_state(
+        GetInternalStateReqOutput(internal_state={}), controller, GetInternalStateReq()
+    )
+    (worker,) = out.internal_state["stepscope"]["workers"]
+    assert not worker["running"] and not worker["stopping"] and worker["pending_writes"] == 0
+    trace = worker["traces"][-1]
+    assert trace["status"] == "complete", trace
+    assert trace["trace_file"] == str(tmp_path / "waited-TP-0.trace.json.gz")
+    assert Path(trace["trace_file"]).is_file()
+

@@ -696,15 +696,16 @@ class EngineCore:
     def shutdown(self, *args, **kwargs):
         pass
 
-    def profile(self, is_start=True, *args):
+    def profile(self, is_start=True, *args, **kwargs):
         try:
             for w in self.workers:
                 w.profile(is_start)
         except Exception as e:  # noqa: BLE001 - as vLLM's utility call passes it on
             raise Exception(f"Call to profile method failed: {e}") from None  # noqa: TRY002
 
-    async def profile_async(self, is_start=True, *args):
-        self.profile(is_start, *args)
+    async def profile_async(self, is_start=True, *args, **kwargs):
+        # vLLM 0.33 passes profiler_kwargs too: the workers' start here takes the config's.
+        self.profile(is_start)
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.rpcs.append(method)
