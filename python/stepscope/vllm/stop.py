@@ -56,12 +56,14 @@ def _refusal(e: BaseException) -> Exception | None:
 
 class _Plan:
     """What one stop waits for: the workers' answers to the ticket RPC and the frontend
-    profiler's ticket."""
+    profiler's ticket; then, polled, where their traces stand."""
 
     def __init__(self, workers: list[Any] | None, frontend: Any) -> None:
         self.workers = [w for w in (workers or []) if isinstance(w, dict) and w.get("stepscope")]
         self.frontend = frontend
         self.frontend_ticket = frontend.write_ticket() if frontend is not None else None
+        self.began = 0.0
+        self.poll = _POLL_FIRST_S
 
     @property
     def waits(self) -> bool:
@@ -77,6 +79,37 @@ class _Plan:
         if self.frontend is not None:
             limits.append(self.frontend._flush_timeout_s())
         return max(limits, default=600.0)
+
+    def begin(self) -> None:
+        """The stop has reached the workers: the wait begins."""
+        self.began = time.monotonic()
+
+    def answers(self, from_workers: list[Any]) -> list[dict[str, Any]]:
+        """The workers' answers to the writes RPC (those of workers without a stepscope
+        profiler left out) and the frontend's."""
+        answers = [a for a in from_workers if isinstance(a, dict) and a.get("stepscope")]
+        if self.frontend is not None:
+            writes = self.frontend.writes_since(self.frontend_ticket)
+            answers.append({"stepscope": True, "worker_name": self.frontend.worker_name, **writes})
+        return answers
+
+    def next_poll(self, answers: list[dict[str, Any]]) -> float | None:
+        """Seconds to wait before the next poll; None when done (settled, or out of time)."""
+        settled = all(a.get("settled", True) for a in answers)
+        if settled or time.monotonic() - self.began >= self.timeout_s:
+            return None
+        poll, self.poll = self.poll, min(self.poll * 2, _POLL_MAX_S)
+        return poll
+
+    def finish(self, answers: list[dict[str, Any]]) -> None:
+        """Raises TraceNotWritten naming every trace not complete; else logs the wait."""
+        _check(answers, self.timeout_s)
+        logger.info(
+            "stepscope: the stop's %d trace(s) are on disk, %.3f s after the stop reached "
+            "the workers",
+            sum(len(a.get("traces", [])) for a in answers),
+            time.monotonic() - self.began,
+        )
 
 
 def _frontend_of(engine: Any) -> Any:
@@ -104,61 +137,39 @@ def _check(answers: list[Any], waited_s: float) -> None:
         )
 
 
-def _settled(answers: list[Any]) -> bool:
-    return all(a.get("settled", True) for a in answers)
-
-
-def _log_done(answers: list[Any], began: float) -> None:
-    n = sum(len(a.get("traces", [])) for a in answers)
-    logger.info(
-        "stepscope: the stop's %d trace(s) are on disk, %.3f s after the stop reached the "
-        "workers",
-        n,
-        time.monotonic() - began,
-    )
-
-
 async def wait_async(engine: Any, plan: _Plan) -> None:
-    """Waits until the traces the stop ended are settled (polling the workers between engine
-    steps, and the frontend profiler on a thread); raises TraceNotWritten if one is not
-    complete or the time runs out."""
-    began = time.monotonic()
-    deadline = began + plan.timeout_s
-    poll = _POLL_FIRST_S
+    """Waits until the traces the stop ended are settled, polling the workers between engine
+    steps (``AsyncLLM.collective_rpc``: the event loop and the engine go on); raises
+    TraceNotWritten if one is not complete or the time runs out."""
+    plan.begin()
     while True:
-        answers = await engine.collective_rpc(WRITES_RPC) if plan.workers else []
-        answers = [a for a in answers if isinstance(a, dict) and a.get("stepscope")]
-        if plan.frontend is not None:
-            answers.append(_frontend_answer(plan))
-        if _settled(answers) or time.monotonic() >= deadline:
+        answers = plan.answers(await engine.collective_rpc(WRITES_RPC) if plan.workers else [])
+        if (pause := plan.next_poll(answers)) is None:
             break
-        await asyncio.sleep(poll)
-        poll = min(poll * 2, _POLL_MAX_S)
-    _check(answers, plan.timeout_s)
-    _log_done(answers, began)
+        await asyncio.sleep(pause)
+    plan.finish(answers)
 
 
 def wait_sync(collective_rpc: Callable[..., list[Any]], plan: _Plan) -> None:
     """:func:`wait_async` for the synchronous engine (``LLM``)."""
-    began = time.monotonic()
-    deadline = began + plan.timeout_s
-    poll = _POLL_FIRST_S
+    plan.begin()
     while True:
-        answers = collective_rpc(WRITES_RPC) if plan.workers else []
-        answers = [a for a in answers if isinstance(a, dict) and a.get("stepscope")]
-        if plan.frontend is not None:
-            answers.append(_frontend_answer(plan))
-        if _settled(answers) or time.monotonic() >= deadline:
+        answers = plan.answers(collective_rpc(WRITES_RPC) if plan.workers else [])
+        if (pause := plan.next_poll(answers)) is None:
             break
-        time.sleep(poll)
-        poll = min(poll * 2, _POLL_MAX_S)
-    _check(answers, plan.timeout_s)
-    _log_done(answers, began)
+        time.sleep(pause)
+    plan.finish(answers)
 
 
-def _frontend_answer(plan: _Plan) -> dict[str, Any]:
-    writes = plan.frontend.writes_since(plan.frontend_ticket)
-    return {"stepscope": True, "worker_name": plan.frontend.worker_name, **writes}
+def _replace(cls: Any, replacements: dict[str, Callable[..., Any]]) -> None:
+    """Puts each replacement on ``cls`` in place of the method it names, marked with it."""
+    for name, new in replacements.items():
+        old = getattr(cls, name)
+        new.__doc__ = old.__doc__
+        new.__name__ = old.__name__
+        new.__qualname__ = old.__qualname__
+        setattr(new, PATCHED_MARK, old)
+        setattr(cls, name, new)
 
 
 def _patch_async_llm(module: ModuleType) -> None:
@@ -176,8 +187,7 @@ def _patch_async_llm(module: ModuleType) -> None:
         try:
             await start(self, *args, **kwargs)
         except Exception as e:
-            refused = _refusal(e)
-            if refused is None:
+            if (refused := _refusal(e)) is None:
                 raise
             raise refused from e
 
@@ -192,13 +202,7 @@ def _patch_async_llm(module: ModuleType) -> None:
         if plan.waits:
             await wait_async(self, plan)
 
-    for new, old in ((start_profile, start), (stop_profile, stop)):
-        new.__doc__ = old.__doc__
-        new.__name__ = old.__name__
-        new.__qualname__ = old.__qualname__
-        setattr(new, PATCHED_MARK, old)
-    cls.start_profile = start_profile
-    cls.stop_profile = stop_profile
+    _replace(cls, {"start_profile": start_profile, "stop_profile": stop_profile})
 
 
 def _patch_llm_engine(module: ModuleType) -> None:
@@ -215,8 +219,7 @@ def _patch_llm_engine(module: ModuleType) -> None:
         try:
             start(self, *args, **kwargs)
         except Exception as e:
-            refused = _refusal(e)
-            if refused is None:
+            if (refused := _refusal(e)) is None:
                 raise
             raise refused from e
 
@@ -231,13 +234,7 @@ def _patch_llm_engine(module: ModuleType) -> None:
         if plan.waits:
             wait_sync(self.collective_rpc, plan)
 
-    for new, old in ((start_profile, start), (stop_profile, stop)):
-        new.__doc__ = old.__doc__
-        new.__name__ = old.__name__
-        new.__qualname__ = old.__qualname__
-        setattr(new, PATCHED_MARK, old)
-    cls.start_profile = start_profile
-    cls.stop_profile = stop_profile
+    _replace(cls, {"start_profile": start_profile, "stop_profile": stop_profile})
 
 
 def _patch_profile_router(module: ModuleType) -> None:
