@@ -220,9 +220,11 @@ pub struct Common {
     /// Request dialect of the workers
     #[arg(long, value_enum, default_value = "vllm")]
     pub engine: Engine,
-    /// Seconds each worker request may take (connect, send, answer)
-    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = positive_secs)]
-    pub timeout: f64,
+    /// Seconds each worker request may take (connect, send, answer) [default: 30; `ctl stop`:
+    /// 630, since a stop answers once its traces are written, up to the workers'
+    /// flush_timeout_s of 600 by default]
+    #[arg(long, value_name = "SECS", value_parser = positive_secs)]
+    pub timeout: Option<f64>,
     /// Workers contacted at once (default: all)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub concurrency: Option<u32>,
@@ -295,6 +297,19 @@ pub struct StartFields {
     #[arg(long, value_name = "BOOL", help_heading = "SGLang body fields")]
     pub record_shapes: Option<bool>,
 }
+
+impl Common {
+    /// A worker request's timeout for `action`: `--timeout`, else the action's default.
+    pub fn timeout_for(&self, stop: bool) -> std::time::Duration {
+        let default = if stop { STOP_TIMEOUT_S } else { TIMEOUT_S };
+        std::time::Duration::from_secs_f64(self.timeout.unwrap_or(default))
+    }
+}
+
+/// A worker request's default timeout, s.
+pub const TIMEOUT_S: f64 = 30.0;
+/// `/stop_profile`'s: the workers' default `stepscope.flush_timeout_s` and some margin.
+pub const STOP_TIMEOUT_S: f64 = 630.0;
 
 pub fn positive_secs(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {

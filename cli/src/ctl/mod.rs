@@ -14,7 +14,7 @@
 //!   timeline's HTML page.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::Value;
 
@@ -42,7 +42,7 @@ pub use top::{parse_timeline, percentile, render_top, summarize, Row, Span, Step
 /// succeeded, 1 when some did not.
 pub fn run(action: Action, c: &Common, body: Option<Value>) -> Result<ExitCode, Error> {
     let started = Instant::now();
-    let agent = agent(Duration::from_secs_f64(c.timeout));
+    let agent = agent(c.timeout_for(action == Action::Stop));
     let workers = top::servers_with_unhealthy(c, &agent)?;
 
     let (to_call, skipped): (Vec<_>, Vec<_>) = workers

@@ -93,7 +93,7 @@ pub fn command(a: &StopArgs) -> Result<ExitCode, Error> {
         return super::run(Action::Stop, c, None);
     }
     let started = Instant::now();
-    let agent = agent(Duration::from_secs_f64(c.timeout));
+    let agent = agent(c.timeout_for(true));
     let urls: Vec<String> = top::servers_with_unhealthy(c, &agent)?
         .into_iter()
         .filter(|w| c.include_unhealthy || w.healthy != Some(false))

@@ -464,7 +464,7 @@ pub fn parse_server_info(url: &str, body: &str) -> Result<Vec<WorkerTimeline>, S
 
 /// `stepscope ctl top`.
 pub fn top(a: &TopArgs) -> Result<ExitCode, Error> {
-    let agent = agent(Duration::from_secs_f64(a.common.timeout));
+    let agent = agent(a.common.timeout_for(false));
     let servers = servers(&a.common, &agent)?;
     let span = match a.since_step {
         Some(step) => Span::SinceStep(step),
@@ -603,7 +603,7 @@ pub(super) fn gather_once(
     c: &Common,
     keep: usize,
 ) -> Result<(Vec<WorkerTimeline>, Vec<Failure>), Error> {
-    let agent = agent(Duration::from_secs_f64(c.timeout));
+    let agent = agent(c.timeout_for(false));
     let servers = servers(c, &agent)?;
     let mut g = Gathered {
         keep,
