@@ -73,9 +73,10 @@ def main(out: Path) -> int:
         for name in listing:
             if name.endswith(".stepscope.json"):
                 m = json.loads((out / name).read_text())
+                what = ("the API server's own CPU trace" if ".async_llm." in name
+                        else f"{m.get('iterations', 0)} engine iteration(s)")
                 say(f"   {m['trace_file']}: {m['status']}, {m.get('trace_bytes', 0) / 1e6:.1f} MB, "
-                    f"{m.get('iterations', 0)} iteration(s), written {m['writer_seconds']:.2f} s "
-                    f"after the stop")
+                    f"{what}, written {m['writer_seconds']:.2f} s after the stop")
         leftovers = [n for n in listing if n.startswith(".") or ".partial" in n]
         say(f"   temporaries left in {out}: {leftovers or 'none'}")
     finally:
