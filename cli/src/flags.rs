@@ -14,7 +14,8 @@ use clap::{Args, Parser, Subcommand};
         `stepscope ctl` starts, stops and lists profiling on every worker behind a router \
         (vllm-router, SGLang's router) or on workers given directly, concurrently and with a \
         timeout per worker. `stepscope analyze`, `merge` and `report` read the traces back: \
-        Kineto/Chrome traces (.json or .json.gz), one per rank."
+        Kineto/Chrome traces (.json or .json.gz), one per rank. `stepscope wait` waits until \
+        the traces under a directory are written."
 )]
 pub struct Cli {
     #[command(subcommand)]

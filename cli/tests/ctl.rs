@@ -982,3 +982,28 @@ fn wait_returns_when_the_directorys_traces_are_written() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("not a directory"));
 }
+
+/// A start a worker refuses (the vLLM plugin's 503 naming the key) is a failed row saying why.
+#[test]
+fn a_refused_start_is_a_failed_row_naming_the_key() {
+    let refusing = Server::new(|_, _| {
+        Reply::Json(
+            503,
+            json!({"error": "a worker refused the start: start refused by \
+                   `stepscope.min_free_disk_mb`: /traces has 3 MB free (worker rank0)",
+                   "key": "stepscope.min_free_disk_mb"}),
+        )
+    });
+    let ok = Server::ok();
+    let (out, _) = ctl(&["start", "--worker", &refusing.url, "--worker", &ok.url]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.contains(&refusing.url))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        row.contains("FAILED") && row.contains("503") && row.contains("stepscope.min_free_disk_mb"),
+        "{row}"
+    );
+}
