@@ -339,9 +339,9 @@ class VllmServer:
                 )
         # The engine and worker processes share its process group.
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and _group_alive(proc.pid):
+        while time.monotonic() < deadline and group_alive(proc.pid):
             time.sleep(0.2)
-        if _group_alive(proc.pid):
+        if group_alive(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
@@ -371,7 +371,7 @@ class VllmServer:
             time.sleep(0.1)
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:

@@ -15,14 +15,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from live_vllm import cpu_build_missing, live_env
+from live_vllm import group_alive, cpu_build_missing, live_env
 
 pytestmark = [
     pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing())),
@@ -51,17 +53,29 @@ def run(tmp_path_factory):
     env["STEPSCOPE_CONFIG"] = json.dumps({"stepscope": {"min_free_disk_mb": 8}})
     result = workdir / "result.json"
     log = workdir / "log.txt"
+    proc = None
     try:
         with open(log, "wb") as out:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 [sys.executable, str(SCRIPT), str(workdir), str(trace_dir), str(save_path),
                  str(result)],
-                env=env, stdout=out, stderr=subprocess.STDOUT, timeout=900, start_new_session=True,
+                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
+        proc.wait(timeout=900)
         text = log.read_text(errors="replace")
         assert proc.returncode == 0, text[-6000:]
         yield {"result": json.loads(result.read_text()), "log": text, "save_path": save_path}
     finally:
+        if proc is not None:
+            # The engine's processes (its session) end after the script; none outlives the test.
+            deadline = time.monotonic() + 60
+            while group_alive(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if group_alive(proc.pid):
+                os.killpg(proc.pid, signal.SIGKILL)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         subprocess.run(["umount", "-l", str(trace_dir)], check=False)
         shutil.rmtree(ipc, ignore_errors=True)
 
