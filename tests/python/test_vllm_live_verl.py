@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from live_vllm import group_alive, cpu_build_missing, live_env
+from live_vllm import cpu_build_missing, group_alive, live_env
 
 pytestmark = [
     pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing())),
