@@ -39,8 +39,9 @@ pub enum Command {
     Report(ReportArgs),
     /// Wait until every trace under a directory is written (its manifest says complete)
     #[command(
-        after_help = "For flows that end a capture by max_iterations, or an engine whose \
-        stop answers before the trace is written (SGLang), and then list the directory:\n  \
+        after_help = "For flows that end a capture by max_iterations or num_steps (no stop \
+        request), or a stop that answers at once (stop_returns \"at_once\"), and then list \
+        the directory:\n  \
         stepscope wait /traces --timeout 600 && ls /traces\n\n\
         Reads the manifests (*.stepscope.json) under DIR and its subdirectories; prints one \
         line per trace (status, manifest, trace file or why it failed).\n\n\
@@ -123,9 +124,9 @@ pub enum CtlCommand {
     Start(StartArgs),
     /// POST /stop_profile to every worker; with --wait, until every worker's traces are written
     #[command(
-        after_help = "With the vLLM plugin, /stop_profile answers once the traces are on \
-        disk (unless \"stepscope\": {\"stop_returns\": \"at_once\"}); SGLang's answers at \
-        once. --wait then polls each server's stepscope status (vLLM: GET /stepscope/status, \
+        after_help = "With stepscope's vLLM and SGLang plugins, /stop_profile answers once \
+        the traces are on disk (unless \"stepscope\": {\"stop_returns\": \"at_once\"}). \
+        --wait then polls each server's stepscope status (vLLM: GET /stepscope/status, \
         with VLLM_PLUGINS naming stepscope; SGLang: GET /server_info) until no engine worker \
         still records or writes, and lists each trace the stop ended: worker, status, file.\n\n\
         Exit status: 0 when every worker stopped (and, with --wait, every trace is complete), \

@@ -68,6 +68,8 @@ SWITCH_ENV = "STEPSCOPE_SGLANG"
 CLI_ENV = "STEPSCOPE_CLI"
 
 MANAGER_MODULE = "sglang.srt.managers.scheduler_components.profiler_manager"
+#: The scheduler, whose ``process_input_requests`` dispatches and answers control requests.
+SCHEDULER_INPUT = "sglang.srt.managers.scheduler.Scheduler.process_input_requests"
 MANAGER = MANAGER_MODULE + ".SchedulerProfilerManager"
 #: SGLANG_PROFILE_V2's profile manager.
 V2_MODULE = "sglang.srt.utils.profile_utils"
@@ -146,6 +148,8 @@ def register() -> None:
                 (V2_MANAGER + "._do_stop", _around_v2_stop),
             ):
                 HookRegistry.register(target, hook, HookType.AROUND)
+            if _input_known():
+                HookRegistry.register(SCHEDULER_INPUT, _around_input, HookType.AROUND)
             if _has_state_controller():
                 HookRegistry.register(
                     STATE_CONTROLLER + ".get_internal_state",
@@ -204,6 +208,26 @@ def interface_known(module: Any, v2_module: Any = None) -> bool:
     return True
 
 
+def _input_known() -> bool:
+    """Whether ``Scheduler.process_input_requests`` is what the plugin knows (SGLang 0.5.23's,
+    answering through ``send_control_output``); else a stop is answered at once."""
+    try:
+        import importlib
+
+        cls = importlib.import_module(SCHEDULER_INPUT.rsplit(".", 2)[0]).Scheduler
+    except Exception:  # noqa: BLE001 - no scheduler module here: stops answered at once
+        logger.info("stepscope: no SGLang scheduler here; a stop is answered at once")
+        return False
+    known = signature_of(getattr(cls, "process_input_requests", None)) == (
+        ("self", POS),
+        ("recv_reqs", POS),
+    ) and callable(getattr(cls, "send_control_output", None))
+    if not known:
+        logger.info("stepscope: Scheduler.process_input_requests is not one stepscope knows; "
+                    "a stop is answered before its traces are written")  # fmt: skip
+    return known
+
+
 def _has_state_controller() -> bool:
     try:
         import importlib
@@ -247,7 +271,10 @@ def profile_v2() -> bool:
 
 def _around_profile(original: Callable[..., Any], manager: Any, recv_req: Any) -> Any:
     """``SchedulerProfilerManager._profile``: refuses what stepscope must refuse, then lets
-    SGLang's own code take the request (its start and stop reach stepscope's hooks)."""
+    SGLang's own code take the request (its start and stop reach stepscope's hooks). A stop
+    that ended stepscope's window is answered once its traces are written (see
+    :func:`_around_input`), when the scheduler that dispatched it is known."""
+    tickets = _stop_tickets(manager, recv_req)
     try:
         reply = _state_of(manager).request(recv_req)
     except Exception:  # noqa: BLE001 - never into SGLang's scheduler
@@ -256,14 +283,113 @@ def _around_profile(original: Callable[..., Any], manager: Any, recv_req: Any) -
             type(recv_req).__name__,
         )
         reply = None
-    if reply is not None:
-        return reply
-    result = original(manager, recv_req)
+    if reply is None:
+        reply = original(manager, recv_req)
+        try:
+            _state_of(manager).requested(recv_req, reply)
+        except Exception:  # noqa: BLE001
+            logger.debug("stepscope: recording the request failed", exc_info=True)
+    if tickets and getattr(reply, "success", False) and _defer(reply, recv_req, tickets):
+        return None
+    return reply
+
+
+# --- a stop answered once its traces are written ------------------------------------------------
+
+#: The scheduler whose ``process_input_requests`` is dispatching, on its thread.
+_dispatching = threading.local()
+#: Where a scheduler keeps the stops waiting for their traces.
+_PENDING = "_stepscope_pending_stops"
+#: How often a scheduler looks at its waiting stops, s (its loop spins while idle).
+_PENDING_CHECK_S = 0.005
+
+
+def _around_input(original: Callable[..., Any], scheduler: Any, recv_reqs: Any) -> Any:
+    """``Scheduler.process_input_requests``, which dispatches control requests and answers them
+    (``send_control_output``, at once or later, as SGLang's deferred cache flush does): while it
+    dispatches, a stop can defer its answer (:func:`_defer`); afterwards, every stop whose
+    traces are settled is answered. Runs every scheduler loop iteration; checks its waiting
+    stops every 5 ms at most, and costs a dict lookup when none waits."""
+    _dispatching.scheduler = scheduler
     try:
-        _state_of(manager).requested(recv_req, result)
-    except Exception:  # noqa: BLE001
-        logger.debug("stepscope: recording the request failed", exc_info=True)
-    return result
+        return original(scheduler, recv_reqs)
+    finally:
+        _dispatching.scheduler = None
+        if scheduler.__dict__.get(_PENDING):
+            try:
+                _answer_settled(scheduler)
+            except Exception:  # noqa: BLE001 - never into SGLang's scheduler loop
+                logger.exception("stepscope: answering a stop failed")
+
+
+def _stop_tickets(manager: Any, recv_req: Any) -> list[tuple[Any, int]] | None:
+    """For a stop of stepscope's running window whose answer should wait for its traces
+    (``stepscope.stop_returns`` ``"written"``, the default): each profiler with its write
+    ticket, taken before the stop. None otherwise."""
+    try:
+        from sglang.srt.managers.io_struct import ProfileReqType
+
+        state = manager.__dict__.get(_STATE)
+        if (
+            recv_req.req_type != ProfileReqType.STOP_PROFILE
+            or state is None
+            or not state.active
+            or not state.profilers
+            or getattr(_dispatching, "scheduler", None) is None
+        ):
+            return None
+        keys = state.profilers[0].config.get("stepscope", {})
+        if keys.get("stop_returns", "written") != "written":
+            return None
+        return [(p, p.write_ticket()) for p in state.profilers]
+    except Exception:  # noqa: BLE001 - the stop is answered at once then
+        logger.debug("stepscope: no stop tickets", exc_info=True)
+        return None
+
+
+def _defer(reply: Any, recv_req: Any, tickets: list[tuple[Any, int]]) -> bool:
+    """Keeps ``reply`` on the dispatching scheduler until the stop's traces are settled;
+    False (answer now) when no scheduler can answer later."""
+    scheduler = getattr(_dispatching, "scheduler", None)
+    if scheduler is None or not callable(getattr(scheduler, "send_control_output", None)):
+        return False
+    timeout = max(p._flush_timeout_s() for p, _ in tickets)
+    now = time.monotonic()
+    pending = scheduler.__dict__.setdefault(_PENDING, [])
+    pending.append({"reply": reply, "req": recv_req, "tickets": tickets,
+                    "deadline": now + timeout, "timeout": timeout, "began": now})  # fmt: skip
+    scheduler.__dict__["_stepscope_next_check"] = 0.0
+    return True
+
+
+def _answer_settled(scheduler: Any) -> None:
+    """Answers each waiting stop whose traces are all complete or failed (or whose wait ran out
+    of ``flush_timeout_s``): SGLang's success reply with where the traces are, or a failure
+    naming each trace not written and why."""
+    import stepscope
+
+    now = time.monotonic()
+    if now < scheduler.__dict__.get("_stepscope_next_check", 0.0):
+        return
+    scheduler.__dict__["_stepscope_next_check"] = now + _PENDING_CHECK_S
+    waiting = []
+    for stop in scheduler.__dict__[_PENDING]:
+        writes = [(p, p.writes_since(t)) for p, t in stop["tickets"]]
+        if not all(w["settled"] for _, w in writes) and now < stop["deadline"]:
+            waiting.append(stop)
+            continue
+        reply = stop["reply"]
+        try:
+            for p, w in writes:
+                stepscope.check_written(p.worker_name, w, stop["timeout"])
+            files = [t["trace_file"] for _, w in writes for t in w["traces"]]
+            reply = _reply(True, "Succeeded. stepscope wrote " + (", ".join(files) or "no trace")
+                           + f" ({now - stop['began']:.2f} s after the stop)")  # fmt: skip
+        except stepscope.TraceNotWritten as e:
+            logger.error("stepscope: %s", e)
+            reply = _reply(False, f"stepscope: the stop's traces are not all on disk: {e}")
+        scheduler.send_control_output(reply, stop["req"])
+    scheduler.__dict__[_PENDING] = waiting
 
 
 def _around_start(original: Callable[..., Any], manager: Any, stage: Any = None) -> Any:

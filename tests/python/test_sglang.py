@@ -610,3 +610,82 @@ def test_a_stop_answers_at_once_and_server_info_then_says_where_each_trace_is(tm
     assert trace["trace_file"] == str(tmp_path / "waited-TP-0.trace.json.gz")
     assert Path(trace["trace_file"]).is_file()
 
+
+
+def sglang_scheduler(manager, sent: list):
+    """SGLang's own ``Scheduler`` as far as ``process_input_requests`` (with the plugin's hook)
+    and ``send_control_output`` see it: its control requests dispatched to ``manager``, its
+    answers to the tokenizer collected in ``sent`` (the ZMQ socket's place)."""
+    import sglang.srt.managers.scheduler as sm
+
+    sched = sm.Scheduler.__new__(sm.Scheduler)
+    sched.session_controller = SimpleNamespace(maybe_reap=lambda now: None)
+    sched.flush_wrapper = SimpleNamespace(check_pending=lambda: None)
+    sched.external_corpus_manager = None
+    sched.rust_server = None
+    sched.ipc_channels = SimpleNamespace(
+        send_to_tokenizer=SimpleNamespace(send_output=lambda out, req: sent.append(out)),
+        recv_from_rpc=None,
+    )
+    sched._request_dispatcher = manager._profile
+    sched._event_loop_should_restart = False
+    sched.scheduler_stage_metrics = None  # SGLang's own: no stage metrics recorded
+    return sched
+
+
+def test_a_stop_dispatched_by_sglangs_scheduler_is_answered_once_its_traces_are_written(
+    tmp_path,
+):
+    """SGLang's scheduler answers a control request at dispatch or later
+    (``send_control_output``): the plugin answers a stop once its traces are written, while the
+    scheduler loop and its batches go on, and a stop whose trace could not be written is
+    answered as a failure naming it."""
+    import sglang.srt.managers.scheduler as sm
+    from sglang.srt.managers.io_struct import ProfileReq, ProfileReqType
+
+    assert sm.Scheduler.process_input_requests.__wrapped__ is not None, "the hook is not applied"
+    s = Scheduler()
+    sent: list = []
+    sched = sglang_scheduler(s.manager, sent)
+    dispatch = lambda *reqs: sched.process_input_requests(list(reqs))  # noqa: E731
+    dispatch(ProfileReq(**profile_req(tmp_path, "deferred")))
+    assert len(sent) == 1 and sent[0].success, sent
+    s.run(P)
+    s.run(P)
+    with manifest_write_held(tmp_path, "deferred-TP-0"):
+        dispatch(ProfileReq(req_type=ProfileReqType.STOP_PROFILE))
+        # The loop and the batches go on; the stop is not answered while its trace cannot
+        # be written.
+        for _ in range(20):
+            dispatch()
+            s.run(D)
+        assert len(sent) == 1, [r.message for r in sent]
+    deadline = time.monotonic() + 120
+    while len(sent) < 2:
+        assert time.monotonic() < deadline, "the stop was never answered"
+        dispatch()
+        time.sleep(0.01)
+    reply = sent[1]
+    trace = tmp_path / "deferred-TP-0.trace.json.gz"
+    assert reply.success and str(trace) in reply.message, reply.message
+    # Acted on at once, as a client would: whole, its manifest complete.
+    assert json.loads((tmp_path / "deferred-TP-0.stepscope.json").read_text())["status"] == "complete"
+    # (SGLang's own span around process_input_requests is in the window too.)
+    steps = [a for a in annotations(trace) if a.startswith("execute_")]
+    assert steps == [prefill(1), prefill(2)]
+
+    # A trace that cannot be written: the stop's answer is a failure naming it.
+    out = tmp_path / "gone"
+    dispatch(ProfileReq(**profile_req(out, "lost")))
+    s.run(P)
+    for f in out.iterdir():
+        f.unlink()
+    out.rmdir()
+    out.write_text("not a directory any more")
+    dispatch(ProfileReq(req_type=ProfileReqType.STOP_PROFILE))
+    while len(sent) < 4:
+        assert time.monotonic() < deadline, "the failed stop was never answered"
+        dispatch()
+        time.sleep(0.01)
+    failed = sent[3]
+    assert not failed.success and "lost-TP-0.trace.json.gz" in failed.message, failed.message
