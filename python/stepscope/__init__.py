@@ -33,7 +33,7 @@ import multiprocessing.util
 import os
 import weakref
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Mapping, Union
+from typing import Any, Iterable, Mapping, Union
 
 # The extension links no torch: `import stepscope` works with any torch, or none. The torch
 # backend loads its Kineto glue (built per torch minor version, see stepscope.glue) at the first
@@ -252,7 +252,7 @@ class WorkerProfiler(_NativeWorkerProfiler):
             if writes["settled"] or time.monotonic() >= deadline:
                 break
             self.flush(min(0.05, max(0.0, deadline - time.monotonic())))
-        check_written(self.worker_name, writes, limit)
+        check_written([(self.worker_name, writes)], limit)
         return writes
 
     def timeline_dicts(self, since: int = 0) -> list[dict[str, Any]] | None:
@@ -341,26 +341,33 @@ class TraceNotWritten(RuntimeError):
         self.traces = traces
 
 
-def check_written(worker: str, writes: Mapping[str, Any], waited_s: float) -> None:
-    """Raises :class:`TraceNotWritten` unless every trace in ``writes`` (an answer of
-    :meth:`WorkerProfiler.writes_since`) is ``complete`` and the answer is settled."""
+def check_written(
+    answers: Iterable[tuple[str, Mapping[str, Any]]], waited_s: float
+) -> None:
+    """Raises :class:`TraceNotWritten` naming every trace not ``complete`` among ``answers``
+    (each a worker's name and its :meth:`WorkerProfiler.writes_since` answer), and every
+    worker whose stop the engine thread has not carried out yet."""
     bad = []
-    for t in writes.get("traces", []):
-        if t["status"] == "complete":
-            continue
-        why = t.get("error") or (
-            f"still being written after {waited_s:g} s (stepscope.flush_timeout_s)"
-            if t["status"] == "writing"
-            else t["status"]
-        )
-        bad.append({"worker": worker, **t, "error": why})
-    if writes.get("stopping") and not bad:
-        bad.append({"worker": worker, "trace_file": None, "status": "stopping",
-                    "error": f"the stop was not carried out by the engine thread within "
-                             f"{waited_s:g} s (no engine step came)"})
+    for worker, writes in answers:
+        mine = []
+        for t in writes.get("traces", []):
+            if t["status"] == "complete":
+                continue
+            why = t.get("error") or (
+                f"still being written after {waited_s:g} s (stepscope.flush_timeout_s)"
+                if t["status"] == "writing"
+                else t["status"]
+            )
+            mine.append({"worker": worker, **t, "error": why})
+        if writes.get("stopping") and not mine:
+            mine.append({"worker": worker, "trace_file": None, "status": "stopping",
+                         "error": f"the stop was not carried out by the engine thread within "
+                                  f"{waited_s:g} s (no engine step came)"})  # fmt: skip
+        bad.extend(mine)
     if bad:
         raise TraceNotWritten(
-            "; ".join(f"{b['worker']}: {b['trace_file'] or 'its stop'}: {b['error']}" for b in bad),
+            "the stop's traces are not all on disk: "
+            + "; ".join(f"{b['worker']}: {b['trace_file'] or 'its stop'}: {b['error']}" for b in bad),
             bad,
         )
 

@@ -378,16 +378,14 @@ def _answer_settled(scheduler: Any) -> None:
         if not all(w["settled"] for _, w in writes) and now < stop["deadline"]:
             waiting.append(stop)
             continue
-        reply = stop["reply"]
         try:
-            for p, w in writes:
-                stepscope.check_written(p.worker_name, w, stop["timeout"])
+            stepscope.check_written(((p.worker_name, w) for p, w in writes), stop["timeout"])
             files = [t["trace_file"] for _, w in writes for t in w["traces"]]
             reply = _reply(True, "Succeeded. stepscope wrote " + (", ".join(files) or "no trace")
                            + f" ({now - stop['began']:.2f} s after the stop)")  # fmt: skip
         except stepscope.TraceNotWritten as e:
             logger.error("stepscope: %s", e)
-            reply = _reply(False, f"stepscope: the stop's traces are not all on disk: {e}")
+            reply = _reply(False, f"stepscope: {e}")
         scheduler.send_control_output(reply, stop["req"])
     scheduler.__dict__[_PENDING] = waiting
 

@@ -86,16 +86,6 @@ pub enum StopReturns {
     AtOnce,
 }
 
-impl StopReturns {
-    /// The config's word for it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StopReturns::Written => "written",
-            StopReturns::AtOnce => "at_once",
-        }
-    }
-}
-
 /// stepscope's own settings: the `"stepscope": {...}` object of the config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]

@@ -27,8 +27,8 @@ pub struct TraceWrite {
     pub error: Option<String>,
 }
 
-/// Traces whose write has ended are kept, newest first, up to this many (the ones still being
-/// written are always kept): what a caller waiting on a stop reads back.
+/// Of the traces whose write has ended, the newest this many are kept (the ones still being
+/// written always are): what a caller waiting on a stop reads back.
 const KEPT: usize = 64;
 
 #[derive(Debug, Default)]

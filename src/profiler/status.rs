@@ -51,13 +51,6 @@ impl Writes {
     pub fn settled(&self) -> bool {
         !self.stopping && self.traces.iter().all(|t| t.status != WriteStatus::Writing)
     }
-
-    /// The traces that did not get written whole.
-    pub fn failed(&self) -> impl Iterator<Item = &TraceWrite> {
-        self.traces
-            .iter()
-            .filter(|t| matches!(t.status, WriteStatus::Failed | WriteStatus::Unfinished))
-    }
 }
 
 /// A profiler's state ([`crate::WorkerProfiler::status`]); serializes to the JSON that

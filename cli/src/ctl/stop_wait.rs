@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{agent, fan_out, render_json, render_table, top, Action, Outcome};
+use super::{agent, fan_out, render_table, top, Action, Outcome};
 use crate::error::{partial, Error};
 use crate::flags::StopArgs;
 
@@ -144,8 +144,10 @@ pub fn command(a: &StopArgs) -> Result<ExitCode, Error> {
     };
     let traces = traces_since(&before, &after);
     // A server whose status could not be read cannot be said to have written its traces.
-    for o in after.iter().filter(|o| !o.ok) {
-        stopped.push(Outcome {
+    let unreadable: Vec<Outcome> = after
+        .iter()
+        .filter(|o| !o.ok)
+        .map(|o| Outcome {
             url: o.url.clone(),
             ok: false,
             status: o.status,
@@ -155,34 +157,26 @@ pub fn command(a: &StopArgs) -> Result<ExitCode, Error> {
                 "its traces' status could not be read: {}",
                 o.error.as_deref().unwrap_or("no answer")
             )),
-        });
-    }
+        })
+        .collect();
     let unsettled: Vec<String> = engine_workers(&after)
         .into_iter()
         .filter(|(_, w)| !settled(w))
         .map(|((url, _), w)| format!("{url} {}", w["worker_name"].as_str().unwrap_or("?")))
         .collect();
     let failed = !stopped.iter().all(|o| o.ok)
+        || !unreadable.is_empty()
         || !unsettled.is_empty()
         || traces.iter().any(|t| t.status != "complete");
     if c.json {
-        let workers: Value = serde_json::from_str(&render_json(&stopped)).unwrap_or_default();
+        stopped.extend(unreadable);
         println!(
             "{}",
-            serde_json::json!({"workers": workers["workers"], "traces": traces,
-                               "still_writing": unsettled})
+            serde_json::json!({"workers": stopped, "traces": traces, "still_writing": unsettled})
         );
     } else {
-        for o in stopped
-            .iter()
-            .filter(|o| !o.ok && o.engine_workers.is_none())
-        {
-            if o.error
-                .as_deref()
-                .is_some_and(|e| e.starts_with("its traces"))
-            {
-                println!("{}  {}", o.url, o.error.as_deref().unwrap_or(""));
-            }
+        for o in &unreadable {
+            println!("{}  {}", o.url, o.error.as_deref().unwrap_or(""));
         }
         if traces.is_empty() {
             println!("no trace was written by this stop (nothing was being captured)");

@@ -103,7 +103,9 @@ class _Plan:
 
     def finish(self, answers: list[dict[str, Any]]) -> None:
         """Raises TraceNotWritten naming every trace not complete; else logs the wait."""
-        _check(answers, self.timeout_s)
+        import stepscope
+
+        stepscope.check_written(((a["worker_name"], a) for a in answers), self.timeout_s)
         logger.info(
             "stepscope: the stop's %d trace(s) are on disk, %.3f s after the stop reached "
             "the workers",
@@ -118,23 +120,6 @@ def _frontend_of(engine: Any) -> Any:
 
     profiler = getattr(engine, "profiler", None)
     return profiler.profiler if isinstance(profiler, FrontendProfiler) else None
-
-
-def _check(answers: list[Any], waited_s: float) -> None:
-    import stepscope
-
-    bad: list[dict[str, Any]] = []
-    for a in answers:
-        try:
-            stepscope.check_written(a["worker_name"], a, waited_s)
-        except stepscope.TraceNotWritten as e:
-            bad.extend(e.traces)
-    if bad:
-        raise stepscope.TraceNotWritten(
-            "the stop's traces are not all on disk: "
-            + "; ".join(f"{b['worker']}: {b['trace_file'] or 'its stop'}: {b['error']}" for b in bad),
-            bad,
-        )
 
 
 async def wait_async(engine: Any, plan: _Plan) -> None:
@@ -172,16 +157,26 @@ def _replace(cls: Any, replacements: dict[str, Callable[..., Any]]) -> None:
         setattr(cls, name, new)
 
 
-def _patch_async_llm(module: ModuleType) -> None:
-    """``AsyncLLM.start_profile`` raises StartRefused for a worker's refusal;
-    ``AsyncLLM.stop_profile`` returns once the stop's traces are written."""
-    cls = getattr(module, "AsyncLLM", None)
+def _profile_methods(module: ModuleType, name: str) -> tuple[Any, Any, Any] | None:
+    """``module.name`` and its ``start_profile`` and ``stop_profile``, when they are there, not
+    patched yet, and the stop's signature is one the plugin knows."""
+    cls = getattr(module, name, None)
     stop = getattr(cls, "stop_profile", None)
     start = getattr(cls, "start_profile", None)
     if stop is None or start is None or hasattr(stop, PATCHED_MARK):
+        return None
+    if not signature_known(f"{name}.stop_profile", stop, module):
+        return None
+    return cls, start, stop
+
+
+def _patch_async_llm(module: ModuleType) -> None:
+    """``AsyncLLM.start_profile`` raises StartRefused for a worker's refusal;
+    ``AsyncLLM.stop_profile`` returns once the stop's traces are written."""
+    found = _profile_methods(module, "AsyncLLM")
+    if found is None:
         return
-    if not signature_known("AsyncLLM.stop_profile", stop, module):
-        return
+    cls, start, stop = found
 
     async def start_profile(self: Any, *args: Any, **kwargs: Any) -> None:
         try:
@@ -207,13 +202,10 @@ def _patch_async_llm(module: ModuleType) -> None:
 
 def _patch_llm_engine(module: ModuleType) -> None:
     """The synchronous engine behind ``LLM``: the same contract."""
-    cls = getattr(module, "LLMEngine", None)
-    stop = getattr(cls, "stop_profile", None)
-    start = getattr(cls, "start_profile", None)
-    if stop is None or start is None or hasattr(stop, PATCHED_MARK):
+    found = _profile_methods(module, "LLMEngine")
+    if found is None:
         return
-    if not signature_known("LLMEngine.stop_profile", stop, module):
-        return
+    cls, start, stop = found
 
     def start_profile(self: Any, *args: Any, **kwargs: Any) -> None:
         try:
