@@ -23,7 +23,7 @@ VENVSGL := $(CURDIR)/.venv-sglang
 VENV215 := $(CURDIR)/.venv-torch215
 UV := $(VENV)/bin/uv
 
-.PHONY: all setup demo test fmt-check clippy test-rust glue cli-bin python wheel sdist test-python test-wheel test-sdist bench bench-vllm bench-sglang install clean
+.PHONY: all setup demo test fmt-check clippy test-rust header glue cli-bin python wheel sdist test-python test-wheel test-sdist bench bench-vllm bench-sglang install clean
 
 all: test
 
@@ -62,8 +62,8 @@ test:
 	@scripts/phases.sh setup fmt-check clippy test-rust test-python test-wheel test-sdist
 	@echo "make test: all checks passed"
 
-# Formatting, and which way the modules depend (no import circle; the library's layers in
-# ARCHITECTURE.md's order).
+# Formatting, and no import circle among the modules of one crate or of the Python package
+# (the layers between crates are the compiler's to keep).
 fmt-check:
 	$(CARGO) fmt --all -- --check
 	python3 scripts/check_imports.py
@@ -78,12 +78,18 @@ clippy:
 	$(CARGO) clippy -p stepscope --features torch-dynamic --all-targets -- -D warnings
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+# The workspace's tests include the C ABI's (crates/c: C and C++ programs against the cdylib,
+# and include/stepscope.h against what cbindgen generates: a drift fails here).
 test-rust:
 	$(CARGO) test --workspace --all-targets $(NO_TORCH)
 	$(CARGO) test --workspace --doc $(NO_TORCH)
 	$(CARGO) test -p stepscope --features torch-dynamic --lib
 	$(CARGO) test -p stepscope --features torch --lib
 	$(CARGO) test -p stepscope-torch-engine --all-targets
+
+# include/stepscope.h generated from the C ABI's declarations (crates/c/src/lib.rs, cbindgen).
+header:
+	STEPSCOPE_BLESS_HEADER=1 $(CARGO) test --quiet -p stepscope-c --test header
 
 # The Kineto glue for each torch minor version the environments hold (2.13, 2.14, 2.15), built
 # under target/glue/ (about 10 s each when cpp/ changed, else nothing), then staged in the
@@ -107,22 +113,22 @@ python: glue
 
 # The stepscope command for the wheel: built as maturin builds a binary's wheel (release, linked
 # by zig against glibc 2.28), then taken out of that wheel into the package
-# (python/stepscope/_bin/, git-ignored). In a target directory of its own: sharing the wheel's,
-# each of the two builds made the other rebuild the library and nvtx-sys (~16 s a `make test`):
-# the library is built with other features there, and zig names its headers to bindgen by a
-# path relative to where maturin runs.
+# (python/stepscope/_bin/, git-ignored). It depends on the format crate only (no nvtx-sys, no
+# bindgen), in a target directory of its own so that the two release builds never make each
+# other rebuild what they share.
 CLI_BIN := python/stepscope/_bin/stepscope
-# bindgen (nvtx-sys) parses C headers for the target zig names: the host's headers are named.
-CLANG_INCLUDE = $(lastword $(wildcard /usr/lib/llvm-*/lib/clang/*/include))
-ZIG_BINDGEN := BINDGEN_EXTRA_CLANG_ARGS="-isystem $(CLANG_INCLUDE) -isystem /usr/include/x86_64-linux-gnu -isystem /usr/include"
 cli-bin: setup
-	cd cli && $(ZIG_BINDGEN) $(VENV)/bin/maturin build --quiet --release --zig \
+	cd cli && $(VENV)/bin/maturin build --quiet --release --zig \
 		--target-dir ../target/cli-build --out ../target/cli-wheel
 	$(PYTHON) scripts/take_cli.py target/cli-wheel $(CLI_BIN)
 
 # The release wheel under dist/: abi3, manylinux_2_28 (linked by zig against glibc 2.28, as
 # torch's own wheels), optimized, with the Kineto glue for torch 2.13, 2.14 and 2.15 and the
 # stepscope command. What the tests install, and what would be published.
+# The extension links the library, whose nvtx-sys runs bindgen: for the target zig names, the
+# host's C headers are named.
+CLANG_INCLUDE = $(lastword $(wildcard /usr/lib/llvm-*/lib/clang/*/include))
+ZIG_BINDGEN := BINDGEN_EXTRA_CLANG_ARGS="-isystem $(CLANG_INCLUDE) -isystem /usr/include/x86_64-linux-gnu -isystem /usr/include"
 wheel: glue cli-bin
 	rm -f dist/stepscope-*.whl
 	$(ZIG_BINDGEN) $(VENV)/bin/maturin build --quiet --release --zig --out dist
@@ -178,7 +184,7 @@ bench-sglang: wheel
 
 # The C/C++ library, headers and pkg-config file under $(PREFIX).
 install:
-	$(CARGO) build --release
+	$(CARGO) build --release -p stepscope-c
 	scripts/install.sh $(PREFIX) target/release
 
 clean:

@@ -32,20 +32,18 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod backend;
-pub mod config;
-mod error;
-mod ffi;
-// Without a backend that writes traces, only the manifest's atomic write uses it.
-#[cfg_attr(not(feature = "torch-dynamic"), allow(dead_code))]
-mod files;
 pub mod flush;
-pub mod iteration;
-pub mod manifest;
 mod profiler;
-pub mod schedule;
-mod sys;
 pub mod timeline;
-pub mod trace;
+
+// The layers below, in crates of their own: the pure core and the file formats. Re-exported
+// under the paths engines already use.
+use stepscope_core::sys;
+pub use stepscope_core::{config, iteration, schedule};
+use stepscope_format::error;
+#[cfg(feature = "torch-dynamic")]
+use stepscope_format::files;
+pub use stepscope_format::{manifest, trace};
 
 pub use config::ProfilerConfig;
 pub use error::{Error, IoSource, Result};

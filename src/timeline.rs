@@ -25,8 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::iteration::IterationInfo;
 use crate::schedule::Phase;
 
-/// The fewest and most steps a timeline may keep.
-pub const STEPS_RANGE: (usize, usize) = (16, 1 << 20);
+pub use crate::config::TIMELINE_STEPS_RANGE as STEPS_RANGE;
 
 /// The names of a [`TimelineStep`]'s fields, in the order of the tuples and JSON arrays the
 /// Python package and the HTTP routes give.

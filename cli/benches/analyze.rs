@@ -9,8 +9,8 @@ use std::io::Read;
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use stepscope::trace::{EventSink, EventStream, Meta, Summarizer};
 use stepscope_cli::{trace, trace_report};
+use stepscope_format::trace::{EventSink, EventStream, Meta, Summarizer};
 
 const TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -20,7 +20,7 @@ const TRACE: &str = concat!(
 /// Parses every event's fields and drops them.
 struct Parse;
 impl EventSink for Parse {
-    type Event<'de> = stepscope::trace::Event<'de>;
+    type Event<'de> = stepscope_format::trace::Event<'de>;
     fn event(&mut self, e: Self::Event<'_>, _: &Meta) {
         black_box(e);
     }

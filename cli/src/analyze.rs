@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::trace_report::{Source, TraceReport};
-use stepscope::trace::Step;
+use stepscope_format::trace::Step;
 
 /// Median of a rank's step durations.
 fn median(mut v: Vec<f64>) -> Option<f64> {

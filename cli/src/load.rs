@@ -11,7 +11,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use stepscope::manifest::{is_manifest_name, Manifest, Status};
+use stepscope_format::manifest::{is_manifest_name, Manifest, Status};
 
 use crate::error::Error;
 use crate::flags::Inputs;

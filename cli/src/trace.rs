@@ -1,7 +1,7 @@
 //! Reading Kineto / Chrome traces: `.json` or `.json.gz`, streamed event by event.
 //!
 //! The file is gunzipped as it is read and its events parsed as their bytes come in
-//! ([`stepscope::trace::EventStream`]): memory is a buffer of about a megabyte plus what the
+//! ([`stepscope_format::trace::EventStream`]): memory is a buffer of about a megabyte plus what the
 //! sink keeps, whatever the trace's size.
 
 use std::fmt;
@@ -10,9 +10,9 @@ use std::io::{BufRead, BufReader, ErrorKind, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
-use stepscope::manifest::MANIFEST_SUFFIX;
-pub use stepscope::trace::{DeviceProperties, Event, EventSink, Id, Meta};
-use stepscope::trace::{EventStream, ReadError, StreamErrorKind};
+use stepscope_format::manifest::MANIFEST_SUFFIX;
+pub use stepscope_format::trace::{DeviceProperties, Event, EventSink, Id, Meta};
+use stepscope_format::trace::{EventStream, ReadError, StreamErrorKind};
 
 /// A trace file that could not be read; the message names the file and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]

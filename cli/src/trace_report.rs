@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::par::par_map;
 use crate::trace::{self, TraceError};
 
-pub use stepscope::trace::{
+pub use stepscope_format::trace::{
     Gap, KernelKind, KernelStat, Kernels, OpStat, Split, Step, Summarizer, Summary,
 };
 

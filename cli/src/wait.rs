@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use stepscope::manifest::{is_manifest_name, Manifest, Status};
+use stepscope_format::manifest::{is_manifest_name, Manifest, Status};
 
 use crate::error::{partial, Error};
 use crate::flags::WaitArgs;

@@ -619,9 +619,9 @@ fn write_manifests(dir: &Path) {
         let Some(stem) = name.strip_suffix(".json.gz") else {
             continue;
         };
-        let mut sink = stepscope::trace::Summarizer::new();
+        let mut sink = stepscope_format::trace::Summarizer::new();
         let file = std::fs::File::open(&path).unwrap();
-        let meta = stepscope::trace::EventStream::new()
+        let meta = stepscope_format::trace::EventStream::new()
             .read_all(flate2::read::MultiGzDecoder::new(file), &mut sink)
             .unwrap();
         let manifest = serde_json::json!({

@@ -2,6 +2,8 @@
 //! a running median of the last [`WINDOW`] steps, or both. Fixed-size state, no allocation
 //! after construction, no clock: the profiler measures, this decides.
 
+pub use stepscope_format::window::SlowStepSeen;
+
 /// Steps the running median is taken over.
 pub const WINDOW: usize = 256;
 
@@ -19,17 +21,6 @@ pub struct SlowStep {
 
 // `factor` is never NaN: the config accepts only finite factors > 1.
 impl Eq for SlowStep {}
-
-/// The step that fired a trigger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SlowStepSeen {
-    /// The slow step's index.
-    pub step: u64,
-    /// Its duration, ns.
-    pub duration_ns: u64,
-    /// The running median when it was judged, ns (with a relative threshold).
-    pub median_ns: Option<u64>,
-}
 
 /// The detector: the trigger, the last [`WINDOW`] durations (a ring, and the same values
 /// sorted, for the median), and the slowest step seen.

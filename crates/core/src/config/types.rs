@@ -129,6 +129,9 @@ pub struct StepscopeConfig {
 /// The timeline's size when `stepscope.timeline` is `true`.
 pub const TIMELINE_STEPS: usize = 4096;
 
+/// The fewest and most steps a timeline may keep (`stepscope.steps`).
+pub const TIMELINE_STEPS_RANGE: (usize, usize) = (16, 1 << 20);
+
 fn timeline<S: serde::Serializer>(
     steps: &Option<usize>,
     s: S,

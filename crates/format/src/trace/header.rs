@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::schedule::{CutShort, SlowStepSeen};
+use crate::window::{CutShort, SlowStepSeen};
 
 /// What a capture covered: whose steps, and which. The trace header and the manifest both
 /// carry it, as keys of their own objects (`#[serde(flatten)]`).

@@ -38,9 +38,11 @@
 //! process's growth, the window's age): a window over it ends through the full stop.
 
 mod budget;
+mod options;
 mod slow;
 
 pub use budget::{Budget, CutBy, CutShort};
+pub use options::StartOptions;
 pub use slow::{Detector, SlowStep, SlowStepSeen, MIN_SAMPLES, WINDOW};
 
 use crate::iteration::{IterationInfo, Stage};
@@ -270,20 +272,6 @@ pub struct Schedule {
     watching: bool,
     /// The slow step that the current (or last) window follows.
     fired: Option<SlowStepSeen>,
-}
-
-/// One session's start request: vLLM's per-session overrides (`None` keeps the config's value)
-/// plus stepscope's absolute start step. What [`crate::WorkerProfiler::start_with`] takes and the
-/// schedule decides on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StartOptions {
-    /// Iterations to wait before the backend starts.
-    pub delay_iterations: Option<u64>,
-    /// Iterations to capture before stopping by itself (0: until stop).
-    pub max_iterations: Option<u64>,
-    /// Start in the step with this absolute index (the worker's `step()` count) instead of
-    /// after a delay: the same value on every rank captures the same iterations everywhere.
-    pub start_at_step: Option<u64>,
 }
 
 impl Schedule {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use super::types::TorchActivity;
-use crate::error::{Error, Result};
+use stepscope_format::error::{Error, Result};
 
 pub(super) fn kind_of(v: &Value) -> &'static str {
     match v {

@@ -8,7 +8,7 @@
 //! and each iteration's wall, CPU operator and kernel time.
 //!
 //! ```
-//! use stepscope::trace::{EventStream, Summarizer};
+//! use stepscope_format::trace::{EventStream, Summarizer};
 //!
 //! let json = br#"{"traceEvents": [
 //!   {"ph": "X", "cat": "user_annotation", "name": "execute_context_1(8)_generation_0(0)",
@@ -25,7 +25,7 @@
 //! let meta = stream.finish(&mut summary)?;
 //! let s = summary.finish(meta, 10);
 //! assert_eq!((s.kernels.count, s.steps[0].kernel_us), (1, 30.0));
-//! # Ok::<(), stepscope::trace::StreamError>(())
+//! # Ok::<(), stepscope_format::trace::StreamError>(())
 //! ```
 
 mod event;

@@ -12,14 +12,14 @@ use std::path::Path;
 /// The process's resident memory, read from `/proc/self/statm` through a descriptor opened
 /// once: one `pread` per read, no allocation.
 #[derive(Debug)]
-pub(crate) struct Rss {
+pub struct Rss {
     statm: File,
     page: u64,
 }
 
 impl Rss {
     /// `None` where `/proc/self/statm` cannot be opened (not Linux, no /proc).
-    pub(crate) fn open() -> Option<Rss> {
+    pub fn open() -> Option<Rss> {
         let statm = File::open("/proc/self/statm").ok()?;
         // SAFETY: sysconf takes no pointers.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -28,7 +28,7 @@ impl Rss {
     }
 
     /// Resident bytes now.
-    pub(crate) fn bytes(&self) -> io::Result<u64> {
+    pub fn bytes(&self) -> io::Result<u64> {
         let mut buf = [0u8; 96];
         let n = self.statm.read_at(&mut buf, 0)?;
         // "size resident shared text lib data dt": the second field, in pages.
@@ -55,7 +55,7 @@ fn parse_u64(digits: &[u8]) -> Option<u64> {
 
 /// The memory this process may use, bytes: the machine's (`MemTotal`), or its cgroup's limit
 /// when that is lower (a container). `None` when neither can be read.
-pub(crate) fn usable_memory() -> Option<u64> {
+pub fn usable_memory() -> Option<u64> {
     let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
         let kb = line.split_whitespace().nth(1)?.parse::<u64>().ok()?;
@@ -75,8 +75,7 @@ pub(crate) fn usable_memory() -> Option<u64> {
 }
 
 /// Bytes available to an unprivileged writer on the file system holding `dir`.
-#[cfg_attr(not(feature = "torch-dynamic"), allow(dead_code))] // only the torch backend writes
-pub(crate) fn free_disk(dir: &Path) -> io::Result<u64> {
+pub fn free_disk(dir: &Path) -> io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;

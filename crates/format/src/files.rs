@@ -9,17 +9,19 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 /// Removes the file on drop unless disarmed: temporaries never outlive a failed write.
-pub(crate) struct TempFile(Option<PathBuf>);
+pub struct TempFile(Option<PathBuf>);
 
 impl TempFile {
     /// A temporary at `path`, removed on drop unless [`TempFile::keep`] is called.
-    pub(crate) fn new(path: PathBuf) -> Self {
+    pub fn new(path: PathBuf) -> Self {
         TempFile(Some(path))
     }
-    pub(crate) fn path(&self) -> &Path {
+    /// Where it is (empty once kept).
+    pub fn path(&self) -> &Path {
         self.0.as_deref().unwrap_or(Path::new(""))
     }
-    pub(crate) fn keep(mut self) {
+    /// Leaves the file where it is: it was renamed, or is meant to stay.
+    pub fn keep(mut self) {
         self.0 = None;
     }
 }
@@ -37,7 +39,7 @@ impl Drop for TempFile {
 const PARTIAL: &str = "partial";
 
 /// `.{name}.{pid}.partial{suffix}` in `dir`.
-pub(crate) fn temp_path(dir: &Path, name: &str, suffix: &str) -> PathBuf {
+pub fn temp_path(dir: &Path, name: &str, suffix: &str) -> PathBuf {
     dir.join(format!(".{name}.{}.{PARTIAL}{suffix}", std::process::id()))
 }
 
@@ -53,7 +55,7 @@ const WRITTEN_ENDINGS: [&str; 4] = [
 /// The pid in a temporary's name, `.{name}.{pid}.partial…`; also in one that a tool moving a
 /// directory's files renamed with a prefix (`{prefix}.{name}.{pid}.partial…`, verl's
 /// relocation), when `{name}` is a file stepscope writes.
-pub(crate) fn temp_owner(name: &str) -> Option<u32> {
+pub fn temp_owner(name: &str) -> Option<u32> {
     let at = name.rfind(&format!(".{PARTIAL}"))?;
     let before = &name[..at];
     let dot = before.rfind('.')?;
@@ -66,19 +68,19 @@ pub(crate) fn temp_owner(name: &str) -> Option<u32> {
 }
 
 /// Whether `path` is a regular file (not a FIFO, not a link).
-pub(crate) fn is_regular_file(path: &Path) -> bool {
+pub fn is_regular_file(path: &Path) -> bool {
     fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
 }
 
 /// `path` with `suffix` appended to its last component.
-pub(crate) fn suffixed(path: &Path, suffix: &str) -> PathBuf {
+pub fn suffixed(path: &Path, suffix: &str) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(suffix);
     PathBuf::from(s)
 }
 
 /// Whether process `pid` exists (one of another user's counts).
-pub(crate) fn process_alive(pid: u32) -> bool {
+pub fn process_alive(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;
     };
@@ -90,7 +92,7 @@ pub(crate) fn process_alive(pid: u32) -> bool {
 /// Writes `bytes` to `path` so that `path` only ever holds a whole file: into a temporary
 /// beside it (named after this process), fsynced, then renamed over `path`. The temporary is
 /// removed when any step fails.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()

@@ -8,6 +8,10 @@
 //! operators alone, 74x with Python stacks, whose every call becomes an event). The budget
 //! bounds that projected peak: the window's growth times the backend's [`Budget::expansion`].
 
+pub use stepscope_format::window::{CutBy, CutShort};
+
+const MB: f64 = (1u64 << 20) as f64;
+
 /// The limits of one window (`stepscope.max_capture_mb`, `stepscope.max_capture_s`); 0 turns
 /// either off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,76 +30,6 @@ impl Default for Budget {
             max_growth_bytes: 0,
             max_age_ns: 0,
             expansion: 1,
-        }
-    }
-}
-
-/// Which limit ended a window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum CutBy {
-    /// The capture's projected peak went over `stepscope.max_capture_mb`.
-    #[serde(rename = "max_capture_mb")]
-    Memory,
-    /// The window ran longer than `stepscope.max_capture_s`.
-    #[serde(rename = "max_capture_s")]
-    Time,
-}
-
-impl CutBy {
-    /// The config key of the limit.
-    pub fn key(self) -> &'static str {
-        match self {
-            CutBy::Memory => "stepscope.max_capture_mb",
-            CutBy::Time => "stepscope.max_capture_s",
-        }
-    }
-}
-
-/// A window the budget ended, as the manifest and the trace header record it:
-/// `"cut_short": {"by": "max_capture_mb", "step", "grew_mb", "expansion", "projected_mb",
-/// "limit_mb", "seconds", "limit_s"}`.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct CutShort {
-    /// The limit that ended it.
-    pub by: CutBy,
-    /// The step in which the window ended (not captured).
-    pub step: u64,
-    /// How much the process had grown since the window began, MB (when it was measured).
-    pub grew_mb: Option<f64>,
-    /// The writer's expansion the budget assumes ([`Budget::expansion`]).
-    pub expansion: u64,
-    /// What the capture is projected to cost at its peak: `grew_mb` × `expansion`, MB.
-    pub projected_mb: Option<f64>,
-    /// `stepscope.max_capture_mb` (0: off).
-    pub limit_mb: u64,
-    /// How long the window had run, s.
-    pub seconds: f64,
-    /// `stepscope.max_capture_s` (0: off).
-    pub limit_s: f64,
-}
-
-const MB: f64 = (1u64 << 20) as f64;
-
-impl std::fmt::Display for CutShort {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.by {
-            CutBy::Memory => write!(
-                f,
-                "the process grew {:.1} MB since the window began, which torch needs {}x of \
-                 to write ({:.0} MB), over {} = {}",
-                self.grew_mb.unwrap_or_default(),
-                self.expansion,
-                self.projected_mb.unwrap_or_default(),
-                self.by.key(),
-                self.limit_mb
-            ),
-            CutBy::Time => write!(
-                f,
-                "the window ran {:.1} s, over {} = {}",
-                self.seconds,
-                self.by.key(),
-                self.limit_s
-            ),
         }
     }
 }

@@ -9,8 +9,8 @@ use serde_json::{Map, Value};
 use super::fields::{kind_of, Fields};
 use super::types::*;
 use super::vllm::{proton_default, PROTON_KEYS};
-use crate::error::{Error, Result};
 use crate::iteration::Stage;
+use stepscope_format::error::{Error, Result};
 
 impl ProfilerConfig {
     /// Parses and validates config JSON (vLLM's `--profiler-config` text).
@@ -240,7 +240,7 @@ impl StepscopeConfig {
 /// `stepscope.timeline`: `true` (the default size), `false` or null (off), or
 /// `{"steps": N}`.
 fn timeline_steps(v: Option<Value>) -> Result<Option<usize>> {
-    let (lo, hi) = crate::timeline::STEPS_RANGE;
+    let (lo, hi) = TIMELINE_STEPS_RANGE;
     let bad = |what: String| {
         Error::config(
             "stepscope.timeline",

@@ -9,10 +9,13 @@ use std::process::{Command, Output};
 
 use stepscope_test_doubles::{read_log, Event, Scratch, CUDA_STUB_DIR, LOG_ENV, NVTX_RECORDER};
 
+/// This crate (the test programs are under its tests/).
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// The repository (include/, scripts/).
+const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
 
-/// The directory holding libstepscope.so, brought up to date: `cargo test` builds the library
-/// as an rlib only, so the cdylib the C programs link is built here (a no-op when fresh).
+/// The directory holding libstepscope.so, brought up to date: `cargo test` does not build this
+/// crate's library, so the cdylib the C programs link is built here (a no-op when fresh).
 fn lib_dir() -> PathBuf {
     static BUILT: std::sync::Once = std::sync::Once::new();
     let exe = std::env::current_exe().unwrap();
@@ -59,7 +62,7 @@ fn compile(src: &str, out: &Path, extra: &[String]) {
     });
     cmd.arg(if cxx { "-std=c++17" } else { "-std=c11" })
         .args(["-Wall", "-Wextra", "-Werror", "-g", "-O1"])
-        .arg(format!("-I{ROOT}/include"))
+        .arg(format!("-I{REPO}/include"))
         .arg(format!("{ROOT}/{src}"))
         .arg("-o")
         .arg(out)
@@ -239,7 +242,7 @@ fn every_worker_profiler_case_through_the_c_abi() {
 
 #[test]
 fn the_header_declares_exactly_the_exported_functions() {
-    let header = std::fs::read_to_string(format!("{ROOT}/include/stepscope.h")).unwrap();
+    let header = std::fs::read_to_string(format!("{REPO}/include/stepscope.h")).unwrap();
     let mut declared: Vec<String> = header
         .lines()
         .filter(|l| !l.trim_start().starts_with("/*") && !l.trim_start().starts_with('*'))
@@ -364,7 +367,7 @@ fn the_cpp_wrapper_closes_each_range_with_its_iteration() {
 #[test]
 fn pkg_config_finds_the_installed_library() {
     let prefix = scratch("prefix");
-    let install = Command::new(format!("{ROOT}/scripts/install.sh"))
+    let install = Command::new(format!("{REPO}/scripts/install.sh"))
         .arg(prefix.as_os_str())
         .arg(lib_dir())
         .output()

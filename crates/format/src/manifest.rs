@@ -41,8 +41,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::files::write_atomic;
-use crate::schedule::CutShort;
 use crate::trace::{Captured, StepRequests, Summary, Trigger};
+use crate::window::CutShort;
 
 /// The version this stepscope writes (`manifest_version`). Manifests written before the field
 /// existed read as 0; their keys are a subset of version 1's.

@@ -6,7 +6,7 @@ use std::path::{Component, PathBuf};
 use serde_json::Value;
 
 use super::types::*;
-use crate::error::{Error, Result};
+use stepscope_format::error::{Error, Result};
 
 /// vLLM's Proton options and their defaults. stepscope does not drive Proton, so each is
 /// accepted only at its default (exactly what vLLM requires when `profiler` is not "proton").

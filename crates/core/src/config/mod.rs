@@ -7,14 +7,14 @@
 //! thing. README.md has the reference of every key.
 //!
 //! ```
-//! use stepscope::config::{ProfilerConfig, ProfilerKind};
+//! use stepscope_core::config::{ProfilerConfig, ProfilerKind};
 //! let cfg = ProfilerConfig::from_json_str(r#"{"profiler": "cuda", "delay_iterations": 10, "max_iterations": 3}"#)?;
 //! assert_eq!(cfg.profiler, Some(ProfilerKind::Cuda));
 //! assert_eq!((cfg.delay_iterations, cfg.max_iterations), (10, 3));
 //!
 //! let err = ProfilerConfig::from_json_str(r#"{"max_iterations": -1}"#).unwrap_err();
 //! assert_eq!(err.field(), Some("max_iterations"));
-//! # Ok::<(), stepscope::Error>(())
+//! # Ok::<(), stepscope_core::Error>(())
 //! ```
 
 //!

@@ -9,11 +9,8 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use crate::error::{panic_message, Error};
-use crate::iteration::IterationInfo;
-use crate::profiler::WorkerProfiler;
-use crate::schedule::StartOptions;
-use crate::ProfilerConfig;
+use profiler::{Error, IterationInfo, ProfilerConfig, StartOptions, WorkerProfiler};
+use stepscope_format::error::panic_message;
 
 /// Success.
 pub const STEPSCOPE_OK: c_int = 0;
@@ -32,7 +29,7 @@ pub const STEPSCOPE_ERR_INTERNAL: c_int = 6;
 /// A start refused by a capture limit (disk, the captures still being written); nothing armed.
 pub const STEPSCOPE_ERR_REFUSED: c_int = 7;
 
-/// Counts of one engine iteration (C layout).
+/// What one engine iteration scheduled (C layout).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 #[allow(non_camel_case_types)]
@@ -70,6 +67,8 @@ fn code_of(e: &Error) -> c_int {
         Error::Io { .. } | Error::Format { .. } | Error::Write { .. } => STEPSCOPE_ERR_IO,
         Error::Timeout { .. } => STEPSCOPE_ERR_TIMEOUT,
         Error::Refused { .. } => STEPSCOPE_ERR_REFUSED,
+        // A variant added later: still an error, never a success.
+        _ => STEPSCOPE_ERR_INTERNAL,
     }
 }
 
@@ -125,7 +124,7 @@ unsafe fn profiler<'a>(p: *const stepscope_profiler) -> Result<&'a WorkerProfile
 unsafe fn with_profiler(
     what: &str,
     p: *const stepscope_profiler,
-    body: impl FnOnce(&WorkerProfiler) -> crate::Result<()>,
+    body: impl FnOnce(&WorkerProfiler) -> profiler::Result<()>,
 ) -> c_int {
     guard(what, || {
         // SAFETY: per the caller's contract.
@@ -157,7 +156,8 @@ unsafe fn flag(
     })
 }
 
-/// Creates a profiler from config JSON (or a path to a JSON file) for the named worker.
+/// Creates a profiler. `config_json`: vLLM's `--profiler-config` JSON (stepscope's keys under
+/// `"stepscope"`), or a path to a JSON file. On success `*out` is the profiler, else NULL.
 ///
 /// # Safety
 /// `config_json` and `worker_name` are NUL-terminated strings; `out` is a valid pointer.
@@ -214,17 +214,25 @@ pub unsafe extern "C" fn stepscope_profiler_free(p: *mut stepscope_profiler) {
     });
 }
 
-/// C's "absent" override (`STEPSCOPE_KEEP` in the header): the config's value.
-const KEEP: i64 = -1;
+/// Overrides (`delay_iterations`, `max_iterations`) follow one rule on every surface: an absent
+/// override keeps the config's value, and a negative one is an error naming it
+/// (`STEPSCOPE_ERR_INVALID_ARGUMENT` here, `ValueError` in Python, `stepscope::Error` in C++,
+/// Rust's `StartOptions::from_signed`). C has no "absent", so it is spelled `STEPSCOPE_KEEP`;
+/// C++'s `std::nullopt` and Python's `None` map to it.
+pub const STEPSCOPE_KEEP: i64 = -1;
 
-/// An override as C passes it: [`KEEP`] is absent; another negative value is the error every
+/// An override as C passes it: [`STEPSCOPE_KEEP`] is absent; another negative value is the error every
 /// surface gives (see [`StartOptions::from_signed`]).
 fn override_arg(v: i64) -> Option<i64> {
-    (v != KEEP).then_some(v)
+    (v != STEPSCOPE_KEEP).then_some(v)
 }
 
 /// Starts a session; `STEPSCOPE_KEEP` keeps the config's delay or max, another negative value
-/// is `STEPSCOPE_ERR_INVALID_ARGUMENT` naming it.
+/// is `STEPSCOPE_ERR_INVALID_ARGUMENT` naming it. Ignored (`STEPSCOPE_OK`) while a session is
+/// active. `STEPSCOPE_ERR_BACKEND`: the backend failed to start; the session stays active, not
+/// running, until `stepscope_stop` (vLLM's behaviour). `STEPSCOPE_ERR_REFUSED`: a capture limit
+/// refused the start (`stepscope.min_free_disk_mb`, `stepscope.max_capture_mb`); no session is
+/// active.
 ///
 /// # Safety
 /// `p` is a live handle.
@@ -269,7 +277,8 @@ pub unsafe extern "C" fn stepscope_start_at(
     }
 }
 
-/// Sets the worker's global rank, which the config's `stepscope.ranks` selects by.
+/// Sets the worker's global rank, which the config's `stepscope.ranks` selects by (default:
+/// the `RANK` environment variable).
 ///
 /// # Safety
 /// `p` is a live handle.
@@ -311,9 +320,11 @@ pub unsafe extern "C" fn stepscope_status_json(
 
 /// Writes the step timeline's ended steps above index `since` (0: all it holds) as
 /// NUL-terminated JSON into `buf` (`len` bytes): `{"fields": [...], "steps": [[...], ...]}`,
-/// each step an array in `fields` order, oldest first; `"steps": null` when
-/// `stepscope.timeline` is off. `*needed` and a too small `buf` as
-/// [`stepscope_status_json`]; the engine may add steps between two calls, so size the second
+/// each step an array in `fields` order (step, start_unix_ns, duration_ns, num_ctx_reqs,
+/// num_ctx_tokens, num_gen_reqs, num_gen_tokens, phase), oldest first; `"steps": null` when
+/// `stepscope.timeline` is off (`"stepscope": {"timeline": true}` or `{"steps": N}`). Never
+/// blocks the engine thread. `*needed` and a too small `buf` as
+/// `stepscope_status_json`; the engine may add steps between two calls, so size the second
 /// buffer with room to spare or call again.
 ///
 /// # Safety
@@ -333,7 +344,7 @@ pub unsafe extern "C" fn stepscope_timeline_json(
             let steps = p
                 .timeline(since)
                 .map(|steps| steps.iter().map(|s| s.as_tuple()).collect::<Vec<_>>());
-            let json = serde_json::json!({"fields": crate::timeline::FIELDS, "steps": steps});
+            let json = serde_json::json!({"fields": profiler::timeline::FIELDS, "steps": steps});
             copy_out(&json.to_string(), "timeline", buf, len, needed)
         })
     }
@@ -349,7 +360,7 @@ unsafe fn copy_out(
     buf: *mut c_char,
     len: usize,
     needed: *mut usize,
-) -> crate::Result<()> {
+) -> profiler::Result<()> {
     let size = json.len() + 1;
     if !needed.is_null() {
         // SAFETY: non-null and valid per the contract.
@@ -370,7 +381,7 @@ unsafe fn copy_out(
     Ok(())
 }
 
-/// Ends the session (ignored when none is active).
+/// Ends the session (ignored when none is active). A stop during the delay touches no driver.
 ///
 /// # Safety
 /// `p` is a live handle.
@@ -409,7 +420,7 @@ struct CRequestIds {
     n: usize,
 }
 
-impl crate::RequestIds for CRequestIds {
+impl profiler::RequestIds for CRequestIds {
     fn count(&self) -> usize {
         self.n
     }
@@ -572,286 +583,4 @@ pub extern "C" fn stepscope_version() -> *const c_char {
             Err(_) => c"unknown",
         };
     VERSION.as_ptr()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The C type of a header parameter or return as the Rust type `type_name` prints, with
-    /// this module's path left out.
-    fn rust_type_of_c(c: &str) -> String {
-        let c = c.split_whitespace().collect::<Vec<_>>().join(" ");
-        let c = c.replace(" *", "*").replace("* ", "*");
-        // Pointers: innermost type first, `const` binding to what it follows or precedes.
-        let mut base = c.trim_end_matches(['*', ' ']).to_string();
-        let stars = c.len() - c.trim_end_matches('*').len();
-        let mut levels: Vec<bool> = Vec::new(); // const-ness of each pointer level, outer last
-        let outer_const = base.starts_with("const ");
-        if outer_const {
-            base = base["const ".len()..].to_string();
-        }
-        // `const char *const *`: the inner pointer is const.
-        let mut inner_const = false;
-        if let Some(b) = base.strip_suffix("*const") {
-            inner_const = true;
-            base = b.to_string();
-        }
-        for i in 0..stars + usize::from(inner_const) {
-            levels.push(if i == 0 {
-                outer_const
-            } else {
-                inner_const && i == 1
-            });
-        }
-        let scalar = match base.as_str() {
-            "int" => "i32",
-            "void" => "()",
-            "char" => "i8",
-            "int64_t" => "i64",
-            "uint64_t" => "u64",
-            "uint32_t" => "u32",
-            "size_t" => "usize",
-            other => other,
-        };
-        let mut out = scalar.to_string();
-        for constant in levels {
-            out = format!("{}{out}", if constant { "*const " } else { "*mut " });
-        }
-        out
-    }
-
-    /// The header's function declarations: name -> `extern "C" fn(...) -> ...` as Rust's
-    /// `type_name` prints the matching function pointer.
-    fn header_functions() -> Vec<(String, String)> {
-        let text = include_str!("../include/stepscope.h");
-        let mut code = String::new();
-        let mut rest = text;
-        while let Some(at) = rest.find("/*") {
-            code.push_str(&rest[..at]);
-            rest = rest[at..]
-                .find("*/")
-                .map_or("", |end| &rest[at + end + 2..]);
-        }
-        code.push_str(rest);
-        let code: String = code
-            .lines()
-            .filter(|l| !l.trim_start().starts_with('#') && !l.contains("extern \"C\""))
-            .collect::<Vec<_>>()
-            .join(" ");
-        let mut out = Vec::new();
-        for decl in code.split(';') {
-            let decl = decl.trim();
-            let Some(open) = decl.find('(') else { continue };
-            let head = &decl[..open];
-            let Some(name_at) = head.rfind("stepscope_") else {
-                continue;
-            };
-            if head.contains("typedef") || head.contains('}') || head.contains('{') {
-                continue;
-            }
-            let name = head[name_at..].trim().to_string();
-            let ret = rust_type_of_c(&head[..name_at]);
-            let params = decl[open + 1..decl.rfind(')').unwrap_or(decl.len())].trim();
-            let params: Vec<String> = if params == "void" {
-                Vec::new()
-            } else {
-                params
-                    .split(',')
-                    .map(|p| {
-                        let p = p.trim();
-                        // Drop the parameter's name: the identifier after the last `*` or space.
-                        let cut = p.rfind(['*', ' ']).map_or(0, |i| i + 1);
-                        rust_type_of_c(&p[..cut])
-                    })
-                    .collect()
-            };
-            let ret = if ret == "()" {
-                String::new()
-            } else {
-                format!(" -> {ret}")
-            };
-            out.push((name, format!("extern \"C\" fn({}){ret}", params.join(", "))));
-        }
-        out.sort();
-        out
-    }
-
-    /// A function's pointer type as `type_name` prints it, `unsafe` and this module's path left
-    /// out.
-    fn rust_signature<T>(_: T) -> String {
-        std::any::type_name::<T>()
-            .replace("unsafe ", "")
-            .replace("stepscope::ffi::", "")
-    }
-
-    /// The Rust definitions have exactly the signatures `include/stepscope.h` declares, every
-    /// function of it and no other; its error codes are the Rust constants.
-    #[test]
-    fn signatures_match_the_header() {
-        type P = stepscope_profiler;
-        type I = stepscope_iteration;
-        let mut rust = vec![
-            (
-                "stepscope_profiler_new",
-                rust_signature(
-                    stepscope_profiler_new
-                        as unsafe extern "C" fn(*const c_char, *const c_char, *mut *mut P) -> c_int,
-                ),
-            ),
-            (
-                "stepscope_profiler_free",
-                rust_signature(stepscope_profiler_free as unsafe extern "C" fn(*mut P)),
-            ),
-            (
-                "stepscope_start",
-                rust_signature(stepscope_start as unsafe extern "C" fn(*mut P, i64, i64) -> c_int),
-            ),
-            (
-                "stepscope_start_at",
-                rust_signature(
-                    stepscope_start_at as unsafe extern "C" fn(*mut P, i64, i64) -> c_int,
-                ),
-            ),
-            (
-                "stepscope_set_rank",
-                rust_signature(stepscope_set_rank as unsafe extern "C" fn(*mut P, u32) -> c_int),
-            ),
-            (
-                "stepscope_status_json",
-                rust_signature(
-                    stepscope_status_json
-                        as unsafe extern "C" fn(*const P, *mut c_char, usize, *mut usize) -> c_int,
-                ),
-            ),
-            (
-                "stepscope_timeline_json",
-                rust_signature(
-                    stepscope_timeline_json
-                        as unsafe extern "C" fn(
-                            *const P,
-                            u64,
-                            *mut c_char,
-                            usize,
-                            *mut usize,
-                        ) -> c_int,
-                ),
-            ),
-            (
-                "stepscope_stop",
-                rust_signature(stepscope_stop as unsafe extern "C" fn(*mut P) -> c_int),
-            ),
-            (
-                "stepscope_step",
-                rust_signature(stepscope_step as unsafe extern "C" fn(*mut P, *const I) -> c_int),
-            ),
-            (
-                "stepscope_step_with_requests",
-                rust_signature(
-                    stepscope_step_with_requests
-                        as unsafe extern "C" fn(
-                            *mut P,
-                            *const I,
-                            *const *const c_char,
-                            usize,
-                        ) -> c_int,
-                ),
-            ),
-            (
-                "stepscope_wants_request_ids",
-                rust_signature(
-                    stepscope_wants_request_ids as unsafe extern "C" fn(*const P) -> c_int,
-                ),
-            ),
-            (
-                "stepscope_step_end",
-                rust_signature(stepscope_step_end as unsafe extern "C" fn(*mut P) -> c_int),
-            ),
-            (
-                "stepscope_shutdown",
-                rust_signature(stepscope_shutdown as unsafe extern "C" fn(*mut P) -> c_int),
-            ),
-            (
-                "stepscope_is_active",
-                rust_signature(stepscope_is_active as unsafe extern "C" fn(*const P) -> c_int),
-            ),
-            (
-                "stepscope_is_running",
-                rust_signature(stepscope_is_running as unsafe extern "C" fn(*const P) -> c_int),
-            ),
-            (
-                "stepscope_flush",
-                rust_signature(stepscope_flush as unsafe extern "C" fn(*mut P, u32) -> c_int),
-            ),
-            (
-                "stepscope_last_error",
-                rust_signature(stepscope_last_error as extern "C" fn() -> *const c_char),
-            ),
-            (
-                "stepscope_version",
-                rust_signature(stepscope_version as extern "C" fn() -> *const c_char),
-            ),
-        ]
-        .into_iter()
-        .map(|(n, s)| (n.to_string(), s))
-        .collect::<Vec<_>>();
-        rust.sort();
-        assert_eq!(header_functions(), rust);
-
-        // The iteration struct: four uint32_t in the header, 16 bytes here.
-        let header = include_str!("../include/stepscope.h");
-        let fields = header
-            .split("typedef struct stepscope_iteration {")
-            .nth(1)
-            .and_then(|s| s.split('}').next())
-            .unwrap_or("");
-        let fields: usize = fields
-            .lines()
-            .filter_map(|l| l.split("/*").next()?.trim().strip_prefix("uint32_t "))
-            .map(|l| l.trim_end_matches(';').split(',').count())
-            .sum();
-        assert_eq!(fields * 4, std::mem::size_of::<stepscope_iteration>());
-        let codes = [
-            ("STEPSCOPE_OK", STEPSCOPE_OK),
-            (
-                "STEPSCOPE_ERR_INVALID_ARGUMENT",
-                STEPSCOPE_ERR_INVALID_ARGUMENT,
-            ),
-            ("STEPSCOPE_ERR_CONFIG", STEPSCOPE_ERR_CONFIG),
-            ("STEPSCOPE_ERR_BACKEND", STEPSCOPE_ERR_BACKEND),
-            ("STEPSCOPE_ERR_IO", STEPSCOPE_ERR_IO),
-            ("STEPSCOPE_ERR_TIMEOUT", STEPSCOPE_ERR_TIMEOUT),
-            ("STEPSCOPE_ERR_INTERNAL", STEPSCOPE_ERR_INTERNAL),
-            ("STEPSCOPE_ERR_REFUSED", STEPSCOPE_ERR_REFUSED),
-        ];
-        for (name, value) in codes {
-            assert!(
-                header.contains(&format!("{name} = {value}")),
-                "{name} is not {value} in the header"
-            );
-        }
-    }
-
-    /// The reading above catches a changed declaration: one parameter's type changed in the
-    /// header's text reads as a different signature.
-    #[test]
-    fn a_changed_header_declaration_reads_differently() {
-        assert_eq!(rust_type_of_c("const char *const *"), "*const *const i8");
-        assert_eq!(
-            rust_type_of_c("stepscope_profiler **"),
-            "*mut *mut stepscope_profiler"
-        );
-        assert_eq!(
-            rust_type_of_c("const stepscope_profiler *"),
-            "*const stepscope_profiler"
-        );
-        assert_ne!(rust_type_of_c("uint32_t"), rust_type_of_c("int64_t"));
-    }
-
-    #[test]
-    fn version_is_the_crate_version() {
-        // SAFETY: a static NUL-terminated string.
-        let v = unsafe { CStr::from_ptr(stepscope_version()) };
-        assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
-    }
 }

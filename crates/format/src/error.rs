@@ -88,7 +88,7 @@ pub enum Error {
 
 impl Error {
     /// A config error for `field`.
-    pub(crate) fn config(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn config(field: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Config {
             field: field.into(),
             message: message.into(),
@@ -97,7 +97,7 @@ impl Error {
     }
 
     /// A config error for a key stepscope does not know.
-    pub(crate) fn unknown_key(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn unknown_key(field: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Config {
             field: field.into(),
             message: message.into(),
@@ -106,11 +106,7 @@ impl Error {
     }
 
     /// An I/O error on `path` while doing what `message` says (it includes `source`'s text).
-    pub(crate) fn io(
-        path: impl Into<PathBuf>,
-        message: impl Into<String>,
-        source: io::Error,
-    ) -> Self {
+    pub fn io(path: impl Into<PathBuf>, message: impl Into<String>, source: io::Error) -> Self {
         Error::Io {
             path: path.into(),
             message: message.into(),
@@ -119,8 +115,7 @@ impl Error {
     }
 
     /// A trace at `path` not written whole.
-    #[cfg_attr(not(feature = "torch-dynamic"), allow(dead_code))]
-    pub(crate) fn write(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+    pub fn write(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
         Error::Write {
             path: path.into(),
             message: message.into(),
@@ -136,8 +131,7 @@ impl Error {
     }
 
     /// A start refused by the limit `key`.
-    #[cfg_attr(not(feature = "torch-dynamic"), allow(dead_code))]
-    pub(crate) fn refused(key: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn refused(key: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Refused {
             key: key.into(),
             message: message.into(),
@@ -207,7 +201,7 @@ impl PartialEq for IoSource {
 impl Eq for IoSource {}
 
 /// The text of a caught panic's payload.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
     payload
         .downcast_ref::<String>()
         .map(String::as_str)

@@ -1,0 +1,23 @@
+//! stepscope's file formats, shared by the profiler that writes them and the tools that read
+//! them back (the `stepscope` command reads traces through this crate alone: it never links
+//! NVTX, CUDA or torch).
+//!
+//! - [`trace`]: Kineto/Chrome trace JSON read as it streams, in bounded memory; the fields an
+//!   analysis reads; stepscope's key in a trace's header; the summary of a trace.
+//! - [`manifest`]: the file beside each trace, its states and its version.
+//! - [`window`]: what a header and a manifest record of how a window ended and what fired it.
+//! - [`files`]: files only ever whole under their final names (temporaries named after their
+//!   process, write + fsync + rename).
+//! - [`error`]: the one error type of every stepscope crate.
+
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod error;
+pub mod files;
+pub mod manifest;
+pub mod trace;
+pub mod window;
+
+pub use error::{Error, IoSource, Result};
