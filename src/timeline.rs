@@ -27,60 +27,7 @@ use crate::schedule::Phase;
 
 pub use crate::config::TIMELINE_STEPS_RANGE as STEPS_RANGE;
 
-/// The names of a [`TimelineStep`]'s fields, in the order of the tuples and JSON arrays the
-/// Python package and the HTTP routes give.
-pub const FIELDS: [&str; 8] = [
-    "step",
-    "start_unix_ns",
-    "duration_ns",
-    "num_ctx_reqs",
-    "num_ctx_tokens",
-    "num_gen_reqs",
-    "num_gen_tokens",
-    "phase",
-];
-
-/// One step of the timeline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct TimelineStep {
-    /// The step's index (the profiler's step count; the first step is 1).
-    pub step: u64,
-    /// When `step()` was called, ns since the Unix epoch.
-    pub start_unix_ns: u64,
-    /// From `step()` to the guard's drop (`step_end`), or to the next `step()` when the guard
-    /// outlived it, ns.
-    pub duration_ns: u64,
-    /// Requests in prefill.
-    pub num_ctx_reqs: u32,
-    /// Tokens scheduled for requests in prefill.
-    pub num_ctx_tokens: u32,
-    /// Requests in decode.
-    pub num_gen_reqs: u32,
-    /// Tokens scheduled for requests in decode.
-    pub num_gen_tokens: u32,
-    /// The session's phase during the step ([`Phase::as_str`]).
-    pub phase: &'static str,
-}
-
-/// A [`TimelineStep`] as a tuple in [`FIELDS`] order (the C ABI's JSON arrays, Python's
-/// tuples).
-pub type StepTuple = (u64, u64, u64, u32, u32, u32, u32, &'static str);
-
-impl TimelineStep {
-    /// Its fields in [`FIELDS`] order.
-    pub fn as_tuple(&self) -> StepTuple {
-        (
-            self.step,
-            self.start_unix_ns,
-            self.duration_ns,
-            self.num_ctx_reqs,
-            self.num_ctx_tokens,
-            self.num_gen_reqs,
-            self.num_gen_tokens,
-            self.phase,
-        )
-    }
-}
+pub use stepscope_format::timeline::{StepTuple, TimelineStep, FIELDS};
 
 /// The timeline's size and how much of it is filled, as `status()` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -5,19 +5,7 @@ use serde::Serialize;
 use crate::trace_report::{Source, TraceReport};
 use stepscope_format::trace::Step;
 
-/// Median of a rank's step durations.
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
-}
+use crate::stats::{median, stragglers};
 
 /// A rank's line in the cross-rank table.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -45,27 +33,25 @@ pub fn ranks(reports: &[TraceReport]) -> Vec<RankRow> {
         .iter()
         .map(|r| median(r.steps.iter().map(|s| s.dur_us).collect()))
         .collect();
-    let overall = median(medians.iter().flatten().copied().collect());
     // Stragglers are ranks: traces without one (several captures of one unranked worker) are
     // not compared.
     let mut known: Vec<i64> = reports.iter().filter_map(|r| r.rank).collect();
     known.sort_unstable();
     known.dedup();
     let compare = known.len() > 1;
+    let slow = stragglers(&medians);
     reports
         .iter()
         .zip(medians)
-        .map(|(r, m)| RankRow {
+        .zip(slow)
+        .map(|((r, m), slow)| RankRow {
             rank: r.rank,
             file: r.file.clone(),
             steps: r.steps.len(),
             median_step_us: m,
             gpu_busy_us: r.gpu_busy_us,
             utilization: r.utilization,
-            straggler: match (m, overall) {
-                (Some(m), Some(o)) if compare && r.rank.is_some() && o > 0.0 => m >= 1.2 * o,
-                _ => false,
-            },
+            straggler: compare && r.rank.is_some() && slow,
         })
         .collect()
 }

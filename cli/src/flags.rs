@@ -306,6 +306,11 @@ impl Common {
         let default = if stop { STOP_TIMEOUT_S } else { TIMEOUT_S };
         std::time::Duration::from_secs_f64(self.timeout.unwrap_or(default))
     }
+
+    /// How many of `servers` servers are contacted at once (`--concurrency`, default all).
+    pub fn concurrency_for(&self, servers: usize) -> usize {
+        self.concurrency.map_or(servers, |n| n as usize)
+    }
 }
 
 /// A worker request's default timeout, s.

@@ -9,6 +9,7 @@ pub mod load;
 pub mod merge;
 pub mod par;
 pub mod report;
+pub mod stats;
 pub mod trace;
 pub mod trace_report;
 pub mod wait;

@@ -705,6 +705,109 @@ fn top_once_json_gives_each_workers_percentiles_and_marks_the_straggler() {
 }
 
 #[test]
+fn top_honours_retries_and_concurrency_as_every_ctl_command_does() {
+    // A timeline server that answers 503 once: --retries 1 gets its steps.
+    let answer = timeline_answer(&[(0, &[5, 5], 1)]);
+    let flaky = || {
+        let answer = answer.clone();
+        Server::new(move |_, n| {
+            if n == 0 {
+                Reply::Json(503, json!({"error": "warming up"}))
+            } else {
+                Reply::Json(200, answer.clone())
+            }
+        })
+    };
+    let once = flaky();
+    let (out, _) = ctl(&["top", "--worker", &once.url, "--once", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(json_of(&out)["errors"][0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("HTTP 503"));
+    let retried = flaky();
+    let (out, _) = ctl(&[
+        "top",
+        "--worker",
+        &retried.url,
+        "--once",
+        "--json",
+        "--retries",
+        "1",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(json_of(&out)["workers"][0]["steps"], 2);
+    assert_eq!(retried.requests().len(), 2);
+
+    // The first server answers only once the second has been asked: with every server at
+    // once both answer; one at a time, the first waits out its timeout and the second answers.
+    let asked = Arc::new((Mutex::new(false), Condvar::new()));
+    let first = {
+        let (asked, answer) = (asked.clone(), answer.clone());
+        Server::new(move |_, _| {
+            let (lock, cv) = &*asked;
+            let mut done = lock.lock().unwrap();
+            while !*done {
+                done = cv.wait(done).unwrap();
+            }
+            Reply::Json(200, answer.clone())
+        })
+    };
+    let second = {
+        let (asked, answer) = (asked.clone(), answer.clone());
+        Server::new(move |_, _| {
+            let (lock, cv) = &*asked;
+            *lock.lock().unwrap() = true;
+            cv.notify_all();
+            Reply::Json(200, answer.clone())
+        })
+    };
+    let (out, _) = ctl(&[
+        "top",
+        "--worker",
+        &first.url,
+        "--worker",
+        &second.url,
+        "--once",
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    *asked.0.lock().unwrap() = false;
+    let (out, _) = ctl(&[
+        "top",
+        "--worker",
+        &first.url,
+        "--worker",
+        &second.url,
+        "--once",
+        "--json",
+        "--concurrency",
+        "1",
+        "--timeout",
+        "1",
+    ]);
+    let doc = json_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{doc}");
+    let errors = doc["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{doc}");
+    assert_eq!(errors[0]["url"], json!(first.url));
+    assert!(
+        errors[0]["error"].as_str().unwrap().contains("timeout"),
+        "{doc}"
+    );
+}
+
+#[test]
 fn top_says_what_is_missing_where_a_server_has_no_timeline() {
     let without = Server::new(|_, _| Reply::Json(404, json!({"detail": "Not Found"})));
     let off = timeline_server(json!({"workers": [{"rank": 0, "steps": null, "fields": []}]}));

@@ -2,8 +2,11 @@
 
 use serde_json::Value;
 
+use super::answers::excerpt;
 use super::fleet::Worker;
-use super::http::{excerpt, explain_transport, get};
+use super::http::{explain_transport, get};
+use crate::error::Error;
+use crate::flags::Common;
 
 /// A failure before any worker was contacted (exit 2).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,4 +124,30 @@ pub fn discover(agent: &ureq::Agent, router: &str) -> Result<Vec<Worker>, Discov
          the workers directly with --worker URL",
         tried.join(" and ")
     )))
+}
+
+/// The servers `c` names (a router's workers, or the `--worker`s), those the router reports
+/// unhealthy left out unless `--include-unhealthy`.
+pub(crate) fn servers(c: &Common, agent: &ureq::Agent) -> Result<Vec<Worker>, Error> {
+    Ok(servers_with_unhealthy(c, agent)?
+        .into_iter()
+        .filter(|w| c.include_unhealthy || w.healthy != Some(false))
+        .collect())
+}
+
+/// Every server `c` names, with the router's view of its health.
+pub(crate) fn servers_with_unhealthy(
+    c: &Common,
+    agent: &ureq::Agent,
+) -> Result<Vec<Worker>, Error> {
+    let workers = match &c.targets.router_url {
+        Some(router) => normalize_url(router).and_then(|r| discover(agent, &r)),
+        None => c
+            .targets
+            .workers
+            .iter()
+            .map(|w| normalize_url(w).map(|url| Worker { url, healthy: None }))
+            .collect(),
+    };
+    workers.map_err(|e| Error::Usage(e.0))
 }

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::answers::{excerpt, status_workers};
 use super::fleet::{Action, Outcome};
 use crate::flags::Engine;
 
@@ -41,18 +42,6 @@ pub(super) fn post(
     let status = resp.status().as_u16();
     let text = resp.body_mut().read_to_string().unwrap_or_default();
     Ok((status, text))
-}
-
-/// At most 200 characters of a body, on one line.
-pub(super) fn excerpt(body: &str) -> String {
-    let one_line: String = body.split_whitespace().collect::<Vec<_>>().join(" ");
-    if one_line.is_empty() {
-        return "(empty body)".into();
-    }
-    match one_line.char_indices().nth(200) {
-        Some((i, _)) => format!("{}…", &one_line[..i]),
-        None => one_line,
-    }
 }
 
 /// What a transport failure means and what to check.
@@ -112,6 +101,33 @@ pub(super) fn retryable(result: &Result<(u16, String), ureq::Error>) -> bool {
     }
 }
 
+/// Calls `send` until it succeeds, fails for good, or `retries` more tries are spent (100 ms,
+/// doubling, between tries): the last answer and how many retries it took. Every request
+/// `ctl` makes goes through here.
+pub(super) fn retrying(
+    retries: u32,
+    send: impl Fn() -> Result<(u16, String), ureq::Error>,
+) -> (Result<(u16, String), ureq::Error>, u32) {
+    let mut attempt = 0;
+    loop {
+        let result = send();
+        if attempt >= retries || !retryable(&result) {
+            return (result, attempt);
+        }
+        attempt += 1;
+        std::thread::sleep(Duration::from_millis(100 << attempt.min(5)));
+    }
+}
+
+/// What a failure after retries says: the error, and how many tries it took.
+pub(super) fn after_tries(error: String, retries_spent: u32) -> String {
+    if retries_spent > 0 {
+        format!("{error} (after {} tries)", retries_spent + 1)
+    } else {
+        error
+    }
+}
+
 /// Sends `action` to one worker, with up to `retries` more tries for transient failures.
 pub fn call_worker(
     agent: &ureq::Agent,
@@ -123,18 +139,10 @@ pub fn call_worker(
 ) -> Outcome {
     let start = Instant::now();
     let url = format!("{worker}{}", action.path(engine));
-    let mut attempt = 0;
-    let result = loop {
-        let result = match action {
-            Action::Workers | Action::Status => get(agent, &url),
-            Action::Start | Action::Stop => post(agent, &url, body),
-        };
-        if attempt >= retries || !retryable(&result) {
-            break result;
-        }
-        attempt += 1;
-        std::thread::sleep(Duration::from_millis(100 << attempt.min(5)));
-    };
+    let (result, attempt) = retrying(retries, || match action {
+        Action::Workers | Action::Status => get(agent, &url),
+        Action::Start | Action::Stop => post(agent, &url, body),
+    });
     let elapsed_ms = start.elapsed().as_millis() as u64;
     let mut engine_workers = None;
     let (ok, status, error) = match result {
@@ -155,10 +163,7 @@ pub fn call_worker(
         ),
         Err(e) => (false, None, Some(explain_transport(&e, worker))),
     };
-    let error = match (error, attempt) {
-        (Some(e), n) if n > 0 => Some(format!("{e} (after {} tries)", n + 1)),
-        (e, _) => e,
-    };
+    let error = error.map(|e| after_tries(e, attempt));
     Outcome {
         url: worker.to_string(),
         ok,
@@ -166,50 +171,6 @@ pub fn call_worker(
         engine_workers,
         elapsed_ms,
         error,
-    }
-}
-
-/// The engine workers' states in a status answer: vLLM's `{"workers": [...]}`; SGLang's
-/// `/server_info`, whose `internal_states` (one per answering scheduler) each carry the
-/// plugin's `{"stepscope": {"workers": [...]}}`.
-pub(super) fn status_workers(engine: Engine, body: &str) -> Result<Vec<Value>, String> {
-    let value: Option<Value> = serde_json::from_str(body).ok();
-    match engine {
-        Engine::Vllm => value
-            .as_ref()
-            .and_then(|v| v.get("workers")?.as_array().cloned())
-            .ok_or_else(|| {
-                format!(
-                    "the answer is not {{\"workers\": [...]}}: {}",
-                    excerpt(body)
-                )
-            }),
-        Engine::Sglang => {
-            let states = value
-                .as_ref()
-                .and_then(|v| v.get("internal_states")?.as_array().cloned())
-                .ok_or_else(|| {
-                    format!(
-                        "/server_info has no internal_states list: {}",
-                        excerpt(body)
-                    )
-                })?;
-            let ours: Vec<&Value> = states.iter().filter_map(|s| s.get("stepscope")).collect();
-            if ours.is_empty() {
-                return Err(
-                    "/server_info carries no stepscope status: install stepscope in the \
-                            server's environment (with SGLANG_PLUGINS set, it must name \
-                            stepscope)"
-                        .to_string(),
-                );
-            }
-            Ok(ours
-                .iter()
-                .filter_map(|s| s.get("workers")?.as_array())
-                .flatten()
-                .cloned()
-                .collect())
-        }
     }
 }
 

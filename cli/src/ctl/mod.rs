@@ -5,8 +5,9 @@
 //! is reported, with what to check when it failed.
 //!
 //! - `fleet`: the workers, what is asked of them and what each answered;
-//! - `discovery`: base URLs, the router's worker list;
+//! - `discovery`: base URLs, the router's worker list, the servers a command names;
 //! - `http`: the calls, their retries and what their failures mean, the fan-out;
+//! - `answers`: what each engine answers (status, timelines), read by one rule;
 //! - `body`: the `/start_profile` body in each engine's dialect;
 //! - `render`: the table and the `--json` document;
 //! - `stop_wait`: `ctl stop --wait`, until every engine worker's traces are written;
@@ -21,6 +22,7 @@ use serde_json::Value;
 use crate::error::{partial, Error};
 use crate::flags::{Common, CtlCommand};
 
+mod answers;
 mod body;
 mod discovery;
 mod fleet;
@@ -31,25 +33,26 @@ mod stop_wait;
 mod top;
 
 pub use crate::flags::{Engine, StartFields};
+pub use answers::{timeline_workers, WorkerTimeline};
 pub use body::start_body;
 pub use discovery::{discover, normalize_url, parse_worker_list, DiscoveryError};
 pub use fleet::{Action, Outcome, Worker};
 pub use http::{agent, call_worker, fan_out};
 pub use render::{render_json, render_table};
-pub use top::{parse_timeline, percentile, render_top, summarize, Row, Span, Step, WorkerTimeline};
+pub use top::{render_top, summarize, Row, Span};
 
 /// Sends `action` to every worker `c` names and prints what each answered: 0 when all
 /// succeeded, 1 when some did not.
 pub fn run(action: Action, c: &Common, body: Option<Value>) -> Result<ExitCode, Error> {
     let started = Instant::now();
     let agent = agent(c.timeout_for(action == Action::Stop));
-    let workers = top::servers_with_unhealthy(c, &agent)?;
+    let workers = discovery::servers_with_unhealthy(c, &agent)?;
 
     let (to_call, skipped): (Vec<_>, Vec<_>) = workers
         .iter()
         .partition(|w| c.include_unhealthy || w.healthy != Some(false));
     let urls: Vec<String> = to_call.iter().map(|w| w.url.clone()).collect();
-    let concurrency = c.concurrency.map_or(urls.len(), |n| n as usize);
+    let concurrency = c.concurrency_for(urls.len());
     let mut outcomes = fan_out(
         &agent,
         c.engine,
@@ -101,7 +104,8 @@ pub fn command(c: &CtlCommand) -> Result<ExitCode, Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::http::{explain_status, status_workers};
+    use super::answers::status_workers;
+    use super::http::explain_status;
     use super::render::engine_worker_line;
     use super::*;
     use serde_json::json;

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 
 use serde_json::json;
 
-use super::top::{gather_once, summarize, Span, WorkerTimeline};
+use super::answers::WorkerTimeline;
+use super::top::{gather_once, summarize, Span};
 use crate::error::{partial, Error};
 use crate::flags::TimelineArgs;
 

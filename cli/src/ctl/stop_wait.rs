@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{agent, fan_out, render_table, top, Action, Outcome};
+use super::{agent, discovery, fan_out, render_table, Action, Outcome};
 use crate::error::{partial, Error};
 use crate::flags::StopArgs;
 
@@ -94,7 +94,7 @@ pub fn command(a: &StopArgs) -> Result<ExitCode, Error> {
     }
     let started = Instant::now();
     let agent = agent(c.timeout_for(true));
-    let urls: Vec<String> = top::servers_with_unhealthy(c, &agent)?
+    let urls: Vec<String> = discovery::servers_with_unhealthy(c, &agent)?
         .into_iter()
         .filter(|w| c.include_unhealthy || w.healthy != Some(false))
         .map(|w| w.url)

@@ -5,6 +5,8 @@
 //! - [`trace`]: Kineto/Chrome trace JSON read as it streams, in bounded memory; the fields an
 //!   analysis reads; stepscope's key in a trace's header; the summary of a trace.
 //! - [`manifest`]: the file beside each trace, its states and its version.
+//! - [`timeline`]: the step timeline's document (a step's fields, their order, a row read
+//!   back).
 //! - [`window`]: what a header and a manifest record of how a window ended and what fired it.
 //! - [`files`]: files only ever whole under their final names (temporaries named after their
 //!   process, write + fsync + rename).
@@ -17,6 +19,7 @@
 pub mod error;
 pub mod files;
 pub mod manifest;
+pub mod timeline;
 pub mod trace;
 pub mod window;
 
