@@ -353,7 +353,7 @@ pub fn command(m: &crate::flags::MergeArgs) -> Result<std::process::ExitCode, cr
                 done.events_written,
                 m.output.display()
             );
-            Ok(std::process::ExitCode::SUCCESS)
+            Ok(crate::error::partial(false))
         }
         Err(e) => {
             let _ = std::fs::remove_file(&m.output);

@@ -348,7 +348,7 @@ def test_an_sglang_the_plugin_does_not_know_keeps_its_own_profiler(caplog):
     module = SimpleNamespace(__name__="fake", SchedulerProfilerManager=Manager,
                              ProfileReq=pm.ProfileReq)  # fmt: skip
     v2 = importlib.import_module(plugin.V2_MODULE)
-    plugin._warned.discard("interface")
+    plugin.interface._warned.discard("interface")
     assert not plugin.interface_known(module, v2)
     assert "SchedulerProfilerManager._profile(self, recv_req, extra)" in caplog.text
     assert plugin.interface_known(pm, v2)
@@ -530,7 +530,7 @@ def test_server_info_carries_each_schedulers_status_and_ctl_status_reads_it(tmp_
     assert s.profile(**profile_req(tmp_path, "st", num_steps=5)).success
     s.run(D, reqs=3)
     controller = SimpleNamespace(scheduler=SimpleNamespace(profiler_manager=s.manager))
-    out = plugin._after_internal_state(
+    out = plugin.hooks.after_internal_state(
         GetInternalStateReqOutput(internal_state={"max_total_num_tokens": 8}),
         controller,
         GetInternalStateReq(),
@@ -553,14 +553,14 @@ def test_the_step_timeline_times_every_forward_batch_and_ctl_top_reads_it(monkey
     reads it (here from a plain HTTP server with that output, SGLang's HTTP layer's place)."""
     from sglang.srt.managers.io_struct import GetInternalStateReq, GetInternalStateReqOutput
 
-    monkeypatch.setattr(plugin, "_timeline_setting", [{"steps": 64}])
+    monkeypatch.setattr(plugin.status, "_timeline_setting", [{"steps": 64}])
     s = Scheduler()
     batches = [(P, 2), (D, 2), (D, 2), (P, 1), (D, 3), (D, 3)]
     for mode, reqs in batches:
         s.run(mode, reqs=reqs)
     s.run(D, reqs=3)  # ends the last batch's step (SGLang has no end-of-batch call)
     controller = SimpleNamespace(scheduler=SimpleNamespace(profiler_manager=s.manager))
-    out = plugin._after_internal_state(
+    out = plugin.hooks.after_internal_state(
         GetInternalStateReqOutput(internal_state={}), controller, GetInternalStateReq()
     )
     timeline = out.internal_state["stepscope"]["timeline"]
@@ -597,10 +597,10 @@ def test_a_stop_answers_at_once_and_server_info_then_says_where_each_trace_is(tm
         s.run(P)
     reply = s.stop()
     assert reply.success and f"stepscope wait {tmp_path}" in reply.message, reply.message
-    for p in plugin._state_of(s.manager).profilers:
+    for p in plugin.window.state_of(s.manager).profilers:
         assert p.flush(60)
     controller = SimpleNamespace(scheduler=SimpleNamespace(profiler_manager=s.manager))
-    out = plugin._after_internal_state(
+    out = plugin.hooks.after_internal_state(
         GetInternalStateReqOutput(internal_state={}), controller, GetInternalStateReq()
     )
     (worker,) = out.internal_state["stepscope"]["workers"]

@@ -67,7 +67,8 @@ pub fn top(a: &TopArgs) -> Result<ExitCode, Error> {
             .and_then(|()| out.flush())
             .is_err()
         {
-            return Ok(ExitCode::SUCCESS);
+            // The reader went away (a pipe closed): nothing failed.
+            return Ok(partial(false));
         }
         drop(out);
         std::thread::sleep(Duration::from_secs_f64(a.interval));
