@@ -5,11 +5,16 @@
 use std::thread::{self, ThreadId};
 use std::time::Instant;
 
+use super::options::{StartOutcome, StopOutcome};
 use crate::backend::nvtx::Nvtx;
 use crate::backend::{Backend, CaptureStart, WindowEnd};
+use crate::config::{NvtxMode, ProfilerConfig};
 use crate::error::{Error, Result};
 use crate::iteration::{IterationInfo, RequestIds};
-use crate::schedule::{Budget, CutShort, Schedule, StopDecision};
+use crate::schedule::{
+    Budget, CutShort, Limits, Policy, Schedule, StartDecision, StartOptions, StepBegin, StepInfo,
+    StopDecision,
+};
 use crate::sys::Rss;
 
 /// What the budget measures a running window from: when its backend started and the
@@ -64,6 +69,216 @@ pub(super) struct Inner {
 }
 
 impl Inner {
+    /// The state of a new profiler for `config`, driving `backend`.
+    pub(super) fn new(
+        config: &ProfilerConfig,
+        worker_name: &str,
+        backend: Box<dyn Backend>,
+    ) -> Self {
+        let limits = Limits {
+            delay: config.delay_iterations,
+            max: config.max_iterations,
+        };
+        let nvtx = match config.stepscope.nvtx {
+            NvtxMode::Off => None,
+            NvtxMode::Running | NvtxMode::Always => Nvtx::attach(&config.stepscope.nvtx_domain),
+        };
+        let nvtx_always = nvtx.is_some() && config.stepscope.nvtx == NvtxMode::Always;
+        Inner {
+            worker_name: worker_name.to_string(),
+            trace_name: None,
+            schedule: Schedule::with_policy(
+                limits,
+                config.uncounted_steps_after_start(),
+                Policy::from(&config.stepscope.capture),
+            ),
+            backend,
+            engine_thread: None,
+            pending_stop: false,
+            pending_start: false,
+            backend_range_open: false,
+            nvtx,
+            nvtx_always,
+            detailed_names: config.detailed_trace_annotation,
+            name: String::with_capacity(128),
+            last_error: None,
+            rank: rank_from_env(),
+            ranks: config.stepscope.capture.ranks.clone(),
+            step_began: None,
+            step_ended: None,
+            budget: config.capture_budget(),
+            rss: None,
+            meter: None,
+            last_cut: None,
+        }
+    }
+
+    /// The worker's global rank (`stepscope.ranks` selects by it).
+    pub(super) fn set_rank(&mut self, rank: u32) {
+        self.rank = Some(rank);
+    }
+
+    /// A start (see `WorkerProfiler::start_with`), `now` the last step's index.
+    pub(super) fn start(&mut self, options: StartOptions, now: u64) -> Result<StartOutcome> {
+        if !self.selected()? {
+            log::info!(
+                "stepscope: start ignored: rank {} is not in stepscope.ranks",
+                self.rank.unwrap_or_default()
+            );
+            return Ok(StartOutcome::NotSelected);
+        }
+        let here = self.is_engine_thread();
+        if here {
+            self.run_pending(now + 1);
+        }
+        if !self.schedule.is_active() {
+            // A step timed in an earlier session must not span the gap to this one.
+            self.step_began = None;
+            self.step_ended = None;
+            // No disk, or too many traces still to write: the start fails now, visibly,
+            // rather than at the window's first step.
+            if let Err(e) = self.backend.preflight() {
+                let e = match e {
+                    Error::Refused { key, message } => Error::Refused {
+                        key,
+                        message: format!("{message} (worker {})", self.worker_name),
+                    },
+                    other => other,
+                };
+                log::warn!("stepscope: {e}");
+                self.last_error = Some(e.clone());
+                return Err(e);
+            }
+        }
+        match self.schedule.start(options, now) {
+            StartDecision::Passed { step, now } => Err(Error::InvalidArgument {
+                name: "start_at_step".into(),
+                message: format!(
+                    "step {step} has already passed on this worker (it is at step {now}); \
+                     pick a later step"
+                ),
+            }),
+            StartDecision::ArmedAt { step } => Ok(StartOutcome::ArmedAt { step }),
+            StartDecision::AlreadyActive => {
+                log::debug!("start received while a session is active; ignoring it");
+                Ok(StartOutcome::AlreadyActive)
+            }
+            StartDecision::Armed { delay } => Ok(StartOutcome::Armed { delay }),
+            StartDecision::StartBackend if here => {
+                self.start_backend(now + 1).map(|()| StartOutcome::Started)
+            }
+            StartDecision::StartBackend => {
+                self.pending_start = true;
+                Ok(StartOutcome::Deferred)
+            }
+        }
+    }
+
+    /// A stop (see `WorkerProfiler::stop`), `now` the last step's index.
+    pub(super) fn stop(&mut self, now: u64) -> Result<StopOutcome> {
+        if !self.selected().unwrap_or(true) {
+            return Ok(StopOutcome::NotSelected);
+        }
+        let here = self.is_engine_thread();
+        if here {
+            self.run_pending(now + 1);
+        }
+        match self.schedule.stop() {
+            StopDecision::NotActive => {
+                log::debug!("stop received while no session is active; ignoring it");
+                Ok(StopOutcome::NotActive)
+            }
+            StopDecision::Disarmed => Ok(StopOutcome::Disarmed),
+            StopDecision::CancelStart => {
+                self.pending_start = false;
+                Ok(StopOutcome::Disarmed)
+            }
+            StopDecision::StopBackend if here => {
+                self.stop_backend(now).map(|()| StopOutcome::Stopped)
+            }
+            StopDecision::StopBackend => {
+                self.pending_stop = true;
+                Ok(StopOutcome::Deferred)
+            }
+        }
+    }
+
+    /// vLLM's `shutdown()` on the calling thread, `now` the last step's index.
+    pub(super) fn shutdown(&mut self, now: u64) -> Result<()> {
+        self.close_range();
+        let decision = self.schedule.shutdown();
+        if decision == StopDecision::CancelStart {
+            self.pending_start = false;
+        }
+        if self.pending_stop || decision == StopDecision::StopBackend {
+            self.pending_stop = false;
+            self.stop_backend(now)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// One step's slow path on the engine thread: pending work, the budget, the schedule's
+    /// decisions carried out on the backend, the step's timing for a slow-step trigger.
+    /// Returns whether the step is timed (its guard's drop ends its span).
+    pub(super) fn step(&mut self, index: u64, info: &IterationInfo) -> bool {
+        if self.engine_thread.is_none() {
+            self.engine_thread = Some(thread::current().id());
+        }
+        self.close_range();
+        self.run_pending(index);
+        // A window over its budget ends here, before this step counts.
+        self.enforce_budget(index);
+        // A slow-step trigger watches: the clock is read once per step, and only then.
+        let now = self.schedule.times_steps().then(Instant::now);
+        let previous = self.take_step_time(now);
+        let step = StepInfo::of(index, info).after(previous);
+        let outcome = match self.schedule.begin_step(step) {
+            // On failure the session stays active, not running; the error is kept.
+            StepBegin::StartBackend => self.start_backend(index),
+            StepBegin::PauseBackend => self.pause_backend(index),
+            StepBegin::ResumeBackend => self.resume_backend(index),
+            StepBegin::Inactive | StepBegin::Counted => Ok(()),
+        };
+        if let Err(e) = outcome {
+            self.last_error = Some(e);
+        }
+        let end = self.schedule.end_step();
+        if end.advance_backend {
+            self.backend.advance();
+        }
+        if end.stop_backend {
+            if let Err(e) = self.stop_backend(index) {
+                self.last_error = Some(e);
+            }
+        }
+        let timed = self.schedule.times_steps();
+        if timed {
+            self.step_began = Some(now.unwrap_or_else(Instant::now));
+        }
+        timed
+    }
+
+    /// The engine thread's step ended (its guard dropped): the end of its timing.
+    pub(super) fn step_ended(&mut self) {
+        if self.step_began.is_some() && self.step_ended.is_none() {
+            self.step_ended = Some(Instant::now());
+        }
+        self.close_range();
+    }
+
+    /// The trace name for the next session.
+    pub(super) fn set_trace_name(&mut self, name: Option<&str>) {
+        self.trace_name = name.map(str::to_string);
+    }
+
+    /// What the next session records (see `WorkerProfiler::reconfigure`).
+    pub(super) fn reconfigure(&mut self, config: &ProfilerConfig) -> Result<()> {
+        self.backend.reconfigure(config)?;
+        self.budget = config.capture_budget();
+        Ok(())
+    }
+
     pub(super) fn pending_writes(&self) -> usize {
         self.backend.pending_writes().map_or(0, |p| p.count())
     }
@@ -313,6 +528,6 @@ impl Inner {
 }
 
 /// The rank in torchrun's `RANK` variable, if set and a number.
-pub(super) fn rank_from_env() -> Option<u32> {
+fn rank_from_env() -> Option<u32> {
     std::env::var("RANK").ok()?.trim().parse().ok()
 }

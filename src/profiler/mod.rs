@@ -33,23 +33,19 @@ pub use status::{Status, StepTime, Writes};
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::backend::nvtx::Nvtx;
 use crate::backend::{self, Backend};
-use crate::config::{NvtxMode, ProfilerConfig};
+use crate::config::ProfilerConfig;
 use crate::error::{Error, Result};
 use crate::flush::PendingWrites;
 use crate::iteration::{IterationInfo, RequestIds};
-use crate::schedule::{
-    Limits, Phase, Policy, Schedule, StartDecision, StartOptions, StepBegin, StepInfo, StopDecision,
-};
+use crate::schedule::{Phase, StartOptions};
 use crate::timeline::{Timeline, TimelineStep};
 
-use driver::{rank_from_env, Inner};
+use driver::Inner;
 
 /// Gate bit: a session is active, backend work is pending, a range is open, or every iteration
 /// gets an NVTX range (`nvtx: "always"` with a tool attached). `step()` must take the slow path.
@@ -114,15 +110,6 @@ impl WorkerProfiler {
         worker_name: &str,
         backend: Box<dyn Backend>,
     ) -> Self {
-        let limits = Limits {
-            delay: config.delay_iterations,
-            max: config.max_iterations,
-        };
-        let nvtx = match config.stepscope.nvtx {
-            NvtxMode::Off => None,
-            NvtxMode::Running | NvtxMode::Always => Nvtx::attach(&config.stepscope.nvtx_domain),
-        };
-        let nvtx_always = nvtx.is_some() && config.stepscope.nvtx == NvtxMode::Always;
         let profiler = WorkerProfiler {
             gate: AtomicU8::new(GATE_UNREGISTERED),
             steps: AtomicU64::new(0),
@@ -131,33 +118,7 @@ impl WorkerProfiler {
                 .stepscope
                 .timeline
                 .map(|n| Box::new(Timeline::new(n))),
-            inner: Mutex::new(Inner {
-                worker_name: worker_name.to_string(),
-                trace_name: None,
-                schedule: Schedule::with_policy(
-                    limits,
-                    config.uncounted_steps_after_start(),
-                    Policy::from(&config.stepscope.capture),
-                ),
-                backend,
-                engine_thread: None,
-                pending_stop: false,
-                pending_start: false,
-                backend_range_open: false,
-                nvtx,
-                nvtx_always,
-                detailed_names: config.detailed_trace_annotation,
-                name: String::with_capacity(128),
-                last_error: None,
-                rank: rank_from_env(),
-                ranks: config.stepscope.capture.ranks.clone(),
-                step_began: None,
-                step_ended: None,
-                budget: config.capture_budget(),
-                rss: None,
-                meter: None,
-                last_cut: None,
-            }),
+            inner: Mutex::new(Inner::new(config, worker_name, backend)),
         };
         profiler.sync_gate(&profiler.inner.lock());
         profiler
@@ -176,58 +137,7 @@ impl WorkerProfiler {
     /// stays active and not running until `stop()`.
     pub fn start_with(&self, options: StartOptions) -> Result<StartOutcome> {
         let mut g = self.inner.lock();
-        if !g.selected()? {
-            log::info!(
-                "stepscope: start ignored: rank {} is not in stepscope.ranks",
-                g.rank.unwrap_or_default()
-            );
-            return Ok(StartOutcome::NotSelected);
-        }
-        let here = g.is_engine_thread();
-        if here {
-            g.run_pending(self.next_step());
-        }
-        if !g.schedule.is_active() {
-            // A step timed in an earlier session must not span the gap to this one.
-            g.step_began = None;
-            g.step_ended = None;
-            // No disk, or too many traces still to write: the start fails now, visibly,
-            // rather than at the window's first step.
-            if let Err(e) = g.backend.preflight() {
-                let e = match e {
-                    Error::Refused { key, message } => Error::Refused {
-                        key,
-                        message: format!("{message} (worker {})", g.worker_name),
-                    },
-                    other => other,
-                };
-                log::warn!("stepscope: {e}");
-                g.last_error = Some(e.clone());
-                return Err(e);
-            }
-        }
-        let result = match g.schedule.start(options, self.step_index()) {
-            StartDecision::Passed { step, now } => Err(Error::InvalidArgument {
-                name: "start_at_step".into(),
-                message: format!(
-                    "step {step} has already passed on this worker (it is at step {now}); \
-                     pick a later step"
-                ),
-            }),
-            StartDecision::ArmedAt { step } => Ok(StartOutcome::ArmedAt { step }),
-            StartDecision::AlreadyActive => {
-                log::debug!("start received while a session is active; ignoring it");
-                Ok(StartOutcome::AlreadyActive)
-            }
-            StartDecision::Armed { delay } => Ok(StartOutcome::Armed { delay }),
-            StartDecision::StartBackend if here => g
-                .start_backend(self.next_step())
-                .map(|()| StartOutcome::Started),
-            StartDecision::StartBackend => {
-                g.pending_start = true;
-                Ok(StartOutcome::Deferred)
-            }
-        };
+        let result = g.start(options, self.step_index());
         self.sync_gate(&g);
         result
     }
@@ -236,31 +146,7 @@ impl WorkerProfiler {
     /// the backend. An `Err` is the backend's stop failure; the session is ended regardless.
     pub fn stop(&self) -> Result<StopOutcome> {
         let mut g = self.inner.lock();
-        if !g.selected().unwrap_or(true) {
-            return Ok(StopOutcome::NotSelected);
-        }
-        let here = g.is_engine_thread();
-        if here {
-            g.run_pending(self.next_step());
-        }
-        let result = match g.schedule.stop() {
-            StopDecision::NotActive => {
-                log::debug!("stop received while no session is active; ignoring it");
-                Ok(StopOutcome::NotActive)
-            }
-            StopDecision::Disarmed => Ok(StopOutcome::Disarmed),
-            StopDecision::CancelStart => {
-                g.pending_start = false;
-                Ok(StopOutcome::Disarmed)
-            }
-            StopDecision::StopBackend if here => g
-                .stop_backend(self.step_index())
-                .map(|()| StopOutcome::Stopped),
-            StopDecision::StopBackend => {
-                g.pending_stop = true;
-                Ok(StopOutcome::Deferred)
-            }
-        };
+        let result = g.stop(self.step_index());
         self.sync_gate(&g);
         result
     }
@@ -269,17 +155,7 @@ impl WorkerProfiler {
     /// `shutdown()`. A session still in its delay is left as it is.
     pub fn shutdown(&self) -> Result<()> {
         let mut g = self.inner.lock();
-        g.close_range();
-        let decision = g.schedule.shutdown();
-        if decision == StopDecision::CancelStart {
-            g.pending_start = false;
-        }
-        let result = if g.pending_stop || decision == StopDecision::StopBackend {
-            g.pending_stop = false;
-            g.stop_backend(self.step_index())
-        } else {
-            Ok(())
-        };
+        let result = g.shutdown(self.step_index());
         self.sync_gate(&g);
         result
     }
@@ -391,40 +267,7 @@ impl WorkerProfiler {
         // The step begins now for the timeline, whatever the backend does below.
         let began = self.timeline.as_ref().map(|t| t.now());
         let mut g = self.inner.lock();
-        if g.engine_thread.is_none() {
-            g.engine_thread = Some(thread::current().id());
-        }
-        g.close_range();
-        g.run_pending(index);
-        // A window over its budget ends here, before this step counts.
-        g.enforce_budget(index);
-        // A slow-step trigger watches: the clock is read once per step, and only then.
-        let now = g.schedule.times_steps().then(Instant::now);
-        let previous = g.take_step_time(now);
-        let step = StepInfo::of(index, info).after(previous);
-        let outcome = match g.schedule.begin_step(step) {
-            // On failure the session stays active, not running; the error is kept.
-            StepBegin::StartBackend => g.start_backend(index),
-            StepBegin::PauseBackend => g.pause_backend(index),
-            StepBegin::ResumeBackend => g.resume_backend(index),
-            StepBegin::Inactive | StepBegin::Counted => Ok(()),
-        };
-        if let Err(e) = outcome {
-            g.last_error = Some(e);
-        }
-        let end = g.schedule.end_step();
-        if end.advance_backend {
-            g.backend.advance();
-        }
-        if end.stop_backend {
-            if let Err(e) = g.stop_backend(index) {
-                g.last_error = Some(e);
-            }
-        }
-        let timed = g.schedule.times_steps();
-        if timed {
-            g.step_began = Some(now.unwrap_or_else(Instant::now));
-        }
+        let timed = g.step(index, info);
         let captured = g.schedule.is_running();
         let open = g.open_iteration(index, info, captured, requests);
         if let (Some(t), Some(began)) = (&self.timeline, began) {
@@ -460,10 +303,7 @@ impl WorkerProfiler {
     #[inline(never)]
     fn step_end_slow(&self) {
         let mut g = self.inner.lock();
-        if g.step_began.is_some() && g.step_ended.is_none() {
-            g.step_ended = Some(Instant::now());
-        }
-        g.close_range();
+        g.step_ended();
         self.sync_gate(&g);
     }
 
@@ -563,7 +403,7 @@ impl WorkerProfiler {
     /// Sets the worker's global rank, which `stepscope.ranks` selects by. Without it the
     /// `RANK` environment variable (torchrun's, read when the profiler is made) is used.
     pub fn set_rank(&self, rank: u32) {
-        self.inner.lock().rank = Some(rank);
+        self.inner.lock().set_rank(rank);
     }
 
     /// Adds `key` to the header of the traces written from now on (the torch backend's; other
@@ -613,7 +453,7 @@ impl WorkerProfiler {
         if g.schedule.is_active() {
             return Ok(false);
         }
-        g.trace_name = name.map(str::to_string);
+        g.set_trace_name(name);
         Ok(true)
     }
 
@@ -626,8 +466,7 @@ impl WorkerProfiler {
         if g.schedule.is_active() || g.pending_stop {
             return Ok(false);
         }
-        g.backend.reconfigure(config)?;
-        g.budget = config.capture_budget();
+        g.reconfigure(config)?;
         Ok(true)
     }
 
@@ -635,10 +474,6 @@ impl WorkerProfiler {
     /// `step()`, or in work another thread asked for), taken.
     pub fn take_last_error(&self) -> Option<Error> {
         self.inner.lock().last_error.take()
-    }
-
-    fn next_step(&self) -> u64 {
-        self.steps.load(Relaxed) + 1
     }
 
     /// Recomputes the gate from the state; called at the end of every locked transition so

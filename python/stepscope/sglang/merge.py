@@ -10,10 +10,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from stepscope.sglang.window import Window
+from typing import Any
 
 logger = logging.getLogger("stepscope.sglang")
 
@@ -23,7 +20,13 @@ CLI_ENV = "STEPSCOPE_CLI"
 
 
 def merge_when_written(
-    window: Window, profilers: list[Any], expected: int, *, poll: float = 0.2
+    output_dir: Path,
+    profile: str,
+    profile_id: str,
+    profilers: list[Any],
+    expected: int,
+    *,
+    poll: float = 0.2,
 ) -> Path | None:
     """Waits (off the scheduler thread) for this rank's traces, then for ``expected`` complete
     manifests of the profile in the output directory (every rank's; up to the flush timeout),
@@ -35,7 +38,7 @@ def merge_when_written(
         p.flush(timeout)
     import stepscope
 
-    prefix = str(window.output_dir / glob.escape(window.profile + "-"))
+    prefix = str(output_dir / glob.escape(profile + "-"))
     pattern = prefix + "*" + stepscope.MANIFEST_SUFFIX
     deadline = time.monotonic() + timeout
     while True:
@@ -49,7 +52,7 @@ def merge_when_written(
                 "merging those",
                 len(done),
                 expected,
-                window.profile_id,
+                profile_id,
                 timeout,
             )
             break
@@ -69,7 +72,7 @@ def merge_when_written(
     if not traces:
         logger.error(
             "stepscope: merge_profiles: no complete trace of %s to merge",
-            window.profile_id,
+            profile_id,
         )
         return None
     if cli is None:
@@ -78,10 +81,10 @@ def merge_when_written(
             "set %s=/path/to/stepscope); the %d traces are in %s, unmerged",
             CLI_ENV,
             len(traces),
-            window.output_dir,
+            output_dir,
         )
         return None
-    out = window.output_dir / f"merged-{window.profile_id}.trace.json.gz"
+    out = output_dir / f"merged-{profile_id}.trace.json.gz"
     # Written under a hidden name and renamed, so the merged name only holds a whole trace.
     partial = out.with_name(f".{out.name}.{os.getpid()}.partial.gz")
     run = subprocess.run(
@@ -95,7 +98,7 @@ def merge_when_written(
         logger.error("stepscope: merge_profiles: stepscope merge failed: %s", run.stderr.strip())
         return None
     os.replace(partial, out)
-    logger.info("stepscope: merged %d traces of %s into %s", len(traces), window.profile_id, out)
+    logger.info("stepscope: merged %d traces of %s into %s", len(traces), profile_id, out)
     return out
 
 

@@ -139,7 +139,13 @@ class SchedulerProfiler:
             threading.Thread(
                 target=merge_when_written,
                 name="stepscope-merge",
-                args=(window, list(self.profilers), expected),
+                args=(
+                    window.output_dir,
+                    window.profile,
+                    window.profile_id,
+                    list(self.profilers),
+                    expected,
+                ),
                 daemon=True,
             ).start()
         return (

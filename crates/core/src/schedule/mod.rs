@@ -38,23 +38,23 @@
 //! process's growth, the window's age): a window over it ends through the full stop.
 
 mod budget;
+mod counters;
 mod options;
+mod policy;
 mod slow;
+mod step;
 
 pub use budget::{Budget, CutBy, CutShort};
+pub use counters::Limits;
 pub use options::StartOptions;
+pub use policy::Policy;
+pub(crate) use policy::ALL_STAGES;
 pub use slow::{Detector, SlowStep, SlowStepSeen, MIN_SAMPLES, WINDOW};
+pub use step::StepInfo;
 
-use crate::iteration::{IterationInfo, Stage};
-
-/// Delay and max for one session, in engine iterations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Limits {
-    /// Steps after the start before the backend starts (0: in `start()` itself).
-    pub delay: u64,
-    /// Counted steps to capture; the stop comes in the step that exceeds it. 0: no limit.
-    pub max: u64,
-}
+use counters::Counters;
+pub(crate) use policy::stage_bit;
+use policy::Series;
 
 /// The named states of a capture session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +80,8 @@ pub enum Phase {
 }
 
 impl Phase {
-    /// The state's name: `idle`, `delaying`, `starting`, `running`, `start_failed`, `paused`
-    /// or `between`.
+    /// The state's name: `idle`, `delaying`, `starting`, `running`, `start_failed`, `paused`,
+    /// `between` or `watching`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Phase::Idle => "idle",
@@ -93,84 +93,6 @@ impl Phase {
             Phase::Between => "between",
             Phase::Watching => "watching",
         }
-    }
-}
-
-/// stepscope's capture control, beyond vLLM's delay and max. `Policy::default()` is vLLM.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Policy {
-    /// The slow-step trigger, if any.
-    pub slow: Option<SlowStep>,
-    /// Stages that count (bit `1 << stage index` in [`Stage::ALL`] order); 0: every stage.
-    pub stages: u8,
-    /// The delay counts from the first iteration with at least this many requests.
-    pub min_batch_requests: u64,
-    /// … and at least this many tokens.
-    pub min_batch_tokens: u64,
-    /// The config's absolute start step (replaces the delay), if any.
-    pub start_at_step: Option<u64>,
-    /// Windows per session (0 and 1: one).
-    pub repeat: u64,
-    /// Steps between the starts of two windows.
-    pub repeat_every: u64,
-}
-
-impl Policy {
-    fn stage_counts(&self, stage: Stage) -> bool {
-        self.stages == 0 || self.stages & stage_bit(stage) != 0
-    }
-
-    fn batch_qualifies(&self, step: &StepInfo) -> bool {
-        step.requests >= self.min_batch_requests && step.tokens >= self.min_batch_tokens
-    }
-
-    /// Whether starting waits for a qualifying iteration even with a delay of 0.
-    fn gated(&self) -> bool {
-        self.stages != 0 || self.min_batch_requests > 0 || self.min_batch_tokens > 0
-    }
-}
-
-/// Every stage's bit: listing every stage is the same as no filter.
-pub(crate) const ALL_STAGES: u8 = 0b1111;
-
-/// The bit of `stage` in [`Policy::stages`].
-pub(crate) fn stage_bit(stage: Stage) -> u8 {
-    let i = Stage::ALL.iter().position(|s| *s == stage).unwrap_or(0);
-    1 << i
-}
-
-/// What the schedule learns about one step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StepInfo {
-    /// The step's index (the worker's `step()` count, from 1).
-    pub index: u64,
-    /// The iteration's stage.
-    pub stage: Stage,
-    /// Requests scheduled (context + generation).
-    pub requests: u64,
-    /// Tokens scheduled.
-    pub tokens: u64,
-    /// How long the previous step took, when the caller timed it (it does while
-    /// [`Schedule::times_steps`]).
-    pub previous_ns: Option<u64>,
-}
-
-impl StepInfo {
-    /// The step `index` of an iteration with these counts.
-    pub fn of(index: u64, info: &IterationInfo) -> Self {
-        StepInfo {
-            index,
-            stage: info.stage(),
-            requests: u64::from(info.num_ctx_reqs) + u64::from(info.num_gen_reqs),
-            tokens: u64::from(info.num_ctx_tokens) + u64::from(info.num_gen_tokens),
-            previous_ns: None,
-        }
-    }
-
-    /// The same step, told how long the one before it took.
-    pub fn after(mut self, previous_ns: Option<u64>) -> Self {
-        self.previous_ns = previous_ns;
-        self
     }
 }
 
@@ -241,43 +163,20 @@ pub struct StepEnd {
 }
 
 /// vLLM's `WorkerProfiler` counters and flags, as a pure state machine, with stepscope's
-/// capture control.
+/// capture control: vLLM's counters ([`Counters`](counters)) and the policy's session state
+/// ([`Series`](policy)) apart, each transition written once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Schedule {
-    defaults: Limits,
-    limits: Limits,
-    uncounted_after_start: u64,
+    counters: Counters,
     policy: Policy,
+    series: Series,
     phase: Phase,
-    since_start: u64,
-    profiled: u64,
-    uncounted_left: u64,
-    /// Qualifying steps counted toward the delay (equals `since_start` under vLLM's policy).
-    delay_counted: u64,
-    /// The session's absolute start step, replacing the delay.
-    target_step: Option<u64>,
-    /// An iteration of the minimum batch size has been seen this session.
-    qualified: bool,
-    /// The step the session's first window started in.
-    first_window_step: u64,
-    /// The step the current (or last) window started in.
-    window_start: u64,
-    windows_done: u64,
-    /// Steps captured in the current (or, after a stop, the last) window: kept for status
-    /// after the stop resets vLLM's counters.
-    captured: u64,
-    /// The slow-step detector, with a trigger in the policy.
-    detector: Option<Detector>,
-    /// This session waits for slow steps (the policy has a trigger and no start step overrode it).
-    watching: bool,
-    /// The slow step that the current (or last) window follows.
-    fired: Option<SlowStepSeen>,
 }
 
 impl Schedule {
     /// A schedule with the config's delay and max, and `uncounted_after_start` running steps
     /// after each backend start that do not count toward max (torch's wait + warmup − 1; see
-    /// [`crate::ProfilerConfig::uncounted_steps_after_start`]).
+    /// [`crate::config::ProfilerConfig::uncounted_steps_after_start`]).
     pub fn new(defaults: Limits, uncounted_after_start: u64) -> Self {
         Self::with_policy(defaults, uncounted_after_start, Policy::default())
     }
@@ -285,24 +184,13 @@ impl Schedule {
     /// The same with stepscope's capture control.
     pub fn with_policy(defaults: Limits, uncounted_after_start: u64, policy: Policy) -> Self {
         Schedule {
-            defaults,
-            limits: defaults,
-            uncounted_after_start,
+            counters: Counters::new(defaults, uncounted_after_start),
             policy,
+            series: Series {
+                detector: policy.slow.map(Detector::new),
+                ..Series::default()
+            },
             phase: Phase::Idle,
-            since_start: 0,
-            profiled: 0,
-            uncounted_left: 0,
-            delay_counted: 0,
-            target_step: None,
-            qualified: false,
-            first_window_step: 0,
-            window_start: 0,
-            windows_done: 0,
-            captured: 0,
-            detector: policy.slow.map(Detector::new),
-            watching: false,
-            fired: None,
         }
     }
 
@@ -323,33 +211,33 @@ impl Schedule {
 
     /// The limits of the current (or last) session.
     pub fn limits(&self) -> Limits {
-        self.limits
+        self.counters.limits
     }
 
     /// Steps counted since the session's start (vLLM's `_active_iteration_count`).
     pub fn steps_since_start(&self) -> u64 {
-        self.since_start
+        self.counters.since_start
     }
 
     /// Steps counted toward max in the current window (vLLM's `_profiling_for_iters`).
     pub fn profiled_steps(&self) -> u64 {
-        self.profiled
+        self.counters.profiled
     }
 
     /// The session's absolute start step, if it has one.
     pub fn target_step(&self) -> Option<u64> {
-        self.target_step
+        self.series.target_step
     }
 
     /// Steps captured in the current window, or in the last one once it has ended (by its
     /// max or by a stop). Unlike [`Schedule::profiled_steps`], a stop does not reset it.
     pub fn captured_steps(&self) -> u64 {
-        self.captured
+        self.series.captured
     }
 
     /// Windows this session has completed: by their max, or by a stop while capturing.
     pub fn windows_done(&self) -> u64 {
-        self.windows_done
+        self.series.windows_done
     }
 
     /// The step the current window's backend started in (or was asked to), once one has.
@@ -358,33 +246,33 @@ impl Schedule {
             self.phase,
             Phase::Starting | Phase::Running | Phase::Paused | Phase::StartFailed
         )
-        .then_some(self.window_start)
+        .then_some(self.series.window_start)
     }
 
     /// The session waits for a slow step: the caller times each step and passes the previous
     /// one's duration to [`Schedule::begin_step`].
     pub fn times_steps(&self) -> bool {
-        self.phase == Phase::Watching && self.fired.is_none()
+        self.phase == Phase::Watching && self.series.fired.is_none()
     }
 
     /// The slow-step trigger of the policy, if any.
     pub fn slow_step(&self) -> Option<SlowStep> {
-        self.detector.as_ref().map(Detector::trigger)
+        self.series.detector.as_ref().map(Detector::trigger)
     }
 
     /// The slow step the current (or last) window follows.
     pub fn window_trigger(&self) -> Option<SlowStepSeen> {
-        self.fired
+        self.series.fired
     }
 
     /// The slowest step timed in this (or the last) session.
     pub fn slowest_step(&self) -> Option<SlowStepSeen> {
-        self.detector.as_ref().and_then(Detector::slowest)
+        self.series.detector.as_ref().and_then(Detector::slowest)
     }
 
     /// The running median of the steps timed, once there are enough of them.
     pub fn median_step_ns(&self) -> Option<u64> {
-        self.detector.as_ref().and_then(Detector::median_ns)
+        self.series.detector.as_ref().and_then(Detector::median_ns)
     }
 
     /// Windows per session under the policy.
@@ -394,13 +282,7 @@ impl Schedule {
 
     /// The step the next window of a repeated session is due in (while [`Phase::Between`]).
     pub fn next_window_at(&self) -> Option<u64> {
-        (self.phase == Phase::Between).then(|| self.window_due())
-    }
-
-    /// The step the next window is due in: `repeat_every` steps per completed window after
-    /// the first one's start.
-    fn window_due(&self) -> u64 {
-        self.first_window_step + self.windows_done * self.policy.repeat_every
+        (self.phase == Phase::Between).then(|| self.series.window_due(&self.policy))
     }
 
     /// Begins a session; `now` is the index of the last step taken (0 before the first).
@@ -419,23 +301,11 @@ impl Schedule {
         if let Some(step) = target.filter(|s| *s <= now) {
             return StartDecision::Passed { step, now };
         }
-        self.limits = Limits {
-            delay: request.delay_iterations.unwrap_or(self.defaults.delay),
-            max: request.max_iterations.unwrap_or(self.defaults.max),
-        };
-        self.since_start = 0;
-        self.profiled = 0;
-        self.delay_counted = 0;
-        self.windows_done = 0;
-        self.captured = 0;
-        self.qualified = self.policy.min_batch_requests == 0 && self.policy.min_batch_tokens == 0;
-        self.target_step = target;
-        self.fired = None;
-        self.watching = self.detector.is_some() && target.is_none();
-        if let Some(d) = self.detector.as_mut() {
-            d.reset();
-        }
-        if self.watching && self.limits.delay == 0 {
+        self.counters
+            .begin(request.delay_iterations, request.max_iterations);
+        self.series.begin(&self.policy, target);
+        let delay = self.counters.limits.delay;
+        if self.series.triggered && delay == 0 {
             self.phase = Phase::Watching;
             return StartDecision::Armed { delay: 0 };
         }
@@ -443,17 +313,19 @@ impl Schedule {
             self.phase = Phase::Delaying;
             return StartDecision::ArmedAt { step };
         }
-        if self.limits.delay == 0 && !self.policy.gated() {
-            self.phase = Phase::Starting;
-            self.first_window_step = now + 1;
-            self.window_start = now + 1;
+        if delay == 0 && !self.policy.gated() {
+            self.enter_starting(now + 1);
             StartDecision::StartBackend
         } else {
             self.phase = Phase::Delaying;
-            StartDecision::Armed {
-                delay: self.limits.delay,
-            }
+            StartDecision::Armed { delay }
         }
+    }
+
+    /// A window's backend start is decided, in step `index`: the one place a window begins.
+    fn enter_starting(&mut self, index: u64) {
+        self.phase = Phase::Starting;
+        self.series.window_begins(index);
     }
 
     /// Reports the outcome of the backend start that `start` or `begin_step` asked for.
@@ -463,7 +335,7 @@ impl Schedule {
         }
         if started {
             self.phase = Phase::Running;
-            self.uncounted_left = self.uncounted_after_start;
+            self.counters.backend_started();
         } else {
             self.phase = Phase::StartFailed;
         }
@@ -479,7 +351,7 @@ impl Schedule {
             Phase::Starting => StopDecision::CancelStart,
             Phase::Running | Phase::Paused => {
                 // A window cut short by the stop still counts as done.
-                self.windows_done += 1;
+                self.series.windows_done += 1;
                 StopDecision::StopBackend
             }
         };
@@ -490,9 +362,8 @@ impl Schedule {
     /// Back to idle, vLLM's counters reset (status keeps `captured` and `windows_done`).
     fn end_session(&mut self) {
         self.phase = Phase::Idle;
-        self.since_start = 0;
-        self.profiled = 0;
-        self.target_step = None;
+        self.counters.reset();
+        self.series.target_step = None;
     }
 
     /// vLLM's `shutdown()`: stops only a session whose backend runs (paused or not), or one
@@ -510,66 +381,56 @@ impl Schedule {
         if self.phase == Phase::Idle {
             return StepBegin::Inactive;
         }
-        self.since_start += 1;
+        self.counters.since_start += 1;
         let counts = self.policy.stage_counts(step.stage);
         match self.phase {
             Phase::Delaying => {
-                let due = match self.target_step {
+                let s = &mut self.series;
+                let due = match s.target_step {
                     Some(target) => step.index >= target && counts,
                     None => {
-                        if !self.qualified && self.policy.batch_qualifies(&step) {
-                            self.qualified = true;
+                        s.qualify(&self.policy, &step);
+                        if s.qualified && counts {
+                            s.delay_counted += 1;
                         }
-                        if self.qualified && counts {
-                            self.delay_counted += 1;
-                        }
-                        self.qualified && counts && self.delay_counted >= self.limits.delay.max(1)
+                        s.qualified
+                            && counts
+                            && s.delay_counted >= self.counters.limits.delay.max(1)
                     }
                 };
-                if due && self.watching {
+                if due && s.triggered {
                     // The delay is over: the steps from this one on are timed.
                     self.phase = Phase::Watching;
                     StepBegin::Counted
                 } else if due {
-                    self.phase = Phase::Starting;
-                    self.first_window_step = step.index;
-                    self.window_start = step.index;
-                    self.captured = 0;
+                    self.enter_starting(step.index);
                     StepBegin::StartBackend
                 } else {
                     StepBegin::Counted
                 }
             }
             Phase::Watching => {
-                if self.fired.is_none() {
+                let s = &mut self.series;
+                if s.fired.is_none() {
                     let previous = step.index.saturating_sub(1);
-                    if let (Some(ns), Some(d)) = (step.previous_ns, self.detector.as_mut()) {
-                        self.fired = d.observe(previous, ns);
+                    if let (Some(ns), Some(d)) = (step.previous_ns, s.detector.as_mut()) {
+                        s.fired = d.observe(previous, ns);
                     }
                 }
-                if !self.qualified && self.policy.batch_qualifies(&step) {
-                    self.qualified = true;
-                }
-                if self.fired.is_some() && self.qualified && counts {
-                    self.phase = Phase::Starting;
-                    self.window_start = step.index;
-                    if self.windows_done == 0 {
-                        self.first_window_step = step.index;
-                    }
-                    self.captured = 0;
+                s.qualify(&self.policy, &step);
+                if s.fired.is_some() && s.qualified && counts {
+                    self.enter_starting(step.index);
                     StepBegin::StartBackend
                 } else {
                     StepBegin::Counted
                 }
             }
             Phase::Between
-                if step.index >= self.window_due()
+                if step.index >= self.series.window_due(&self.policy)
                     && counts
                     && self.policy.batch_qualifies(&step) =>
             {
-                self.phase = Phase::Starting;
-                self.window_start = step.index;
-                self.captured = 0;
+                self.enter_starting(step.index);
                 StepBegin::StartBackend
             }
             Phase::Running if !counts => {
@@ -592,39 +453,29 @@ impl Schedule {
         if self.phase != Phase::Running {
             return StepEnd::default();
         }
+        let (counted, exceeded) = self.counters.count_running();
         let mut end = StepEnd {
             advance_backend: true,
-            ..StepEnd::default()
+            counted,
+            stop_backend: false,
         };
-        if self.uncounted_left > 0 {
-            self.uncounted_left -= 1;
-        } else {
-            self.profiled += 1;
-            end.counted = true;
-        }
-        if self.limits.max > 0 && self.profiled > self.limits.max {
+        if exceeded {
             // The step past max ends the window; it is not one of the window's captures.
-            self.windows_done += 1;
+            self.series.windows_done += 1;
             end.stop_backend = true;
-            if self.windows_done < self.policy.repeat {
-                // A triggered session's next window waits for a new slow step.
-                self.phase = if self.watching {
-                    Phase::Watching
+            if self.series.windows_done < self.policy.repeat {
+                if self.series.triggered {
+                    self.phase = Phase::Watching;
+                    self.series.rearm_trigger(&self.policy);
                 } else {
-                    Phase::Between
-                };
-                if self.watching {
-                    self.fired = None;
-                    // The next window waits for a qualifying batch after its slow step too.
-                    self.qualified =
-                        self.policy.min_batch_requests == 0 && self.policy.min_batch_tokens == 0;
+                    self.phase = Phase::Between;
                 }
-                self.profiled = 0;
+                self.counters.profiled = 0;
             } else {
                 self.end_session();
             }
-        } else if end.counted {
-            self.captured = self.profiled;
+        } else if counted {
+            self.series.captured = self.counters.profiled;
         }
         end
     }
@@ -633,6 +484,7 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::iteration::Stage;
 
     fn sched(delay: u64, max: u64) -> Schedule {
         Schedule::new(Limits { delay, max }, 0)
