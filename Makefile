@@ -142,13 +142,15 @@ sdist: setup
 # stub driver and real Kineto, the vLLM plugin on vLLM 0.32 (with the live `vllm serve` tests)
 # and on vLLM 0.33's modules, the SGLang plugin on SGLang 0.5.23's modules (the built `stepscope`
 # command merges for it); seven pytest processes at once, each live server's file in its own
-# (scripts/pytest_envs.sh). ruff first: undefined names, unused imports, likely bugs.
+# (scripts/pytest_envs.sh). ruff first: undefined names, unused imports, likely bugs; then
+# mypy's stubtest: _native.pyi against the extension the wheel installed.
 PY_SOURCES := python tests/python examples scripts/*.py
 test-python: wheel
 	$(VENV)/bin/ruff check --quiet --select F,E9,B $(PY_SOURCES)
 	$(UV) pip install --quiet --python $(PYTHON) --no-deps --reinstall dist/stepscope-*.whl
 	$(UV) pip install --quiet --python $(VENV033)/bin/python --no-deps --reinstall dist/stepscope-*.whl
 	$(UV) pip install --quiet --python $(VENVSGL)/bin/python --no-deps --reinstall dist/stepscope-*.whl
+	MYPY_CACHE_DIR=target/mypy-cache $(PYTHON) -m mypy.stubtest stepscope._native
 	$(CARGO) build --quiet -p stepscope-cli
 	scripts/pytest_envs.sh $(PYTHON) $(VENV033)/bin/python $(VENVSGL)/bin/python \
 		$(CURDIR)/target/debug/stepscope

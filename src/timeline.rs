@@ -27,18 +27,9 @@ use crate::schedule::Phase;
 
 pub use crate::config::TIMELINE_STEPS_RANGE as STEPS_RANGE;
 
-pub use stepscope_format::timeline::{StepTuple, TimelineStep, FIELDS};
-
-/// The timeline's size and how much of it is filled, as `status()` reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct TimelineInfo {
-    /// How many steps it keeps.
-    pub capacity: u64,
-    /// How many steps it has recorded in all (the ring holds the last `capacity`).
-    pub recorded: u64,
-    /// `tsc` (the CPU's time-stamp counter) or `monotonic`.
-    pub clock: &'static str,
-}
+pub use stepscope_format::timeline::{
+    StepTuple, TimelineDocument, TimelineInfo, TimelineStep, FIELDS,
+};
 
 /// One step's slot: a sequence number (odd while written or open) and the step, all atomics
 /// so that a reader racing the writer reads stale or torn values, never undefined ones (the

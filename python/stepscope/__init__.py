@@ -40,6 +40,7 @@ from typing import Any, Iterable, Mapping, Union
 # torch capture, matching the torch imported in the process.
 from stepscope import glue as _glue
 from stepscope._native import (
+    DEFAULT_FLUSH_TIMEOUT_S,
     MANIFEST_SUFFIX,
     MANIFEST_VERSION,
     TIMELINE_FIELDS,
@@ -65,6 +66,7 @@ if not os.environ.get("STEPSCOPE_KINETO_GLUE_DIR"):  # set: it replaces these
         _add_kineto_glue_dir(str(_dir))
 
 __all__ = [
+    "DEFAULT_FLUSH_TIMEOUT_S",
     "MANIFEST_SUFFIX",
     "MANIFEST_VERSION",
     "TIMELINE_FIELDS",
@@ -159,10 +161,8 @@ class WorkerProfiler(_NativeWorkerProfiler):
         rank: int | None = None,
     ) -> None:
         # The native __new__ parsed the config, made the backend and took the rank (the global
-        # one, for "stepscope": {"ranks": [...]}; default: the RANK environment variable).
-        self._config: dict[str, Any] = json.loads(self.config_json)
-        # What set_profiler_kwargs(None) returns to (vLLM 0.33's base kwargs).
-        self._base_config = dict(self._config)
+        # one, for "stepscope": {"ranks": [...]}; default: the RANK environment variable). The
+        # config stays there: ``config_json``, ``base_config_json``, ``flush_timeout_s``.
         _live.add(self)
 
     def start(
@@ -176,7 +176,7 @@ class WorkerProfiler(_NativeWorkerProfiler):
         With the torch backend, the traces carry ``distributedInfo`` (backend, rank, world
         size, process groups) as torch's own profiler writes it, when torch.distributed is
         initialized."""
-        if self._config.get("profiler") == "torch" and not self.is_active:
+        if not self.is_active and self.config.get("profiler") == "torch":
             # Kineto's glue links libtorch: it must be loaded before the first capture.
             import torch  # noqa: F401
 
@@ -192,8 +192,8 @@ class WorkerProfiler(_NativeWorkerProfiler):
     @property
     def config(self) -> dict[str, Any]:
         """The config the next session uses (``set_profiler_kwargs`` included), every field
-        filled in; a copy."""
-        return json.loads(json.dumps(self._config))
+        filled in; a copy (the native profiler owns it)."""
+        return json.loads(self.config_json)
 
     def set_trace_metadata(self, key: str, value: Any) -> None:
         """Adds ``key`` to the header of the traces written from now on (torch's
@@ -214,11 +214,8 @@ class WorkerProfiler(_NativeWorkerProfiler):
                 "(stepscope.flush_timeout_s); their manifests say 'unfinished' when the "
                 "process ends",
                 self.worker_name,
-                self._flush_timeout_s(),
+                self.flush_timeout_s,
             )
-
-    def _flush_timeout_s(self) -> float:
-        return float(self._config.get("stepscope", {}).get("flush_timeout_s", 600.0))
 
     def status(self) -> dict[str, Any]:
         """The profiler's state: ``phase``, ``step_index``, the session's limits and start step,
@@ -245,7 +242,7 @@ class WorkerProfiler(_NativeWorkerProfiler):
         while a stop is pending there."""
         import time
 
-        limit = self._flush_timeout_s() if timeout is None else float(timeout)
+        limit = self.flush_timeout_s if timeout is None else float(timeout)
         deadline = time.monotonic() + limit
         while True:
             writes = self.writes_since(ticket)
@@ -271,7 +268,7 @@ class WorkerProfiler(_NativeWorkerProfiler):
         """
         if not self.should_annotate:
             return nullcontext()
-        kind = self._config.get("profiler")
+        kind = self.config.get("profiler")
         if kind not in ("torch", "cuda"):
             return nullcontext()
         try:
@@ -290,7 +287,7 @@ class WorkerProfiler(_NativeWorkerProfiler):
         ``profile_memory``, ``with_stack``, ``with_flops``, ``with_modules``. Any other key
         (``acc_events``, ``experimental_config``, ...), or a value that cannot apply, is logged
         once as not applied; nothing raises. Ignored while a session is active."""
-        updated = json.loads(json.dumps(self._base_config))
+        updated = json.loads(self.base_config_json)
         for key, value in (kwargs or {}).items():
             field = _PROFILER_KWARGS.get(key)
             if field is None:
@@ -316,9 +313,7 @@ class WorkerProfiler(_NativeWorkerProfiler):
         except ConfigError as e:
             logger.warning("stepscope: profiler_kwargs not applied: %s", e)
             return
-        if applied:
-            self._config = updated
-        else:
+        if not applied:
             logger.info("set_profiler_kwargs ignored: a profiling session is active")
 
     @property

@@ -1,9 +1,34 @@
-"""Type stubs of the native extension (bindings/python/src/lib.rs)."""
+"""Type stubs of the native extension (bindings/python/src/lib.rs). `make test` checks them
+against the built extension with mypy's stubtest: a name or signature that differs fails."""
 
 import os
 from typing import Any, Mapping, Union
 
+from typing_extensions import Self, disjoint_base, final
+
+__all__ = [
+    "WorkerProfiler",
+    "Iteration",
+    "_add_kineto_glue_dir",
+    "kineto_glue",
+    "_read_manifest_json",
+    "manifest_name",
+    "manifest_trace_path",
+    "flushing_marker",
+    "flushing_markers",
+    "MANIFEST_SUFFIX",
+    "MANIFEST_VERSION",
+    "TIMELINE_FIELDS",
+    "ConfigError",
+    "BackendError",
+    "StartRefused",
+    "__version__",
+    "DEFAULT_FLUSH_TIMEOUT_S",
+]
+
 __version__: str
+#: ``stepscope.flush_timeout_s``'s default, s (the Rust config's; written there only).
+DEFAULT_FLUSH_TIMEOUT_S: float
 
 class ConfigError(ValueError):
     """A profiler config is invalid; the message names the field."""
@@ -22,11 +47,12 @@ class StartRefused(RuntimeError):
     #: The limit's key, e.g. ``"stepscope.min_free_disk_mb"``.
     key: str
 
+@final
 class Iteration:
     """The counts of one engine iteration (context = prefill, generation = decode)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         num_ctx_reqs: int = 0,
         num_ctx_tokens: int = 0,
         num_gen_reqs: int = 0,
@@ -38,7 +64,12 @@ class Iteration:
         gen_seq_len_sum: int | None = None,
         gen_qq_compute: int | None = None,
         gen_qk_compute: int | None = None,
-    ) -> None: ...
+        request_ids: list[str] | None = None,
+    ) -> Self: ...
+    @property
+    def request_ids(self) -> list[str] | None:
+        """The ids of the requests this iteration serves, if given: recorded for captured
+        iterations with ``"stepscope": {"request_ids": true}``."""
     @property
     def num_ctx_reqs(self) -> int: ...
     @property
@@ -53,14 +84,15 @@ class Iteration:
     def name(self, detailed: bool = False) -> str:
         """vLLM's annotation name of this iteration."""
 
+@disjoint_base
 class WorkerProfiler:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         config: Union[Mapping[str, Any], str, os.PathLike[str]],
         worker_name: str,
         local_rank: int = 0,
         rank: int | None = None,
-    ) -> None: ...
+    ) -> Self: ...
     def start(
         self,
         *,
@@ -76,6 +108,9 @@ class WorkerProfiler:
     def timeline(
         self, since: int = 0
     ) -> list[tuple[int, int, int, int, int, int, int, str]] | None: ...
+    def timeline_json(self, since: int = 0, last: int | None = None) -> str:
+        """The timeline as the engine plugins serve it: ``{"worker_name", "rank", "phase",
+        "step_index", "now_unix_ns", "timeline", "fields", "steps"}``."""
     def shutdown(self) -> None: ...
     def flush(self, timeout: float | None = None) -> bool: ...
     def set_output_name(self, name: str) -> None: ...
@@ -90,7 +125,18 @@ class WorkerProfiler:
     def _set_trace_metadata_json(self, key: str, json_value: str) -> None: ...
     def _reconfigure(self, config: Union[Mapping[str, Any], str, os.PathLike[str]]) -> bool: ...
     @property
-    def config_json(self) -> str: ...
+    def config_json(self) -> str:
+        """The config the next session uses, every field filled in (``set_profiler_kwargs``
+        applied)."""
+    @property
+    def base_config_json(self) -> str:
+        """The config the profiler was made with."""
+    @property
+    def flush_timeout_s(self) -> float:
+        """``stepscope.flush_timeout_s`` of the config the next session uses."""
+    @property
+    def wants_request_ids(self) -> bool:
+        """Whether the next ``step()`` can record request ids: collect them only then."""
     @property
     def is_active(self) -> bool: ...
     @property
@@ -125,3 +171,8 @@ def flushing_markers() -> dict[int, float]:
     """The flushing markers there are: ``{pid: flush timeout in seconds}``."""
 
 def _read_manifest_json(path: str | os.PathLike[str]) -> str: ...
+
+def _add_kineto_glue_dir(dir: str) -> None: ...
+def kineto_glue() -> dict[str, str]:
+    """The Kineto glue this process uses, loading it if needed: ``{"path", "built_for"}``;
+    raises ``BackendError`` when none matches the torch loaded."""

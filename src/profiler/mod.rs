@@ -43,7 +43,7 @@ use crate::error::{Error, Result};
 use crate::flush::PendingWrites;
 use crate::iteration::{IterationInfo, RequestIds};
 use crate::schedule::{Phase, StartOptions};
-use crate::timeline::{Timeline, TimelineStep};
+use crate::timeline::{Timeline, TimelineDocument, TimelineStep};
 
 use driver::Inner;
 
@@ -388,6 +388,29 @@ impl WorkerProfiler {
     /// when `stepscope.timeline` is off. Any thread: it never blocks the engine.
     pub fn timeline(&self, since: u64) -> Option<Vec<TimelineStep>> {
         self.timeline.as_ref().map(|t| t.steps(since))
+    }
+
+    /// The timeline as every surface serves it: the worker's name, rank, phase and step count,
+    /// its clock now, and its ended steps above `since` (the last `last` of them, when given)
+    /// as arrays in [`FIELDS`](crate::timeline::FIELDS) order. Never blocks the engine thread.
+    pub fn timeline_document(&self, since: u64, last: Option<usize>) -> TimelineDocument {
+        let status = self.status();
+        let steps = self.timeline(since).map(|steps| {
+            let skip = last.map_or(0, |n| steps.len().saturating_sub(n));
+            steps[skip..].iter().map(TimelineStep::as_tuple).collect()
+        });
+        TimelineDocument {
+            worker_name: status.worker_name,
+            rank: status.rank,
+            phase: status.phase,
+            step_index: status.step_index,
+            now_unix_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+            timeline: status.timeline,
+            fields: crate::timeline::FIELDS,
+            steps,
+        }
     }
 
     /// How many times `step()` has been called (the last step's index; the first is 1).

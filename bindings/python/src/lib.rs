@@ -268,8 +268,10 @@ struct PyWorkerProfiler {
     /// Dropped in `Drop`, without the GIL.
     inner: ManuallyDrop<Arc<WorkerProfiler>>,
     local_rank: u32,
-    flush_timeout: Duration,
-    config_json: String,
+    /// The config the profiler was made with: what `set_profiler_kwargs(None)` returns to.
+    base: ProfilerConfig,
+    /// The config the next session uses (`set_profiler_kwargs` applied): the one owner of it.
+    config: parking_lot::Mutex<ProfilerConfig>,
 }
 
 impl PyWorkerProfiler {
@@ -312,8 +314,8 @@ impl PyWorkerProfiler {
         Ok(PyWorkerProfiler {
             inner: ManuallyDrop::new(Arc::new(inner)),
             local_rank,
-            flush_timeout: cfg.stepscope.flush_timeout,
-            config_json: serde_json::to_string(&cfg).unwrap_or_default(),
+            base: cfg.clone(),
+            config: parking_lot::Mutex::new(cfg),
         })
     }
 
@@ -383,7 +385,7 @@ impl PyWorkerProfiler {
     #[pyo3(signature = (timeout = None))]
     fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let total = match timeout {
-            None => self.flush_timeout,
+            None => self.config.lock().stepscope.flush_timeout,
             Some(t) => Duration::try_from_secs_f64(t).map_err(|_| {
                 PyValueError::new_err(format!(
                     "timeout must be a finite number of seconds >= 0 (got {t})"
@@ -460,17 +462,34 @@ impl PyWorkerProfiler {
     fn _reconfigure(&self, config: &Bound<'_, PyAny>) -> PyResult<bool> {
         let cfg = parse_config(config)?;
         let p = &self.inner;
-        config
+        let applied = config
             .py()
             .detach(|| p.reconfigure(&cfg))
-            .map_err(|e| to_py(&e))
+            .map_err(|e| to_py(&e))?;
+        if applied {
+            *self.config.lock() = cfg;
+        }
+        Ok(applied)
     }
 
-    /// The config the profiler was made with, as JSON text (every field, defaults filled in;
-    /// `set_profiler_kwargs` changes are kept by the Python class, not here).
+    /// The config the next session uses, as JSON text: every field, defaults filled in, with
+    /// what `set_profiler_kwargs` applied.
     #[getter]
     fn config_json(&self) -> String {
-        self.config_json.clone()
+        serde_json::to_string(&*self.config.lock()).unwrap_or_default()
+    }
+
+    /// The config the profiler was made with, as JSON text (what `set_profiler_kwargs` starts
+    /// from).
+    #[getter]
+    fn base_config_json(&self) -> String {
+        serde_json::to_string(&self.base).unwrap_or_default()
+    }
+
+    /// `stepscope.flush_timeout_s` of the config the next session uses, s.
+    #[getter]
+    fn flush_timeout_s(&self) -> f64 {
+        self.config.lock().stepscope.flush_timeout.as_secs_f64()
     }
 
     /// A session is active (started, not stopped).
@@ -520,6 +539,16 @@ impl PyWorkerProfiler {
         let p = &self.inner;
         py.detach(|| p.timeline(since))
             .map(|steps| steps.iter().map(|s| s.as_tuple()).collect())
+    }
+
+    /// The timeline as the engine plugins serve it, as JSON text: `{"worker_name", "rank",
+    /// "phase", "step_index", "now_unix_ns", "timeline", "fields", "steps"}`, the ended steps
+    /// above `since` (the last `last` of them, when given) as arrays in `fields` order;
+    /// `"steps": null` when the timeline is off. Never blocks the engine thread.
+    #[pyo3(signature = (since = 0, last = None))]
+    fn timeline_json(&self, py: Python<'_>, since: u64, last: Option<usize>) -> String {
+        let p = &self.inner;
+        py.detach(|| serde_json::to_string(&p.timeline_document(since, last)).unwrap_or_default())
     }
 
     /// Stopped sessions whose traces are still being written in the background.
@@ -666,5 +695,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BackendError", py.get_type::<BackendError>())?;
     m.add("StartRefused", py.get_type::<StartRefused>())?;
     m.add("__version__", stepscope::VERSION)?;
+    m.add(
+        "DEFAULT_FLUSH_TIMEOUT_S",
+        stepscope::config::DEFAULT_FLUSH_TIMEOUT.as_secs_f64(),
+    )?;
     Ok(())
 }

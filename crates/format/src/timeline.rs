@@ -60,6 +60,42 @@ impl TimelineStep {
     }
 }
 
+/// The timeline's size and how much of it is filled, as `status()` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct TimelineInfo {
+    /// How many steps it keeps.
+    pub capacity: u64,
+    /// How many steps it has recorded in all (the ring holds the last `capacity`).
+    pub recorded: u64,
+    /// `tsc` (the CPU's time-stamp counter) or `monotonic`.
+    pub clock: &'static str,
+}
+
+/// One worker's timeline as every surface serves it (the vLLM plugin's
+/// `GET /stepscope/timeline` workers, each SGLang scheduler's `/server_info`, the C ABI's
+/// `stepscope_timeline_json`): built by the profiler, once.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TimelineDocument {
+    /// The worker's name.
+    pub worker_name: String,
+    /// Its global rank, when known.
+    pub rank: Option<u32>,
+    /// The session's phase now.
+    pub phase: &'static str,
+    /// The worker's step count now.
+    pub step_index: u64,
+    /// The worker's clock when the document was made, ns since the Unix epoch: a reader's
+    /// window ends there (the steps' times are on this clock).
+    pub now_unix_ns: u64,
+    /// The timeline's size and fill; `None` when it is off.
+    pub timeline: Option<TimelineInfo>,
+    /// The steps' fields, in the order of each step's array.
+    pub fields: [&'static str; 8],
+    /// The ended steps asked for, oldest first, each in `fields` order; `None` when the
+    /// timeline is off.
+    pub steps: Option<Vec<StepTuple>>,
+}
+
 impl<P> TimelineStep<P> {
     /// Requests in the step, prefill and decode.
     pub fn requests(&self) -> u64 {

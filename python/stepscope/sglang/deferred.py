@@ -73,7 +73,7 @@ def defer(reply: Any, recv_req: Any, tickets: list[tuple[Any, int]]) -> bool:
     scheduler = getattr(_dispatching, "scheduler", None)
     if scheduler is None or not callable(getattr(scheduler, "send_control_output", None)):
         return False
-    timeout = max(p._flush_timeout_s() for p, _ in tickets)
+    timeout = max(p.flush_timeout_s for p, _ in tickets)
     now = time.monotonic()
     pending = scheduler.__dict__.setdefault(_PENDING, [])
     pending.append({"reply": reply, "req": recv_req, "tickets": tickets,

@@ -32,11 +32,13 @@ def merge_when_written(
     manifests of the profile in the output directory (every rank's; up to the flush timeout),
     then runs ``stepscope merge`` on their traces into ``merged-{profile_id}.trace.json.gz``, in a
     child process. Returns the merged file, or None (logged) when it could not be made."""
-    timeout = 600.0
-    for p in profilers:
-        timeout = float(p.config.get("stepscope", {}).get("flush_timeout_s", timeout))
-        p.flush(timeout)
     import stepscope
+
+    timeout = max(
+        (p.flush_timeout_s for p in profilers), default=stepscope.DEFAULT_FLUSH_TIMEOUT_S
+    )
+    for p in profilers:
+        p.flush(timeout)
 
     prefix = str(output_dir / glob.escape(profile + "-"))
     pattern = prefix + "*" + stepscope.MANIFEST_SUFFIX

@@ -4,7 +4,6 @@ its step timeline."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from stepscope import _plugin
@@ -47,18 +46,6 @@ def status_of(state: Any) -> dict[str, Any]:
 
 def timeline_of(profiler: Any) -> dict[str, Any]:
     """One scheduler's timeline as ``/server_info`` carries it: the form of vLLM's
-    ``GET /stepscope/timeline`` workers (``stepscope ctl top --engine sglang`` reads both)."""
-    import stepscope
-
-    status = profiler.status()
-    steps = profiler.timeline() or []
-    return {
-        "worker_name": status["worker_name"],
-        "rank": status["rank"],
-        "phase": status["phase"],
-        "step_index": status["step_index"],
-        "now_unix_ns": time.time_ns(),
-        "timeline": status["timeline"],
-        "fields": list(stepscope.TIMELINE_FIELDS),
-        "steps": [list(t) for t in steps[-SERVER_INFO_STEPS:]],
-    }
+    ``GET /stepscope/timeline`` workers (``stepscope ctl top --engine sglang`` reads both), built
+    by the native profiler."""
+    return json.loads(profiler.timeline_json(0, SERVER_INFO_STEPS))

@@ -75,10 +75,12 @@ class _Plan:
 
     @property
     def timeout_s(self) -> float:
+        import stepscope
+
         limits = [float(w["flush_timeout_s"]) for w in self.workers]
         if self.frontend is not None:
-            limits.append(self.frontend._flush_timeout_s())
-        return max(limits, default=600.0)
+            limits.append(self.frontend.flush_timeout_s)
+        return max(limits, default=stepscope.DEFAULT_FLUSH_TIMEOUT_S)
 
     def begin(self) -> None:
         """The stop has reached the workers: the wait begins."""

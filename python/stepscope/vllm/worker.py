@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-import time
+import json
 from contextlib import nullcontext
 from types import ModuleType
 from typing import Any, Callable
@@ -148,19 +148,7 @@ def worker_timeline(self: Any, since: int = 0) -> dict[str, Any]:
     profiler = getattr(self, "profiler", None)
     if not isinstance(profiler, stepscope.WorkerProfiler):
         return {"rank": getattr(self, "rank", None), "steps": None, "fields": []}
-    status = profiler.status()
-    steps = profiler.timeline(int(since))
-    return {
-        # The window ctl top reads ends at the server's clock, which the steps' times are on.
-        "now_unix_ns": time.time_ns(),
-        "worker_name": status.get("worker_name"),
-        "rank": status.get("rank"),
-        "phase": status.get("phase"),
-        "step_index": status.get("step_index"),
-        "timeline": status.get("timeline"),
-        "fields": list(stepscope.TIMELINE_FIELDS),
-        "steps": None if steps is None else [list(t) for t in steps],
-    }
+    return json.loads(profiler.timeline_json(int(since)))
 
 
 def worker_stop_ticket(self: Any) -> dict[str, Any]:
@@ -181,7 +169,7 @@ def worker_stop_ticket(self: Any) -> dict[str, Any]:
         "rank": getattr(self, "rank", None),
         "worker_name": profiler.worker_name,
         "stop_returns": keys.get("stop_returns", "written"),
-        "flush_timeout_s": keys.get("flush_timeout_s", 600.0),
+        "flush_timeout_s": profiler.flush_timeout_s,
     }
 
 

@@ -339,13 +339,17 @@ fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::O
     s.serialize_f64(d.as_secs_f64())
 }
 
+/// `stepscope.flush_timeout_s`'s default: how long a stop, a flush or a shutdown waits for
+/// traces being written. Written here only; the Python package reads it from the extension.
+pub const DEFAULT_FLUSH_TIMEOUT: Duration = Duration::from_secs(600);
+
 impl Default for StepscopeConfig {
     fn default() -> Self {
         StepscopeConfig {
             nvtx_domain: "stepscope".into(),
             nvtx: NvtxMode::Running,
             cuda_device: None,
-            flush_timeout: Duration::from_secs(600),
+            flush_timeout: DEFAULT_FLUSH_TIMEOUT,
             stop_returns: StopReturns::Written,
             torch_with_modules: false,
             request_ids: false,
