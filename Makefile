@@ -173,7 +173,7 @@ bench: setup
 	$(PYTHON) scripts/bench_python_step.py
 
 # vLLM's own torch profiler against stepscope's in live `vllm serve`s on this CPU: four server
-# starts, about 15 minutes. Prints the table the README quotes.
+# starts, about 15 minutes. Prints the table docs/python.md quotes.
 bench-vllm: setup
 	$(VENV)/bin/maturin develop --quiet --release
 	$(PYTHON) scripts/bench_vllm_live.py

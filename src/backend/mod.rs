@@ -35,7 +35,7 @@ pub fn for_config(config: &ProfilerConfig, local_rank: u32) -> Result<Box<dyn Ba
         Some(ProfilerKind::Torch) => Err(Error::backend(
             "torch",
             "this build of stepscope has no torch (Kineto) backend: build it with the `torch` \
-             or `torch-dynamic` feature (see the README), or use \"cuda\"",
+             or `torch-dynamic` feature (see docs/engines.md), or use \"cuda\"",
         )),
     }
 }

@@ -167,10 +167,10 @@ impl Fields {
                 self.name(key),
                 if self.prefix.is_empty() {
                     "is not a profiler config key (vLLM 0.32's ProfilerConfig fields and the \
-                     \"stepscope\" object are accepted; see the config reference in README.md)"
+                     \"stepscope\" object are accepted; see docs/config.md)"
                         .to_string()
                 } else {
-                    "is not a stepscope key (see the config reference in README.md for the \
+                    "is not a stepscope key (see docs/config.md for the \
                      keys the \"stepscope\" object accepts)"
                         .to_string()
                 },

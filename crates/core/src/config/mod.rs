@@ -4,7 +4,7 @@
 //! vLLM's validation, so the JSON a user already passes to `vllm serve --profiler-config` works
 //! unchanged. stepscope's own settings live under one optional object, `"stepscope": {...}`.
 //! Unknown keys are an error that names the key: a typo must not silently profile the wrong
-//! thing. README.md has the reference of every key.
+//! thing. docs/config.md has the reference of every key.
 //!
 //! ```
 //! use stepscope_core::config::{ProfilerConfig, ProfilerKind};
