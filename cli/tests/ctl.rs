@@ -767,15 +767,19 @@ fn top_honours_retries_and_concurrency_as_every_ctl_command_does() {
             Reply::Json(200, answer.clone())
         })
     };
-    let (out, _) = ctl(&[
-        "top",
-        "--worker",
-        &first.url,
-        "--worker",
-        &second.url,
-        "--once",
-        "--json",
-    ]);
+    let both = |extra: &[&str]| {
+        let args = [
+            "top",
+            "--worker",
+            &first.url,
+            "--worker",
+            &second.url,
+            "--once",
+            "--json",
+        ];
+        ctl(&[&args[..], extra].concat())
+    };
+    let (out, _) = both(&[]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -783,19 +787,7 @@ fn top_honours_retries_and_concurrency_as_every_ctl_command_does() {
         String::from_utf8_lossy(&out.stdout)
     );
     *asked.0.lock().unwrap() = false;
-    let (out, _) = ctl(&[
-        "top",
-        "--worker",
-        &first.url,
-        "--worker",
-        &second.url,
-        "--once",
-        "--json",
-        "--concurrency",
-        "1",
-        "--timeout",
-        "1",
-    ]);
+    let (out, _) = both(&["--concurrency", "1", "--timeout", "1"]);
     let doc = json_of(&out);
     assert_eq!(out.status.code(), Some(1), "{doc}");
     let errors = doc["errors"].as_array().unwrap();
