@@ -10,10 +10,9 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::trace::{self, EventSink, Meta, TraceError};
+use crate::trace::{self, EventSink, Meta, RawEvent, TraceError};
 
 /// What was merged.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -215,14 +214,14 @@ impl RankSink<'_, '_> {
 }
 
 impl EventSink for RankSink<'_, '_> {
-    type Event<'de> = &'de RawValue;
+    type Event<'de> = RawEvent<'de>;
 
-    fn event(&mut self, raw: &RawValue, meta: &Meta) {
+    fn event(&mut self, raw: RawEvent<'_>, meta: &Meta) {
         if self.failure.is_some() {
             return;
         }
         self.count += 1;
-        let mut ev: Map<String, Value> = match serde_json::from_str(raw.get()) {
+        let mut ev: Map<String, Value> = match serde_json::from_str(raw.text()) {
             Ok(Value::Object(m)) => m,
             _ => return, // not an object: nothing a viewer could show
         };

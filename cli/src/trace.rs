@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use stepscope_format::manifest::MANIFEST_SUFFIX;
-pub use stepscope_format::trace::{DeviceProperties, Event, EventSink, Id, Meta};
+pub use stepscope_format::trace::{DeviceProperties, Event, EventSink, Id, Meta, RawEvent};
 use stepscope_format::trace::{EventStream, ReadError, StreamErrorKind};
 
 /// A trace file that could not be read; the message names the file and what is wrong.

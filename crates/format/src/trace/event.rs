@@ -48,7 +48,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Id<'a> {
 }
 
 /// The `args` fields analysis reads; all others are skipped unparsed.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct Args {
     /// Links a launch (cuda_runtime) to its kernel, memcpy or memset.
     #[serde(default)]
@@ -65,8 +65,9 @@ pub struct Args {
     pub requests: Option<Vec<String>>,
 }
 
-/// One trace event, with the fields analysis reads.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// One trace event, with the fields analysis reads. The reader fills it with its scanner
+/// (see [`FromTrace`](super::FromTrace)); serde reads it too, by the same rules.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct Event<'a> {
     /// Phase: `X` complete, `M` metadata, `s`/`f` flow, `i` instant, …
     #[serde(default, borrow)]
@@ -89,18 +90,44 @@ pub struct Event<'a> {
     /// Duration, µs.
     #[serde(default)]
     pub dur: Option<f64>,
-    /// Arguments, unparsed: most events' `args` are never read, so they are only skipped
-    /// over; [`Event::args`] parses them on demand.
+    /// Arguments, unread: most events' `args` are never read, so they are only skipped over
+    /// (their structure checked); [`Event::args`] reads them on demand.
     #[serde(default, borrow, rename = "args")]
-    pub raw_args: Option<&'a serde_json::value::RawValue>,
+    pub raw_args: Option<RawArgs<'a>>,
 }
 
 impl Event<'_> {
-    /// The arguments analysis reads (default when absent or malformed).
+    /// The arguments analysis reads (all absent when `args` is not an object, or one of them
+    /// has another type or is given twice, as when serde read them).
     pub fn args(&self) -> Args {
-        self.raw_args
-            .and_then(|r| serde_json::from_str(r.get()).ok())
-            .unwrap_or_default()
+        self.raw_args.map(|a| a.read()).unwrap_or_default()
+    }
+}
+
+/// An event's `args` value as it stands in the trace, unread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawArgs<'a> {
+    pub(crate) bytes: &'a [u8],
+}
+
+impl<'a> RawArgs<'a> {
+    /// The fields analysis reads.
+    pub fn read(&self) -> Args {
+        super::scan::read_args(self.bytes)
+    }
+
+    /// The value's JSON text (`None` when it is not UTF-8).
+    pub fn text(&self) -> Option<&'a str> {
+        std::str::from_utf8(self.bytes).ok()
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawArgs<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = <&'de serde_json::value::RawValue>::deserialize(d)?;
+        Ok(RawArgs {
+            bytes: raw.get().as_bytes(),
+        })
     }
 }
 

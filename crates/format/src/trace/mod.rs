@@ -30,10 +30,12 @@
 
 mod event;
 mod header;
+mod scan;
 mod stream;
 mod summary;
 
-pub use event::{Args, DeviceProperties, Event, Id, Meta};
+pub use event::{Args, DeviceProperties, Event, Id, Meta, RawArgs};
 pub use header::{Captured, StepRequests, TraceHeader, Trigger};
+pub use scan::{FromTrace, RawEvent, Serde, Skip};
 pub use stream::{EventSink, EventStream, ReadError, StreamError, StreamErrorKind};
 pub use summary::{Gap, KernelKind, KernelStat, Kernels, OpStat, Split, Step, Summarizer, Summary};

@@ -3,13 +3,13 @@
 //! event it is in the middle of.
 //!
 //! The document is `{"traceEvents": [ev, ev, …], "key": value, …}` (keys in any order) or a
-//! bare `[ev, ev, …]`. The reader walks that outer structure itself and hands each element of
-//! `traceEvents` to serde_json, parsed straight from the buffered bytes (strings borrowed).
-//! When an element is cut by the end of the buffered bytes, serde_json reports end of input;
-//! the reader keeps the element's bytes and asks for more. Each wait for more asks for at
-//! least as many bytes again as are buffered, so a long element costs linear, not quadratic,
-//! work. Other top-level values are parsed once whole: only `distributedInfo`,
-//! `deviceProperties` and `stepscope` are kept ([`Meta`]).
+//! bare `[ev, ev, …]`. The reader walks that outer structure itself and reads each element of
+//! `traceEvents` with the scanner ([`super::scan`]), straight from the buffered bytes (strings
+//! borrowed), as the sink's [`FromTrace`] type. When an element is cut by the end of the
+//! buffered bytes, the reader keeps the element's bytes and asks for more. Each wait for more
+//! asks for at least as many bytes again as are buffered, so a long element costs linear, not
+//! quadratic, work. Other top-level values are parsed once whole by serde_json: only
+//! `distributedInfo`, `deviceProperties` and `stepscope` are kept ([`Meta`]).
 
 use std::io::{self, Read};
 
@@ -18,12 +18,15 @@ use serde_json::value::RawValue;
 
 use super::event::{DeviceProperties, DistributedInfo, Meta};
 use super::header::TraceHeader;
+use super::scan::{Fault, FromTrace, Scanner};
 
-/// What consumes a trace's events: the type each event is parsed as (borrowing from the
+/// What consumes a trace's events: the type each event is read as (borrowing from the
 /// reader's buffer for the length of the call) and what is done with it.
 pub trait EventSink {
-    /// How an event is parsed: a struct of the fields wanted, a `&RawValue`, `IgnoredAny`.
-    type Event<'de>: Deserialize<'de>;
+    /// How an event is read: [`Event`](super::Event) (the fields analysis reads),
+    /// [`RawEvent`](super::RawEvent) (its JSON text), [`Skip`](super::Skip), or
+    /// [`Serde<T>`](super::Serde) for a type of one's own.
+    type Event<'de>: FromTrace<'de>;
 
     /// Takes one event. `meta` holds what the top-level keys read so far said (those that
     /// follow `traceEvents` in the file are not known yet).
@@ -132,7 +135,11 @@ impl From<StreamError> for ReadError {
 
 /// The streaming reader; see the module docs.
 pub struct EventStream {
+    /// Bytes of the document, those from `end` on not yet filled. Its length only grows, so
+    /// a read fills it without zeroing it first.
     buf: Vec<u8>,
+    /// The end of the bytes buffered.
+    end: usize,
     /// The first byte of `buf` not consumed.
     pos: usize,
     /// Bytes dropped from `buf`'s front so far (for error offsets).
@@ -158,6 +165,7 @@ impl EventStream {
     pub fn new() -> Self {
         EventStream {
             buf: Vec::new(),
+            end: 0,
             pos: 0,
             dropped: 0,
             want: 0,
@@ -171,7 +179,9 @@ impl EventStream {
     /// Feeds the next bytes of the document; every event they complete goes to `sink`.
     pub fn feed<S: EventSink>(&mut self, bytes: &[u8], sink: &mut S) -> Result<(), StreamError> {
         self.compact();
-        self.buf.extend_from_slice(bytes);
+        self.room(bytes.len());
+        self.buf[self.end..self.end + bytes.len()].copy_from_slice(bytes);
+        self.end += bytes.len();
         self.drain_when_ready(sink)
     }
 
@@ -179,7 +189,7 @@ impl EventStream {
     pub fn finish<S: EventSink>(mut self, sink: &mut S) -> Result<Meta, StreamError> {
         self.drain(sink, true)?;
         if self.state != State::Done {
-            return Err(self.error(self.buf.len(), "the JSON ends early (truncated trace)"));
+            return Err(self.error(self.end, "the JSON ends early (truncated trace)"));
         }
         if !self.meta.has_events {
             return Err(StreamError {
@@ -202,16 +212,15 @@ impl EventStream {
         loop {
             self.compact();
             let need = self.want.max(CHUNK);
-            let filled = self.buf.len();
-            self.buf.resize(filled + need, 0);
+            self.room(need);
             let n = loop {
-                match source.read(&mut self.buf[filled..]) {
+                match source.read(&mut self.buf[self.end..self.end + need]) {
                     Ok(n) => break n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => return Err(ReadError::Io(e)),
                 }
             };
-            self.buf.truncate(filled + n);
+            self.end += n;
             if n == 0 {
                 return Ok(self.finish(sink)?);
             }
@@ -221,7 +230,7 @@ impl EventStream {
 
     /// Moves on once the bytes a cut value waits for are in.
     fn drain_when_ready<S: EventSink>(&mut self, sink: &mut S) -> Result<(), StreamError> {
-        if self.buf.len() - self.pos < self.want {
+        if self.end - self.pos < self.want {
             return Ok(());
         }
         self.want = 0;
@@ -231,9 +240,17 @@ impl EventStream {
     /// Drops consumed bytes from the buffer's front.
     fn compact(&mut self) {
         if self.pos > 0 {
-            self.buf.drain(..self.pos);
+            self.buf.copy_within(self.pos..self.end, 0);
+            self.end -= self.pos;
             self.dropped += self.pos as u64;
             self.pos = 0;
+        }
+    }
+
+    /// Makes room for `n` more bytes after those buffered.
+    fn room(&mut self, n: usize) {
+        if self.buf.len() < self.end + n {
+            self.buf.resize(self.end + n, 0);
         }
     }
 
@@ -248,10 +265,10 @@ impl EventStream {
     /// Moves through the buffered bytes as far as they go.
     fn drain<S: EventSink>(&mut self, sink: &mut S, eof: bool) -> Result<(), StreamError> {
         loop {
-            while self.pos < self.buf.len() && self.buf[self.pos].is_ascii_whitespace() {
+            while self.pos < self.end && self.buf[self.pos].is_ascii_whitespace() {
                 self.pos += 1;
             }
-            if self.pos == self.buf.len() {
+            if self.pos == self.end {
                 return Ok(());
             }
             match self.step(sink, eof)? {
@@ -260,7 +277,7 @@ impl EventStream {
                     self.waits += 1;
                     // Ask for at least as much again as is buffered: linear work for a long
                     // value.
-                    self.want = (self.buf.len() - self.pos).saturating_mul(2);
+                    self.want = (self.end - self.pos).saturating_mul(2);
                     return Ok(());
                 }
             }
@@ -355,26 +372,30 @@ impl EventStream {
             }
             (State::Event { bare }, _) => {
                 let start = self.pos;
-                let buf = &self.buf[start..];
-                let mut it = serde_json::Deserializer::from_slice(buf).into_iter::<S::Event<'_>>();
-                match it.next() {
-                    Some(Ok(event)) => {
-                        let len = it.byte_offset();
-                        // A value that ends where the buffered bytes end may go on (a number).
-                        if len == buf.len() && !eof {
-                            return Ok(Progress::NeedMore);
-                        }
+                let mut scanner = Scanner::new(&self.buf[start..self.end]);
+                match S::Event::scan(&mut scanner) {
+                    Ok(event) => {
+                        let len = scanner.pos();
                         sink.event(event, &self.meta);
                         self.events += 1;
                         self.pos = start + len;
                         self.state = State::AfterEvent { bare };
                         return Ok(Progress::Moved);
                     }
-                    Some(Err(e)) if !eof && cut_short(&e, buf) => return Ok(Progress::NeedMore),
-                    Some(Err(e)) => {
-                        return Err(self.error(start, format!("event {}: {e}", self.events + 1)))
+                    Err(Fault::Cut) if !eof => return Ok(Progress::NeedMore),
+                    Err(Fault::Cut) => {
+                        return Err(self.error(
+                            self.end,
+                            format!(
+                                "event {}: the JSON ends inside it (truncated trace)",
+                                self.events + 1
+                            ),
+                        ))
                     }
-                    None => return Ok(Progress::NeedMore),
+                    Err(Fault::Bad(bad)) => {
+                        let message = format!("event {}: {}", self.events + 1, bad.message);
+                        return Err(self.error(start + bad.at, message));
+                    }
                 }
             }
             (State::AfterEvent { bare }, b',') => State::Event { bare },
@@ -392,7 +413,7 @@ impl EventStream {
         &'a self,
         eof: bool,
     ) -> Result<Option<(T, usize)>, StreamError> {
-        let buf = &self.buf[self.pos..];
+        let buf = &self.buf[self.pos..self.end];
         let mut it = serde_json::Deserializer::from_slice(buf).into_iter::<T>();
         match it.next() {
             Some(Ok(v)) => {
@@ -435,7 +456,7 @@ fn cut_short(e: &serde_json::Error, parsed: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde::de::IgnoredAny;
+    use crate::trace::Skip;
 
     struct Names(Vec<String>);
     impl EventSink for Names {
@@ -447,8 +468,8 @@ mod tests {
 
     struct Count(u64);
     impl EventSink for Count {
-        type Event<'de> = IgnoredAny;
-        fn event(&mut self, _: IgnoredAny, _: &Meta) {
+        type Event<'de> = Skip;
+        fn event(&mut self, _: Skip, _: &Meta) {
             self.0 += 1;
         }
     }
@@ -511,8 +532,9 @@ mod tests {
         assert!(err(b"{\"traceEvents\": [{\"a\": }]}").contains("event 1"));
         assert!(err(b"\"trace\"").contains("a trace object"));
         assert!(err(b"{\"traceEvents\": []} {}").contains("end of the document"));
+        // The offset is the byte at fault: the `1` where the `:` should be.
         let e = feed_by(b"{\"traceEvents\": [{}, {\"a\" 1}]}", 4, &mut Count(0)).unwrap_err();
-        assert_eq!(e.offset, 21, "{e}");
+        assert_eq!(e.offset, 26, "{e}");
     }
 
     #[test]

@@ -1,0 +1,994 @@
+//! The trace-event scanner: one Kineto/Chrome trace event read from its bytes in one pass,
+//! without building a value tree.
+//!
+//! [`Event`] reads the fields analysis needs (`ph`, `cat`, `name`, `pid`, `tid`, `ts`, `dur`),
+//! borrowing each string from the buffer where it holds no escape, keeps where `args` stands
+//! (read on demand by [`Event::args`]: the correlation id, the device, `Record function id`
+//! and `requests`), and skips every other value by its structure: a string to its closing
+//! quote, an array or object to its matching bracket, eight bytes at a time. What it reads is
+//! checked as serde checked it (a `ts` that is a string is an error naming the byte; `args` it
+//! cannot read are taken as absent, as before). The event's own members are checked against
+//! JSON's grammar; the values it skips, `args` included, for structure — strings end, brackets
+//! match, a scalar is a number or a literal — not for every rule of the grammar (a missing
+//! comma inside a skipped array is not reported).
+//!
+//! Numbers are read as JSON defines them and rounded correctly: a mantissa of up to 15 digits
+//! with up to 22 decimals (every timestamp Kineto writes) is exact in one division; others go
+//! to the standard library's parser.
+
+use std::borrow::Cow;
+
+use serde::de::{Deserialize, IgnoredAny};
+
+use super::event::{Args, Event, Id, RawArgs};
+
+/// What an [`EventSink`](super::EventSink) takes each event as: [`Event`] (the fields
+/// analysis reads), [`RawEvent`] (the event's JSON text), [`Skip`] (nothing), [`IgnoredAny`],
+/// or [`Serde<T>`] for any type serde deserializes (the event's bytes are found by the scanner,
+/// then handed to serde_json).
+pub trait FromTrace<'de>: Sized + sealed::Sealed {
+    #[doc(hidden)]
+    fn scan(s: &mut Scanner<'de>) -> Result<Self, Fault>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Event<'_> {}
+    impl Sealed for super::RawEvent<'_> {}
+    impl Sealed for super::Skip {}
+    impl Sealed for super::IgnoredAny {}
+    impl<T> Sealed for super::Serde<T> {}
+}
+
+/// An event's JSON text, checked for structure (see the module docs), borrowed from the
+/// reader's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawEvent<'a> {
+    text: &'a str,
+}
+
+impl<'a> RawEvent<'a> {
+    /// The event's JSON, from its first byte to its last.
+    pub fn text(&self) -> &'a str {
+        self.text
+    }
+}
+
+/// An event skipped: only its structure is checked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Skip;
+
+/// An event deserialized by serde_json into `T`, from the bytes the scanner found for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Serde<T>(pub T);
+
+/// Why an event could not be read. One word: every scanning call returns it, so its size
+/// is paid on the hot path.
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// The bytes end inside the event: more are needed (or the document is cut short).
+    Cut,
+    /// Not what a trace event may hold.
+    Bad(Box<Bad>),
+}
+
+/// What is wrong, at which offset into the event's bytes.
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bad {
+    /// The offset of the byte at fault, from the event's first byte.
+    pub at: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+type Scan<T> = Result<T, Fault>;
+
+/// Reads one event from the front of a buffer.
+#[doc(hidden)]
+pub struct Scanner<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+/// The bytes a skipped array or object can change on: quotes and brackets.
+static STRUCTURAL: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b'"' as usize] = true;
+    t[b'{' as usize] = true;
+    t[b'}' as usize] = true;
+    t[b'[' as usize] = true;
+    t[b']' as usize] = true;
+    t
+};
+
+/// Nesting a skipped value may have (serde_json's limit too).
+const MAX_DEPTH: u32 = 128;
+
+/// Powers of ten a double holds exactly.
+const POW10: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+];
+
+/// Eight bytes at a time (SWAR): a word's bytes, first byte lowest.
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// The high bit of each zero byte of `x`. Bytes above the first zero byte may be flagged
+/// wrongly (a borrow): only the lowest flag is used.
+#[inline(always)]
+fn zeros(x: u64) -> u64 {
+    x.wrapping_sub(ONES) & !x & HIGHS
+}
+
+/// The word of 8 bytes at `at` (which must be in bounds).
+#[inline(always)]
+fn word(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+
+/// The first quote or backslash at or after `at`.
+#[inline(always)]
+fn find_quote_or_backslash(b: &[u8], mut at: usize) -> Option<usize> {
+    while at + 8 <= b.len() {
+        let w = word(b, at);
+        let m = zeros(w ^ (ONES * u64::from(b'"'))) | zeros(w ^ (ONES * u64::from(b'\\')));
+        if m != 0 {
+            return Some(at + (m.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    b.get(at..)?
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\')
+        .map(|i| at + i)
+}
+
+/// The first quote or bracket at or after `at`. Brackets are the bytes that `& 0xD9` maps to
+/// 0x59 (`[`, `]`, `{`, `}`, and `Y`, `_`, `y`, DEL, which the table then turns away).
+#[inline]
+fn find_structural(b: &[u8], mut at: usize) -> Option<usize> {
+    while at + 8 <= b.len() {
+        let w = word(b, at);
+        let mut m =
+            zeros(w ^ (ONES * u64::from(b'"'))) | zeros((w & (ONES * 0xD9)) ^ (ONES * 0x59));
+        while m != 0 {
+            let i = at + (m.trailing_zeros() / 8) as usize;
+            if STRUCTURAL[b[i] as usize] {
+                return Some(i);
+            }
+            // A false match (or a borrow's): look on from the next byte of this word.
+            m &= m - 1;
+        }
+        at += 8;
+    }
+    b.get(at..)?
+        .iter()
+        .position(|&c| STRUCTURAL[c as usize])
+        .map(|i| at + i)
+}
+
+/// Reads the digits at `*i` into `m` (wrapping: the caller counts them), returns how many.
+#[inline(always)]
+fn take_digits(b: &[u8], i: &mut usize, m: &mut u64) -> u32 {
+    let mut n = 0;
+    while let Some(&d) = b.get(*i) {
+        let v = d.wrapping_sub(b'0');
+        if v > 9 {
+            break;
+        }
+        *m = m.wrapping_mul(10).wrapping_add(u64::from(v));
+        n += 1;
+        *i += 1;
+    }
+    n
+}
+
+/// A byte as error messages show it.
+fn show(b: u8) -> String {
+    if b.is_ascii() {
+        format!("{:?}", char::from(b))
+    } else {
+        format!("byte 0x{b:02x}")
+    }
+}
+
+/// A number's text, checked against JSON's grammar, with what a fast conversion needs.
+struct Number<'a> {
+    text: &'a [u8],
+    negative: bool,
+    /// The digits without the point, when they fit (`None`: more than 19 digits' worth).
+    mantissa: Option<u64>,
+    /// Digits after the point.
+    decimals: u32,
+    /// Has a point or an exponent.
+    float: bool,
+    /// Has an exponent.
+    exponent: bool,
+}
+
+impl Number<'_> {
+    fn f64(&self) -> f64 {
+        if let (Some(m), false) = (self.mantissa, self.exponent) {
+            if m < (1 << 53) && (self.decimals as usize) < POW10.len() {
+                // Both exact: one correctly rounded division.
+                let v = m as f64 / POW10[self.decimals as usize];
+                return if self.negative { -v } else { v };
+            }
+        }
+        // The grammar was checked: the standard parser takes every JSON number.
+        std::str::from_utf8(self.text)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(f64::NAN)
+    }
+
+    /// As serde_json hands an integer to a visitor: `u64` for non-negative, `i64` for negative
+    /// ones that fit, else a double.
+    fn i64(&self) -> i64 {
+        match (self.float, self.mantissa) {
+            (false, Some(m)) if !self.negative => m as i64,
+            (false, Some(m)) if m <= 1 << 63 => (m as i128).wrapping_neg() as i64,
+            _ => self.f64() as i64,
+        }
+    }
+
+    /// A non-negative integer that fits, as serde reads a `u64`.
+    fn u64(&self) -> Option<u64> {
+        match (self.float, self.negative) {
+            (false, false) => self.mantissa,
+            _ => None,
+        }
+    }
+}
+
+impl<'a> Scanner<'a> {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
+        Scanner { buf, pos: 0 }
+    }
+
+    /// Bytes read.
+    pub(crate) fn pos(&self) -> usize {
+        self.pos
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bad<T>(&self, at: usize, message: impl Into<String>) -> Scan<T> {
+        Err(Fault::Bad(Box::new(Bad {
+            at,
+            message: message.into(),
+        })))
+    }
+
+    /// The next byte that is not whitespace, not consumed.
+    #[inline(always)]
+    fn next(&mut self) -> Scan<u8> {
+        while let Some(&b) = self.buf.get(self.pos) {
+            if !matches!(b, b' ' | b'\n' | b'\r' | b'\t') {
+                return Ok(b);
+            }
+            self.pos += 1;
+        }
+        Err(Fault::Cut)
+    }
+
+    /// Consumes `b`, after whitespace.
+    #[inline(always)]
+    fn eat(&mut self, b: u8, what: &str) -> Scan<()> {
+        let got = self.next()?;
+        if got == b {
+            self.pos += 1;
+            Ok(())
+        } else {
+            self.bad(self.pos, format!("expected {what}, found {}", show(got)))
+        }
+    }
+
+    /// After a member or an element: `true` at `,` (consumed), `false` at `close` (consumed).
+    #[inline(always)]
+    fn more(&mut self, close: u8) -> Scan<bool> {
+        match self.next()? {
+            b',' => {
+                self.pos += 1;
+                Ok(true)
+            }
+            b if b == close => {
+                self.pos += 1;
+                Ok(false)
+            }
+            b => self.bad(
+                self.pos,
+                format!("expected ',' or {}, found {}", show(close), show(b)),
+            ),
+        }
+    }
+
+    /// The bytes between the quotes of the string at `pos`, and whether they hold an escape.
+    #[inline(always)]
+    fn raw_string(&mut self) -> Scan<(&'a [u8], bool)> {
+        let start = self.pos + 1;
+        let mut at = start;
+        let mut escaped = false;
+        loop {
+            let Some(j) = find_quote_or_backslash(self.buf, at) else {
+                return Err(Fault::Cut);
+            };
+            if self.buf[j] == b'"' {
+                self.pos = j + 1;
+                return Ok((&self.buf[start..j], escaped));
+            }
+            // A backslash: the byte after it is taken as it is (an escaped quote or
+            // backslash does not end the string).
+            escaped = true;
+            at = j + 2;
+        }
+    }
+
+    /// The string at `pos` (after whitespace), unescaped.
+    fn string(&mut self) -> Scan<Cow<'a, str>> {
+        let at = self.pos;
+        let (raw, escaped) = self.raw_string()?;
+        if escaped {
+            return match unescape(raw) {
+                Ok(s) => Ok(Cow::Owned(s)),
+                Err(message) => self.bad(at, message),
+            };
+        }
+        match std::str::from_utf8(raw) {
+            Ok(s) => Ok(Cow::Borrowed(s)),
+            Err(e) => self.bad(at + 1 + e.valid_up_to(), "a string that is not UTF-8"),
+        }
+    }
+
+    /// An object's key at `pos` (after whitespace) and its `:`. Borrowed bytes unless escaped.
+    #[inline(always)]
+    fn key(&mut self) -> Scan<Cow<'a, [u8]>> {
+        let b = self.next()?;
+        if b != b'"' {
+            return self.bad(self.pos, format!("expected a key, found {}", show(b)));
+        }
+        let at = self.pos;
+        let (raw, escaped) = self.raw_string()?;
+        let key = if escaped {
+            match unescape(raw) {
+                Ok(s) => Cow::Owned(s.into_bytes()),
+                Err(message) => return self.bad(at, message),
+            }
+        } else {
+            Cow::Borrowed(raw)
+        };
+        self.eat(b':', "':'")?;
+        Ok(key)
+    }
+
+    /// The number at `pos`, checked against JSON's grammar.
+    fn number(&mut self) -> Scan<Number<'a>> {
+        let b = self.buf;
+        let start = self.pos;
+        let mut i = start;
+        let negative = b.get(i) == Some(&b'-');
+        if negative {
+            i += 1;
+        }
+        let digit = |i: usize| b.get(i).is_some_and(u8::is_ascii_digit);
+        // Up to 19 digits always fit a u64; `digits` counts them all.
+        let mut m = 0u64;
+        let mut digits = 0u32;
+        match b.get(i) {
+            None => return Err(Fault::Cut),
+            // No digit may follow a leading zero: the number ends there.
+            Some(b'0') => {
+                i += 1;
+                digits = 1;
+            }
+            Some(b'1'..=b'9') => digits += take_digits(b, &mut i, &mut m),
+            Some(&c) => return self.bad(i, format!("expected a digit, found {}", show(c))),
+        }
+        let mut decimals = 0u32;
+        let mut float = false;
+        if b.get(i) == Some(&b'.') {
+            float = true;
+            i += 1;
+            if !digit(i) {
+                return match b.get(i) {
+                    None => Err(Fault::Cut),
+                    Some(&c) => self.bad(i, format!("expected a digit, found {}", show(c))),
+                };
+            }
+            decimals = take_digits(b, &mut i, &mut m);
+            digits += decimals;
+        }
+        let mut exponent = false;
+        if matches!(b.get(i), Some(b'e' | b'E')) {
+            float = true;
+            exponent = true;
+            i += 1;
+            if matches!(b.get(i), Some(b'+' | b'-')) {
+                i += 1;
+            }
+            if !digit(i) {
+                return match b.get(i) {
+                    None => Err(Fault::Cut),
+                    Some(&c) => self.bad(i, format!("expected a digit, found {}", show(c))),
+                };
+            }
+            while digit(i) {
+                i += 1;
+            }
+        }
+        // A number that ends where the bytes end may go on.
+        if i == b.len() {
+            return Err(Fault::Cut);
+        }
+        self.pos = i;
+        let text = &b[start..i];
+        let mantissa = match digits {
+            ..=19 => Some(m),
+            // 20 digits may still fit.
+            20 if !float => std::str::from_utf8(&text[usize::from(negative)..])
+                .ok()
+                .and_then(|t| t.parse().ok()),
+            _ => None,
+        };
+        Ok(Number {
+            text,
+            negative,
+            mantissa,
+            decimals,
+            float,
+            exponent,
+        })
+    }
+
+    /// Skips the number at `pos` (its first byte a digit from 1 to 9): digits alone are an
+    /// integer; anything else goes through [`Scanner::number`]'s checks.
+    #[inline(always)]
+    fn skip_number(&mut self) -> Scan<()> {
+        let b = self.buf;
+        let mut i = self.pos + 1;
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        match b.get(i) {
+            Some(b'.' | b'e' | b'E') => self.number().map(drop),
+            Some(_) => {
+                self.pos = i;
+                Ok(())
+            }
+            None => Err(Fault::Cut),
+        }
+    }
+
+    /// `true`, `false` or `null` at `pos`.
+    fn literal(&mut self, word: &'static [u8]) -> Scan<()> {
+        let end = self.pos + word.len();
+        match self.buf.get(self.pos..end) {
+            Some(w) if w == word => {
+                self.pos = end;
+                Ok(())
+            }
+            Some(_) => self.bad(
+                self.pos,
+                "expected true, false, null, a number, a string, an array or an object",
+            ),
+            None if word.starts_with(&self.buf[self.pos..]) => Err(Fault::Cut),
+            None => self.bad(
+                self.pos,
+                "expected true, false, null, a number, a string, an array or an object",
+            ),
+        }
+    }
+
+    /// Skips the value at `pos` (after whitespace), checking its structure.
+    fn skip(&mut self) -> Scan<()> {
+        match self.next()? {
+            b'"' => self.raw_string().map(drop),
+            b'{' | b'[' => self.skip_nested(),
+            b'1'..=b'9' => self.skip_number(),
+            b'-' | b'0' => self.number().map(drop),
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            b => self.bad(self.pos, format!("expected a value, found {}", show(b))),
+        }
+    }
+
+    /// Skips the array or object at `pos` to its matching bracket.
+    fn skip_nested(&mut self) -> Scan<()> {
+        // The open brackets, innermost in the lowest bit (1: an object).
+        let mut open: u128 = 0;
+        let mut depth = 0u32;
+        let b = self.buf;
+        let mut i = self.pos;
+        loop {
+            let Some(at) = find_structural(b, i) else {
+                return Err(Fault::Cut);
+            };
+            i = at;
+            let c = b[i];
+            match c {
+                b'"' => {
+                    self.pos = i;
+                    self.raw_string()?;
+                    i = self.pos;
+                    continue;
+                }
+                b'{' | b'[' => {
+                    if depth == MAX_DEPTH {
+                        return self.bad(i, format!("nested more than {MAX_DEPTH} deep"));
+                    }
+                    open = (open << 1) | u128::from(c == b'{');
+                    depth += 1;
+                }
+                _ => {
+                    if (open & 1 == 1) != (c == b'}') {
+                        let want = if open & 1 == 1 { '}' } else { ']' };
+                        return self.bad(i, format!("expected {want:?}, found {}", show(c)));
+                    }
+                    open >>= 1;
+                    depth -= 1;
+                    if depth == 0 {
+                        self.pos = i + 1;
+                        return Ok(());
+                    }
+                }
+            }
+            i += 1;
+        }
+    }
+
+    /// A string or null, for a field named `field`.
+    fn opt_str(&mut self, field: &str) -> Scan<Option<Cow<'a, str>>> {
+        match self.next()? {
+            b'"' => self.string().map(Some),
+            b'n' => self.literal(b"null").map(|()| None),
+            b => self.bad(
+                self.pos,
+                format!("`{field}`: expected a string, found {}", show(b)),
+            ),
+        }
+    }
+
+    /// A number or null, for a field named `field`.
+    fn opt_f64(&mut self, field: &str) -> Scan<Option<f64>> {
+        match self.next()? {
+            b'-' | b'0'..=b'9' => self.number().map(|n| Some(n.f64())),
+            b'n' => self.literal(b"null").map(|()| None),
+            b => self.bad(
+                self.pos,
+                format!("`{field}`: expected a number, found {}", show(b)),
+            ),
+        }
+    }
+
+    /// A number, a string or null, for a field named `field`.
+    fn opt_id(&mut self, field: &str) -> Scan<Option<Id<'a>>> {
+        match self.next()? {
+            b'-' | b'0'..=b'9' => self.number().map(|n| Some(Id::Num(n.i64()))),
+            b'"' => self.string().map(|s| Some(Id::Str(s))),
+            b'n' => self.literal(b"null").map(|()| None),
+            b => self.bad(
+                self.pos,
+                format!(
+                    "`{field}`: expected a number or a string, found {}",
+                    show(b)
+                ),
+            ),
+        }
+    }
+
+    /// A non-negative integer or null; anything else is skipped and clears `ok`.
+    fn opt_u64(&mut self, ok: &mut bool) -> Scan<Option<u64>> {
+        match self.next()? {
+            b'0'..=b'9' => {
+                let n = self.number()?.u64();
+                *ok &= n.is_some();
+                Ok(n)
+            }
+            b'n' => self.literal(b"null").map(|()| None),
+            _ => {
+                *ok = false;
+                self.skip().map(|()| None)
+            }
+        }
+    }
+
+    /// An array of strings or null; anything else is skipped and clears `ok`.
+    fn opt_strings(&mut self, ok: &mut bool) -> Scan<Option<Vec<String>>> {
+        match self.next()? {
+            b'[' => self.pos += 1,
+            b'n' => return self.literal(b"null").map(|()| None),
+            _ => {
+                *ok = false;
+                return self.skip().map(|()| None);
+            }
+        }
+        let mut out = Vec::new();
+        if self.next()? == b']' {
+            self.pos += 1;
+            return Ok(Some(out));
+        }
+        loop {
+            if self.next()? == b'"' {
+                out.push(self.string()?.into_owned());
+            } else {
+                *ok = false;
+                self.skip()?;
+            }
+            if !self.more(b']')? {
+                return Ok(Some(out));
+            }
+        }
+    }
+
+    /// The `args` analysis reads. As when serde read them: when one of them has another
+    /// type, or is given twice, or `args` is no object, none are taken.
+    fn args(&mut self) -> Scan<Args> {
+        if self.next()? != b'{' {
+            self.skip()?;
+            return Ok(Args::default());
+        }
+        self.pos += 1;
+        let mut args = Args::default();
+        if self.next()? == b'}' {
+            self.pos += 1;
+            return Ok(args);
+        }
+        let mut ok = true;
+        let mut seen = 0u8;
+        loop {
+            let key = self.key()?;
+            let field = match &*key {
+                b"correlation" => 0,
+                b"device" => 1,
+                b"Record function id" => 2,
+                b"requests" => 3,
+                _ => 4,
+            };
+            if field < 4 {
+                ok &= seen & (1 << field) == 0;
+                seen |= 1 << field;
+            }
+            match field {
+                0 => args.correlation = self.opt_u64(&mut ok)?,
+                1 => args.device = self.opt_u64(&mut ok)?,
+                2 => args.record_function_id = self.opt_u64(&mut ok)?,
+                3 => args.requests = self.opt_strings(&mut ok)?,
+                _ => self.skip()?,
+            }
+            if !self.more(b'}')? {
+                return Ok(if ok { args } else { Args::default() });
+            }
+        }
+    }
+
+    /// The bytes of the value at `pos` (after whitespace), skipped.
+    fn skipped_value(&mut self) -> Scan<(usize, &'a [u8])> {
+        self.next()?;
+        let start = self.pos;
+        self.skip()?;
+        Ok((start, &self.buf[start..self.pos]))
+    }
+
+    /// Skips an event: its own members (or elements) checked against the grammar, their
+    /// values for structure.
+    fn skip_event(&mut self) -> Scan<()> {
+        let close = match self.next()? {
+            b'{' => b'}',
+            b'[' => b']',
+            _ => return self.skip(),
+        };
+        self.pos += 1;
+        if self.next()? == close {
+            self.pos += 1;
+            return Ok(());
+        }
+        loop {
+            if close == b'}' {
+                self.key()?;
+            }
+            self.skip()?;
+            if !self.more(close)? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The bytes of the event at `pos` (after whitespace), skipped.
+    fn skipped(&mut self) -> Scan<(usize, &'a [u8])> {
+        self.next()?;
+        let start = self.pos;
+        self.skip_event()?;
+        Ok((start, &self.buf[start..self.pos]))
+    }
+}
+
+/// The `args` analysis reads, from the bytes of an `args` value (see [`Scanner::args`]).
+pub(crate) fn read_args(bytes: &[u8]) -> Args {
+    Scanner::new(bytes).args().unwrap_or_default()
+}
+
+/// Field names of [`Event`], in the order of its bits in the duplicate check.
+const FIELDS: [&str; 8] = ["ph", "cat", "name", "pid", "tid", "ts", "dur", "args"];
+
+impl<'de> FromTrace<'de> for Event<'de> {
+    fn scan(s: &mut Scanner<'de>) -> Scan<Self> {
+        let open = s.next()?;
+        if open != b'{' {
+            return s.bad(
+                s.pos,
+                format!("expected an event object, found {}", show(open)),
+            );
+        }
+        s.pos += 1;
+        let mut e = Event::default();
+        if s.next()? == b'}' {
+            s.pos += 1;
+            return Ok(e);
+        }
+        let mut seen = 0u8;
+        loop {
+            s.next()?;
+            let at = s.pos;
+            let key = s.key()?;
+            let field = match &*key {
+                b"ph" => 0,
+                b"cat" => 1,
+                b"name" => 2,
+                b"pid" => 3,
+                b"tid" => 4,
+                b"ts" => 5,
+                b"dur" => 6,
+                b"args" => 7,
+                _ => 8,
+            };
+            if field < 8 {
+                if seen & (1 << field) != 0 {
+                    return s.bad(at, format!("duplicate field `{}`", FIELDS[field]));
+                }
+                seen |= 1 << field;
+            }
+            match field {
+                0 => e.ph = s.opt_str("ph")?,
+                1 => e.cat = s.opt_str("cat")?,
+                2 => e.name = s.opt_str("name")?,
+                3 => e.pid = s.opt_id("pid")?,
+                4 => e.tid = s.opt_id("tid")?,
+                5 => e.ts = s.opt_f64("ts")?,
+                6 => e.dur = s.opt_f64("dur")?,
+                7 => {
+                    let (_, bytes) = s.skipped_value()?;
+                    // As serde reads an `Option`: null is none.
+                    e.raw_args = (bytes != b"null").then_some(RawArgs { bytes });
+                }
+                _ => s.skip()?,
+            }
+            if !s.more(b'}')? {
+                return Ok(e);
+            }
+        }
+    }
+}
+
+impl<'de> FromTrace<'de> for RawEvent<'de> {
+    fn scan(s: &mut Scanner<'de>) -> Scan<Self> {
+        let (start, bytes) = s.skipped()?;
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Ok(RawEvent { text }),
+            Err(e) => s.bad(start + e.valid_up_to(), "an event that is not UTF-8"),
+        }
+    }
+}
+
+impl<'de> FromTrace<'de> for Skip {
+    fn scan(s: &mut Scanner<'de>) -> Scan<Self> {
+        s.skip_event().map(|()| Skip)
+    }
+}
+
+impl<'de> FromTrace<'de> for IgnoredAny {
+    fn scan(s: &mut Scanner<'de>) -> Scan<Self> {
+        s.skip_event().map(|()| IgnoredAny)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> FromTrace<'de> for Serde<T> {
+    fn scan(s: &mut Scanner<'de>) -> Scan<Self> {
+        let (start, bytes) = s.skipped()?;
+        match serde_json::from_slice(bytes) {
+            Ok(v) => Ok(Serde(v)),
+            Err(e) => s.bad(start, e.to_string()),
+        }
+    }
+}
+
+/// A string's bytes with their escapes replaced (`Err`: what is wrong).
+fn unescape(raw: &[u8]) -> Result<String, String> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    let hex = |i: usize| -> Result<u32, String> {
+        let digits = raw
+            .get(i..i + 4)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .ok_or("a \\u escape with fewer than 4 hex digits")?;
+        u32::from_str_radix(digits, 16).map_err(|_| format!("invalid \\u escape {digits:?}"))
+    };
+    while i < raw.len() {
+        let b = raw[i];
+        if b != b'\\' {
+            out.push(b);
+            i += 1;
+            continue;
+        }
+        let Some(&e) = raw.get(i + 1) else {
+            return Err("a string ending in a backslash".into());
+        };
+        i += 2;
+        let c = match e {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                let hi = hex(i)?;
+                i += 4;
+                let code = if (0xD800..0xDC00).contains(&hi) {
+                    let lo = match (raw.get(i..i + 2), hex(i + 2)) {
+                        (Some(b"\\u"), Ok(lo)) if (0xDC00..0xE000).contains(&lo) => lo,
+                        _ => return Err("a lone leading surrogate in a \\u escape".into()),
+                    };
+                    i += 6;
+                    0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
+                } else {
+                    hi
+                };
+                char::from_u32(code).ok_or("a lone trailing surrogate in a \\u escape")?
+            }
+            other => return Err(format!("invalid escape \\{}", char::from(other))),
+        };
+        let mut utf8 = [0u8; 4];
+        out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+    }
+    String::from_utf8(out).map_err(|_| "a string that is not UTF-8".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(json: &str) -> Result<Event<'_>, Fault> {
+        let mut s = Scanner::new(json.as_bytes());
+        Event::scan(&mut s)
+    }
+
+    fn serde_event(json: &str) -> Event<'_> {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn reads_what_serde_reads() {
+        for json in [
+            r#"{"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 1661203462598738, "dur": 3.25, "args": {"correlation": 7, "device": 0, "grid": [1, 1, 1], "x": {"y": "]}"}}}"#,
+            r#"{"name": "a\"b\\c\u00e9\ud83d\ude00", "pid": "host", "tid": -3, "ts": 1.5e3, "dur": null, "extra": [true, false, null, -0.0e-2]}"#,
+            r#"{"ph": "X", "name": "execute_context_1(8)_generation_0(0)", "args": {"Record function id": 4, "requests": ["r1", "r\n2"]}}"#,
+            r#"{"args": {"correlation": -1, "device": 3}}"#,
+            r#"{"args": {"correlation": 1.0}}"#,
+            r#"{"args": {"correlation": 1, "correlation": 2}}"#,
+            r#"{"args": {"requests": ["a", 3]}}"#,
+            r#"{"args": "text"}"#,
+            r#"{"args": null, "ts": 1680536718123456.789, "pid": 18446744073709551615}"#,
+            r#"{}"#,
+            r#" { "ph" : "i" , "s" : "g" } "#,
+        ] {
+            let ours = event(json).unwrap_or_else(|e| panic!("{json}: {e:?}"));
+            let theirs = serde_event(json);
+            assert_eq!(ours, theirs, "{json}");
+            // The args as serde read them, straight from their text.
+            let args = theirs
+                .raw_args
+                .and_then(|r| serde_json::from_str::<Args>(r.text()?).ok())
+                .unwrap_or_default();
+            assert_eq!(ours.args(), args, "{json}");
+        }
+    }
+
+    #[test]
+    fn numbers_are_rounded_correctly() {
+        for text in [
+            "0",
+            "-0",
+            "1",
+            "12.5",
+            "1661203462598738",
+            "1680536718123456.789",
+            "9007199254740993",
+            "0.1",
+            "2.2250738585072014e-308",
+            "1e22",
+            "123456789012345678901234567890",
+            "-7.25e-3",
+        ] {
+            let doc = format!("{text},");
+            let mut s = Scanner::new(doc.as_bytes());
+            let n = s.number().unwrap();
+            assert_eq!(n.f64(), text.parse::<f64>().unwrap(), "{text}");
+            assert_eq!(s.pos(), text.len());
+        }
+    }
+
+    #[test]
+    fn cut_events_ask_for_more() {
+        let json = r#"{"ph": "X", "ts": 12, "name": "a\"b", "args": {"x": [1, {"y": 2}]}}"#;
+        for end in 0..json.len() {
+            assert_eq!(
+                event(&json[..end]).map(|_| ()),
+                Err(Fault::Cut),
+                "cut at {end}"
+            );
+        }
+        assert!(event(json).is_ok());
+    }
+
+    #[test]
+    fn faults_say_what_and_where() {
+        let bad = |json: &str| match event(json) {
+            Err(Fault::Bad(b)) => (b.at, b.message),
+            other => panic!("{json}: {other:?}"),
+        };
+        assert_eq!(bad(r#"{"a" 1}"#), (5, "expected ':', found '1'".into()));
+        assert_eq!(
+            bad(r#"{"ts": "12"}"#).1,
+            "`ts`: expected a number, found '\"'"
+        );
+        assert_eq!(
+            bad(r#"{"a": [1, 2}}"#),
+            (11, "expected ']', found '}'".into())
+        );
+        assert_eq!(bad(r#"{"a": }"#).1, "expected a value, found '}'");
+        assert_eq!(bad(r#"{"a": 01}"#).1, "expected ',' or '}', found '1'");
+        assert_eq!(bad(r#"{"a": 1.}"#).1, "expected a digit, found '}'");
+        assert_eq!(bad(r#"{"a": nul}"#).0, 6);
+        assert_eq!(
+            bad(r#"{"name": 1}"#).1,
+            "`name`: expected a string, found '1'"
+        );
+        assert_eq!(
+            bad(r#"{"ph": "X", "ph": "M"}"#),
+            (12, "duplicate field `ph`".into())
+        );
+        assert_eq!(bad(r#"[1]"#).1, "expected an event object, found '['");
+        assert_eq!(
+            bad(r#"{"name": "\ud800"}"#).1,
+            "a lone leading surrogate in a \\u escape"
+        );
+        let deep = format!("{{\"a\": {}{}}}", "[".repeat(200), "]".repeat(200));
+        assert!(bad(&deep).1.contains("nested more than 128"));
+    }
+
+    #[test]
+    fn raw_skip_and_serde_find_the_same_end() {
+        let json = r#"{"name": "x", "args": {"a": [1, "]"]}} , next"#;
+        for bad in [r#"{"a": }"#, r#"{"a" 1}"#, r#"{"a": 1 "b": 2}"#, r#"[1 2]"#] {
+            let mut s = Scanner::new(bad.as_bytes());
+            assert!(matches!(Skip::scan(&mut s), Err(Fault::Bad(_))), "{bad}");
+        }
+        let end = json.find(" ,").unwrap();
+        let mut s = Scanner::new(json.as_bytes());
+        assert_eq!(RawEvent::scan(&mut s).unwrap().text(), &json[..end]);
+        let mut s = Scanner::new(json.as_bytes());
+        Skip::scan(&mut s).unwrap();
+        assert_eq!(s.pos(), end);
+        let mut s = Scanner::new(json.as_bytes());
+        let Serde(v) = Serde::<serde_json::Value>::scan(&mut s).unwrap();
+        assert_eq!(v["args"]["a"][1], "]");
+    }
+}
