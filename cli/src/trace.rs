@@ -58,7 +58,10 @@ pub fn open(path: &Path) -> Result<Box<dyn Read + Send>, TraceError> {
     }
 }
 
-/// Decompressed bytes handed from the gunzip thread at a time.
+/// Decompressed bytes handed from the gunzip thread at a time: the first chunk is the
+/// smallest, each next one twice the last up to the largest, so a small trace is not read into
+/// megabytes of freshly zeroed memory (on a 25 KB trace that was half the process's time).
+const PREFETCH_FIRST: usize = 64 << 10;
 const PREFETCH_CHUNK: usize = 1 << 20;
 /// Chunks in flight between the threads: memory per open trace is about this many MiB.
 const PREFETCH_DEPTH: usize = 3;
@@ -77,27 +80,18 @@ impl Prefetch {
     fn spawn(mut source: impl Read + Send + 'static) -> Self {
         let (tx, chunks) = sync_channel(PREFETCH_DEPTH);
         let (spent, back) = sync_channel::<Vec<u8>>(PREFETCH_DEPTH + 1);
+        let mut size = PREFETCH_FIRST;
         std::thread::spawn(move || loop {
             let mut chunk = back.try_recv().unwrap_or_default();
-            chunk.resize(PREFETCH_CHUNK, 0);
-            let mut filled = 0;
-            let result = loop {
-                match source.read(&mut chunk[filled..]) {
-                    Ok(0) => break Ok(()),
-                    Ok(n) => {
-                        filled += n;
-                        if filled == chunk.len() {
-                            break Ok(());
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => break Err(e),
-                }
-            };
-            chunk.truncate(filled);
+            chunk.clear();
+            chunk.reserve_exact(size);
+            // Read into the chunk's spare capacity: nothing is zeroed first.
+            let result = (&mut source).take(size as u64).read_to_end(&mut chunk);
+            size = (size * 2).min(PREFETCH_CHUNK);
+            let filled = chunk.len();
             let end = filled == 0 || result.is_err();
             let sent = match result {
-                Ok(()) => tx.send(Ok(chunk)),
+                Ok(_) => tx.send(Ok(chunk)),
                 Err(e) => tx.send(Err(e)),
             };
             if end || sent.is_err() {

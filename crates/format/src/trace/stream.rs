@@ -33,7 +33,10 @@ pub trait EventSink {
     fn event(&mut self, event: Self::Event<'_>, meta: &Meta);
 }
 
-/// Bytes read from a source at a time.
+/// Bytes read from a source at a time: the first read asks for the fewest, each read that
+/// fills what it asked for doubles the next, up to the most (a small trace is not read into a
+/// megabyte of zeroed memory).
+const FIRST_READ: usize = 64 << 10;
 const CHUNK: usize = 1 << 20;
 
 /// Where the reader is in the document's outer structure.
@@ -135,11 +138,9 @@ impl From<StreamError> for ReadError {
 
 /// The streaming reader; see the module docs.
 pub struct EventStream {
-    /// Bytes of the document, those from `end` on not yet filled. Its length only grows, so
-    /// a read fills it without zeroing it first.
+    /// Bytes of the document buffered (a read appends into its spare capacity: nothing is
+    /// zeroed first).
     buf: Vec<u8>,
-    /// The end of the bytes buffered.
-    end: usize,
     /// The first byte of `buf` not consumed.
     pos: usize,
     /// Bytes dropped from `buf`'s front so far (for error offsets).
@@ -165,7 +166,6 @@ impl EventStream {
     pub fn new() -> Self {
         EventStream {
             buf: Vec::new(),
-            end: 0,
             pos: 0,
             dropped: 0,
             want: 0,
@@ -179,9 +179,7 @@ impl EventStream {
     /// Feeds the next bytes of the document; every event they complete goes to `sink`.
     pub fn feed<S: EventSink>(&mut self, bytes: &[u8], sink: &mut S) -> Result<(), StreamError> {
         self.compact();
-        self.room(bytes.len());
-        self.buf[self.end..self.end + bytes.len()].copy_from_slice(bytes);
-        self.end += bytes.len();
+        self.buf.extend_from_slice(bytes);
         self.drain_when_ready(sink)
     }
 
@@ -189,7 +187,7 @@ impl EventStream {
     pub fn finish<S: EventSink>(mut self, sink: &mut S) -> Result<Meta, StreamError> {
         self.drain(sink, true)?;
         if self.state != State::Done {
-            return Err(self.error(self.end, "the JSON ends early (truncated trace)"));
+            return Err(self.error(self.buf.len(), "the JSON ends early (truncated trace)"));
         }
         if !self.meta.has_events {
             return Err(StreamError {
@@ -209,18 +207,18 @@ impl EventStream {
         mut source: impl Read,
         sink: &mut S,
     ) -> Result<Meta, ReadError> {
+        let mut ask = FIRST_READ;
         loop {
             self.compact();
-            let need = self.want.max(CHUNK);
-            self.room(need);
-            let n = loop {
-                match source.read(&mut self.buf[self.end..self.end + need]) {
-                    Ok(n) => break n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(ReadError::Io(e)),
-                }
-            };
-            self.end += n;
+            let need = self.want.max(ask);
+            self.buf.reserve(need);
+            let n = (&mut source)
+                .take(need as u64)
+                .read_to_end(&mut self.buf)
+                .map_err(ReadError::Io)?;
+            if n == need {
+                ask = (ask * 2).min(CHUNK);
+            }
             if n == 0 {
                 return Ok(self.finish(sink)?);
             }
@@ -230,7 +228,7 @@ impl EventStream {
 
     /// Moves on once the bytes a cut value waits for are in.
     fn drain_when_ready<S: EventSink>(&mut self, sink: &mut S) -> Result<(), StreamError> {
-        if self.end - self.pos < self.want {
+        if self.buf.len() - self.pos < self.want {
             return Ok(());
         }
         self.want = 0;
@@ -240,17 +238,9 @@ impl EventStream {
     /// Drops consumed bytes from the buffer's front.
     fn compact(&mut self) {
         if self.pos > 0 {
-            self.buf.copy_within(self.pos..self.end, 0);
-            self.end -= self.pos;
+            self.buf.drain(..self.pos);
             self.dropped += self.pos as u64;
             self.pos = 0;
-        }
-    }
-
-    /// Makes room for `n` more bytes after those buffered.
-    fn room(&mut self, n: usize) {
-        if self.buf.len() < self.end + n {
-            self.buf.resize(self.end + n, 0);
         }
     }
 
@@ -265,10 +255,10 @@ impl EventStream {
     /// Moves through the buffered bytes as far as they go.
     fn drain<S: EventSink>(&mut self, sink: &mut S, eof: bool) -> Result<(), StreamError> {
         loop {
-            while self.pos < self.end && self.buf[self.pos].is_ascii_whitespace() {
+            while self.pos < self.buf.len() && self.buf[self.pos].is_ascii_whitespace() {
                 self.pos += 1;
             }
-            if self.pos == self.end {
+            if self.pos == self.buf.len() {
                 return Ok(());
             }
             match self.step(sink, eof)? {
@@ -277,7 +267,7 @@ impl EventStream {
                     self.waits += 1;
                     // Ask for at least as much again as is buffered: linear work for a long
                     // value.
-                    self.want = (self.end - self.pos).saturating_mul(2);
+                    self.want = (self.buf.len() - self.pos).saturating_mul(2);
                     return Ok(());
                 }
             }
@@ -372,7 +362,7 @@ impl EventStream {
             }
             (State::Event { bare }, _) => {
                 let start = self.pos;
-                let mut scanner = Scanner::new(&self.buf[start..self.end]);
+                let mut scanner = Scanner::new(&self.buf[start..]);
                 match S::Event::scan(&mut scanner) {
                     Ok(event) => {
                         let len = scanner.pos();
@@ -385,7 +375,7 @@ impl EventStream {
                     Err(Fault::Cut) if !eof => return Ok(Progress::NeedMore),
                     Err(Fault::Cut) => {
                         return Err(self.error(
-                            self.end,
+                            self.buf.len(),
                             format!(
                                 "event {}: the JSON ends inside it (truncated trace)",
                                 self.events + 1
@@ -413,7 +403,7 @@ impl EventStream {
         &'a self,
         eof: bool,
     ) -> Result<Option<(T, usize)>, StreamError> {
-        let buf = &self.buf[self.pos..self.end];
+        let buf = &self.buf[self.pos..];
         let mut it = serde_json::Deserializer::from_slice(buf).into_iter::<T>();
         match it.next() {
             Some(Ok(v)) => {
