@@ -4,7 +4,7 @@
 //! - `skip_only`: the scanner finding each event's end and checking its structure (`Skip`),
 //!   beside `serde_skip_all_in_memory` (serde_json skipping the whole document);
 //! - `old_parser`: each event parsed by serde_json into the event type the reader used before
-//!   the scanner (copied below), as `stream_events` did;
+//!   the scanner (`crates/format/tests/support/old_event.rs`), as `stream_events` did;
 //! - `scanner`: each event's fields read by the scanner (`Event`);
 //! - `analysis`: the scanner and the summary (what `analyze` computes), from memory;
 //! - `gunzip_analysis`: the same from the .gz file, gunzip on its own thread (`analyze_file`),
@@ -13,13 +13,11 @@
 //! Criterion's figures are wall time on one thread; the gunzip rows use a second thread, so
 //! their per-core figure is `scripts/bench_read.py`'s (CPU time of the whole process).
 
-use std::borrow::Cow;
 use std::hint::black_box;
 use std::io::Read;
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use serde::Deserialize;
 use stepscope_cli::{trace, trace_report};
 use stepscope_format::trace::{Event, EventSink, EventStream, Meta, Serde, Skip, Summarizer};
 
@@ -28,27 +26,9 @@ const TRACE: &str = concat!(
     "/tests/data/hta/trace_diff__control__control.json.gz"
 );
 
-/// The event type the reader parsed with serde_json before the scanner, field for field.
-#[allow(dead_code)]
-#[derive(Deserialize)]
-struct OldEvent<'a> {
-    #[serde(default, borrow)]
-    ph: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    cat: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    name: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    pid: Option<stepscope_format::trace::Id<'a>>,
-    #[serde(default, borrow)]
-    tid: Option<stepscope_format::trace::Id<'a>>,
-    #[serde(default)]
-    ts: Option<f64>,
-    #[serde(default)]
-    dur: Option<f64>,
-    #[serde(default, borrow, rename = "args")]
-    raw_args: Option<&'a serde_json::value::RawValue>,
-}
+#[path = "../../crates/format/tests/support/old_event.rs"]
+mod old_event;
+use old_event::OldEvent;
 
 struct Old;
 impl EventSink for Old {

@@ -5,29 +5,11 @@ use std::borrow::Cow;
 use std::io::Read;
 use std::path::PathBuf;
 
-use serde::Deserialize;
 use stepscope_format::trace::{Args, Event, EventSink, EventStream, Id, Meta, Serde};
 
-/// The event the reader parsed with serde_json before the scanner, field for field.
-#[derive(Deserialize)]
-struct OldEvent<'a> {
-    #[serde(default, borrow)]
-    ph: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    cat: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    name: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    pid: Option<Id<'a>>,
-    #[serde(default, borrow)]
-    tid: Option<Id<'a>>,
-    #[serde(default)]
-    ts: Option<f64>,
-    #[serde(default)]
-    dur: Option<f64>,
-    #[serde(default, borrow, rename = "args")]
-    raw_args: Option<&'a serde_json::value::RawValue>,
-}
+#[path = "support/old_event.rs"]
+mod old_event;
+use old_event::OldEvent;
 
 /// What both readers give: the fields, and the args as analysis reads them.
 #[derive(Debug, Clone, PartialEq)]
