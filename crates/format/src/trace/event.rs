@@ -96,26 +96,14 @@ pub struct Event<'a> {
     pub raw_args: Option<RawArgs<'a>>,
 }
 
-impl Event<'_> {
-    /// The arguments analysis reads (all absent when `args` is not an object, or one of them
-    /// has another type or is given twice, as when serde read them).
-    pub fn args(&self) -> Args {
-        self.raw_args.map(|a| a.read()).unwrap_or_default()
-    }
-}
-
-/// An event's `args` value as it stands in the trace, unread.
+/// An event's `args` value as it stands in the trace, unread ([`RawArgs::read`] and
+/// [`Event::args`] read it: `scan.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawArgs<'a> {
     pub(crate) bytes: &'a [u8],
 }
 
 impl<'a> RawArgs<'a> {
-    /// The fields analysis reads.
-    pub fn read(&self) -> Args {
-        super::scan::read_args(self.bytes)
-    }
-
     /// The value's JSON text (`None` when it is not UTF-8).
     pub fn text(&self) -> Option<&'a str> {
         std::str::from_utf8(self.bytes).ok()

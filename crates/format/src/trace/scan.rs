@@ -708,9 +708,19 @@ impl<'a> Scanner<'a> {
     }
 }
 
-/// The `args` analysis reads, from the bytes of an `args` value (see [`Scanner::args`]).
-pub(crate) fn read_args(bytes: &[u8]) -> Args {
-    Scanner::new(bytes).args().unwrap_or_default()
+impl RawArgs<'_> {
+    /// The fields analysis reads (see [`Event::args`]).
+    pub fn read(&self) -> Args {
+        Scanner::new(self.bytes).args().unwrap_or_default()
+    }
+}
+
+impl Event<'_> {
+    /// The arguments analysis reads (all absent when `args` is not an object, or one of them
+    /// has another type or is given twice, as when serde read them).
+    pub fn args(&self) -> Args {
+        self.raw_args.map(|a| a.read()).unwrap_or_default()
+    }
 }
 
 /// Field names of [`Event`], in the order of its bits in the duplicate check.
