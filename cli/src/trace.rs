@@ -88,8 +88,7 @@ impl Prefetch {
             // Read into the chunk's spare capacity: nothing is zeroed first.
             let result = (&mut source).take(size as u64).read_to_end(&mut chunk);
             size = (size * 2).min(PREFETCH_CHUNK);
-            let filled = chunk.len();
-            let end = filled == 0 || result.is_err();
+            let end = chunk.is_empty() || result.is_err();
             let sent = match result {
                 Ok(_) => tx.send(Ok(chunk)),
                 Err(e) => tx.send(Err(e)),

@@ -375,7 +375,6 @@ impl<'a> Scanner<'a> {
         if negative {
             i += 1;
         }
-        let digit = |i: usize| b.get(i).is_some_and(u8::is_ascii_digit);
         // Up to 19 digits always fit a u64; `digits` counts them all.
         let mut m = 0u64;
         let mut digits = 0u32;
@@ -394,12 +393,7 @@ impl<'a> Scanner<'a> {
         if b.get(i) == Some(&b'.') {
             float = true;
             i += 1;
-            if !digit(i) {
-                return match b.get(i) {
-                    None => Err(Fault::Cut),
-                    Some(&c) => self.bad(i, format!("expected a digit, found {}", show(c))),
-                };
-            }
+            self.digit_at(i)?;
             decimals = take_digits(b, &mut i, &mut m);
             digits += decimals;
         }
@@ -411,15 +405,8 @@ impl<'a> Scanner<'a> {
             if matches!(b.get(i), Some(b'+' | b'-')) {
                 i += 1;
             }
-            if !digit(i) {
-                return match b.get(i) {
-                    None => Err(Fault::Cut),
-                    Some(&c) => self.bad(i, format!("expected a digit, found {}", show(c))),
-                };
-            }
-            while digit(i) {
-                i += 1;
-            }
+            self.digit_at(i)?;
+            take_digits(b, &mut i, &mut 0);
         }
         // A number that ends where the bytes end may go on.
         if i == b.len() {
@@ -443,6 +430,15 @@ impl<'a> Scanner<'a> {
             float,
             exponent,
         })
+    }
+
+    /// A digit at `i`, as a number's grammar requires there.
+    fn digit_at(&self, i: usize) -> Scan<()> {
+        match self.buf.get(i) {
+            Some(c) if c.is_ascii_digit() => Ok(()),
+            Some(&c) => self.bad(i, format!("expected a digit, found {}", show(c))),
+            None => Err(Fault::Cut),
+        }
     }
 
     /// Skips the number at `pos` (its first byte a digit from 1 to 9): digits alone are an
@@ -472,12 +468,8 @@ impl<'a> Scanner<'a> {
                 self.pos = end;
                 Ok(())
             }
-            Some(_) => self.bad(
-                self.pos,
-                "expected true, false, null, a number, a string, an array or an object",
-            ),
             None if word.starts_with(&self.buf[self.pos..]) => Err(Fault::Cut),
-            None => self.bad(
+            _ => self.bad(
                 self.pos,
                 "expected true, false, null, a number, a string, an array or an object",
             ),
@@ -667,14 +659,6 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// The bytes of the value at `pos` (after whitespace), skipped.
-    fn skipped_value(&mut self) -> Scan<(usize, &'a [u8])> {
-        self.next()?;
-        let start = self.pos;
-        self.skip()?;
-        Ok((start, &self.buf[start..self.pos]))
-    }
-
     /// Skips an event: its own members (or elements) checked against the grammar, their
     /// values for structure.
     fn skip_event(&mut self) -> Scan<()> {
@@ -699,11 +683,12 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// The bytes of the event at `pos` (after whitespace), skipped.
-    fn skipped(&mut self) -> Scan<(usize, &'a [u8])> {
+    /// Where the value at `pos` (after whitespace) starts and its bytes, passed over by
+    /// `skip` ([`Scanner::skip`] for a value, [`Scanner::skip_event`] for an event).
+    fn skipped(&mut self, skip: fn(&mut Self) -> Scan<()>) -> Scan<(usize, &'a [u8])> {
         self.next()?;
         let start = self.pos;
-        self.skip_event()?;
+        skip(self)?;
         Ok((start, &self.buf[start..self.pos]))
     }
 }
@@ -772,7 +757,7 @@ impl<'de> FromTrace<'de> for Event<'de> {
                 5 => e.ts = s.opt_f64("ts")?,
                 6 => e.dur = s.opt_f64("dur")?,
                 7 => {
-                    let (_, bytes) = s.skipped_value()?;
+                    let (_, bytes) = s.skipped(Scanner::skip)?;
                     // As serde reads an `Option`: null is none.
                     e.raw_args = (bytes != b"null").then_some(RawArgs { bytes });
                 }
@@ -787,7 +772,7 @@ impl<'de> FromTrace<'de> for Event<'de> {
 
 impl<'de> FromTrace<'de> for RawEvent<'de> {
     fn scan(s: &mut Scanner<'de>) -> Scan<Self> {
-        let (start, bytes) = s.skipped()?;
+        let (start, bytes) = s.skipped(Scanner::skip_event)?;
         match std::str::from_utf8(bytes) {
             Ok(text) => Ok(RawEvent { text }),
             Err(e) => s.bad(start + e.valid_up_to(), "an event that is not UTF-8"),
@@ -809,7 +794,7 @@ impl<'de> FromTrace<'de> for IgnoredAny {
 
 impl<'de, T: Deserialize<'de>> FromTrace<'de> for Serde<T> {
     fn scan(s: &mut Scanner<'de>) -> Scan<Self> {
-        let (start, bytes) = s.skipped()?;
+        let (start, bytes) = s.skipped(Scanner::skip_event)?;
         match serde_json::from_slice(bytes) {
             Ok(v) => Ok(Serde(v)),
             Err(e) => s.bad(start, e.to_string()),

@@ -8,7 +8,6 @@
 //! per-iteration figures. Nothing borrows the trace's bytes.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::{Deserialize, Serialize};
 
@@ -193,60 +192,6 @@ impl Summary {
 /// Idle gaps listed.
 const GAPS: usize = 5;
 
-/// The summary's maps are keyed by names and ids from the trace, one lookup per event: a
-/// multiply-rotate hash over 8 bytes at a time (as rustc's FxHash), several times faster than
-/// the default SipHash on long kernel names. A trace that collides on purpose slows its own
-/// analysis, nothing else.
-#[derive(Default, Clone, Copy)]
-struct Fx(u64);
-
-impl Fx {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for Fx {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.add(u64::from_le_bytes(w));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut w = [0u8; 8];
-            w[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(w));
-        }
-    }
-
-    #[inline]
-    fn write_u8(&mut self, b: u8) {
-        self.add(u64::from(b));
-    }
-
-    #[inline]
-    fn write_u64(&mut self, v: u64) {
-        self.add(v);
-    }
-
-    #[inline]
-    fn write_i64(&mut self, v: i64) {
-        self.add(v as u64);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
-
 #[derive(Default, Clone, Copy)]
 struct Acc {
     count: u64,
@@ -299,7 +244,7 @@ enum ThreadKey {
 /// Interned strings: each distinct name is stored once.
 #[derive(Default)]
 struct Names {
-    ids: FxMap<Box<str>, u32>,
+    ids: HashMap<Box<str>, u32>,
     names: Vec<Box<str>>,
 }
 
@@ -347,7 +292,7 @@ pub struct Summarizer {
     events: u64,
     first: f64,
     last: f64,
-    kernels: FxMap<Box<str>, Acc>,
+    kernels: HashMap<Box<str>, Acc>,
     kernel_count: u64,
     kernel_total: f64,
     /// Memcpy and memset time: the kernels' kinds come from their names, in `finish`.
@@ -355,7 +300,7 @@ pub struct Summarizer {
     memcpy_count: u64,
     memset_count: u64,
     /// Device intervals, per device.
-    intervals: FxMap<i64, Vec<(f64, f64)>>,
+    intervals: HashMap<i64, Vec<(f64, f64)>>,
     /// (correlation, start) of each launch.
     launches: Vec<(u64, f64)>,
     /// (correlation, duration) of each kernel.
@@ -363,9 +308,7 @@ pub struct Summarizer {
     op_names: Names,
     ops: Vec<Acc>,
     cpu_ops: Vec<CpuOp>,
-    threads: FxMap<ThreadKey, u32>,
-    /// The last thread looked up, and its number: CPU operators come in runs of one thread.
-    last_thread: Option<(i64, i64, u32)>,
+    threads: HashMap<ThreadKey, u32>,
     profiler_steps: Vec<Annot>,
     execute_steps: Vec<Annot>,
 }
@@ -381,24 +324,13 @@ impl Summarizer {
     }
 
     fn thread(&mut self, e: &Event<'_>) -> u32 {
-        if let (Some(Id::Num(p)), Some(Id::Num(t)), Some((lp, lt, n))) =
-            (&e.pid, &e.tid, self.last_thread)
-        {
-            if (*p, *t) == (lp, lt) {
-                return n;
-            }
-        }
         let key = match (&e.pid, &e.tid) {
             (Some(Id::Num(p)), Some(Id::Num(t))) => ThreadKey::Num(*p, *t),
             (None, Some(Id::Num(t))) => ThreadKey::Num(i64::MIN, *t),
             (p, t) => ThreadKey::Other(format!("{p:?}/{t:?}")),
         };
         let n = self.threads.len() as u32;
-        let id = *self.threads.entry(key.clone()).or_insert(n);
-        if let ThreadKey::Num(p, t) = key {
-            self.last_thread = Some((p, t, id));
-        }
-        id
+        *self.threads.entry(key).or_insert(n)
     }
 
     fn device_event(&mut self, e: &Event<'_>, device: Device, name: &str, ts: f64, dur: f64) {
