@@ -38,4 +38,7 @@ pub use event::{Args, DeviceProperties, Event, Id, Meta, RawArgs};
 pub use header::{Captured, StepRequests, TraceHeader, Trigger};
 pub use scan::{FromTrace, RawEvent, Serde, Skip};
 pub use stream::{EventSink, EventStream, ReadError, StreamError, StreamErrorKind};
-pub use summary::{Gap, KernelKind, KernelStat, Kernels, OpStat, Split, Step, Summarizer, Summary};
+pub use summary::{
+    Breakdown, Gap, KernelKind, KernelStat, Kernels, NameCategory, NameTime, OpStat, Split, Step,
+    Summarizer, Summary,
+};

@@ -225,13 +225,24 @@ struct Annot {
     requests: Vec<String>,
 }
 
-/// A CPU operator: its interval, interned name and thread.
+/// A CPU operator (or, with a breakdown, a user annotation: `name` has [`ANNOTATION`] set):
+/// its interval, interned name and thread.
 #[derive(Clone, Copy)]
 struct CpuOp {
     ts: f64,
     end: f64,
     name: u32,
     thread: u32,
+}
+
+/// The bit of [`CpuOp::name`] that marks a user annotation (its name is in the annotations'
+/// table): kept in the operators' list so self times are computed over both in one walk.
+const ANNOTATION: u32 = 1 << 31;
+
+impl CpuOp {
+    fn is_annotation(&self) -> bool {
+        self.name & ANNOTATION != 0
+    }
 }
 
 /// A process and thread id, owned (numbers in Kineto's traces; strings elsewhere).
@@ -292,7 +303,8 @@ pub struct Summarizer {
     events: u64,
     first: f64,
     last: f64,
-    kernels: HashMap<Box<str>, Acc>,
+    kernel_names: Names,
+    kernels: Vec<Acc>,
     kernel_count: u64,
     kernel_total: f64,
     /// Memcpy and memset time: the kernels' kinds come from their names, in `finish`.
@@ -303,14 +315,18 @@ pub struct Summarizer {
     intervals: HashMap<i64, Vec<(f64, f64)>>,
     /// (correlation, start) of each launch.
     launches: Vec<(u64, f64)>,
-    /// (correlation, duration) of each kernel.
-    kernel_launches: Vec<(u64, f64)>,
+    /// (correlation, duration, name) of each kernel.
+    kernel_launches: Vec<(u64, f64, u32)>,
     op_names: Names,
     ops: Vec<Acc>,
     cpu_ops: Vec<CpuOp>,
     threads: HashMap<ThreadKey, u32>,
     profiler_steps: Vec<Annot>,
     execute_steps: Vec<Annot>,
+    /// Whether [`Summarizer::finish_with_breakdown`] will be asked for: user annotations are
+    /// then kept too.
+    breakdown: bool,
+    annotation_names: Names,
 }
 
 impl Summarizer {
@@ -320,6 +336,16 @@ impl Summarizer {
             first: f64::INFINITY,
             last: f64::NEG_INFINITY,
             ..Default::default()
+        }
+    }
+
+    /// An empty summary that also keeps what each step ran, per name
+    /// ([`Summarizer::finish_with_breakdown`]): user annotations (`record_function` ranges)
+    /// are kept beside the CPU operators.
+    pub fn with_breakdown() -> Self {
+        Summarizer {
+            breakdown: true,
+            ..Self::new()
         }
     }
 
@@ -356,35 +382,58 @@ impl Summarizer {
             Device::Kernel => {
                 self.kernel_count += 1;
                 self.kernel_total += dur;
-                match self.kernels.get_mut(name) {
-                    Some(a) => a.add(dur),
-                    None => self.kernels.entry(name.into()).or_default().add(dur),
+                let id = self.kernel_names.intern(name);
+                if self.kernels.len() <= id as usize {
+                    self.kernels.resize(id as usize + 1, Acc::default());
                 }
+                self.kernels[id as usize].add(dur);
                 if let Some(c) = args.correlation {
-                    self.kernel_launches.push((c, dur));
+                    self.kernel_launches.push((c, dur, id));
                 }
             }
         }
     }
 
     /// Computes the summary. `top`: kernel and operator names kept (0: all).
-    pub fn finish(mut self, meta: Meta, top: usize) -> Summary {
+    pub fn finish(self, meta: Meta, top: usize) -> Summary {
+        self.finish_inner(meta, top, None)
+    }
+
+    /// Computes the summary and what each of its steps ran, per name (see [`Breakdown`]).
+    /// Without [`Summarizer::with_breakdown`], user annotations are missing from it.
+    pub fn finish_with_breakdown(self, meta: Meta, top: usize) -> (Summary, Breakdown) {
+        let mut breakdown = Breakdown::default();
+        let summary = self.finish_inner(meta, top, Some(&mut breakdown));
+        (summary, breakdown)
+    }
+
+    fn finish_inner(
+        mut self,
+        meta: Meta,
+        top: usize,
+        breakdown: Option<&mut Breakdown>,
+    ) -> Summary {
         let (first, span) = if self.first > self.last {
             (0.0, 0.0)
         } else {
             (self.first, self.last - self.first)
         };
         let (busy, devices, gaps) = self.busy_and_gaps(first);
-        let steps = self.steps(&meta, first);
-        let mut kernels: Vec<KernelStat> = std::mem::take(&mut self.kernels)
-            .into_iter()
-            .map(|(name, a)| KernelStat {
-                kind: KernelKind::of(&name),
-                mean_us: a.mean(),
-                name: name.into(),
-                count: a.count,
-                total_us: a.total,
-                max_us: a.max,
+        let steps = self.steps(&meta, first, breakdown);
+        let mut kernels: Vec<KernelStat> = self
+            .kernels
+            .iter()
+            .enumerate()
+            .map(|(id, a)| {
+                let name = self.kernel_names.get(id as u32);
+                KernelStat {
+                    kind: KernelKind::of(name),
+                    mean_us: a.mean(),
+                    name: name.to_string(),
+                    count: a.count,
+                    total_us: a.total,
+                    max_us: a.max,
+                }
             })
             .collect();
         kernels.sort_by(|a, b| b.total_us.total_cmp(&a.total_us).then(a.name.cmp(&b.name)));
@@ -481,7 +530,7 @@ impl Summarizer {
                 cpu_op: self
                     .cpu_ops
                     .iter()
-                    .filter(|o| o.ts <= start && start < o.end)
+                    .filter(|o| !o.is_annotation() && o.ts <= start && start < o.end)
                     .max_by(|a, b| a.ts.total_cmp(&b.ts))
                     .map(|o| self.op_names.get(o.name).to_string()),
             })
@@ -491,7 +540,7 @@ impl Summarizer {
 
     /// The iterations: the engine's annotations when present, else torch's `ProfilerStep#`,
     /// with the kernels they launched and their CPU operator time.
-    fn steps(&mut self, meta: &Meta, first: f64) -> Vec<Step> {
+    fn steps(&mut self, meta: &Meta, first: f64, breakdown: Option<&mut Breakdown>) -> Vec<Step> {
         let mut annots = if self.execute_steps.is_empty() {
             std::mem::take(&mut self.profiler_steps)
         } else {
@@ -532,7 +581,13 @@ impl Summarizer {
         };
         // Sorted by correlation, file order kept among equals: the last launch of an id wins.
         self.launches.sort_by_key(|l| l.0);
-        for (corr, dur) in &self.kernel_launches {
+        // Per (step, name id in the breakdown's table): count and time.
+        let mut per_step: HashMap<(u32, u32), (u32, f64)> = HashMap::new();
+        let kernel_base = 0u32;
+        let op_base = self.kernel_names.names.len() as u32;
+        let annotation_base = op_base + self.op_names.names.len() as u32;
+        let keep = breakdown.is_some();
+        for (corr, dur, name) in &self.kernel_launches {
             let after = self.launches.partition_point(|l| l.0 <= *corr);
             let Some(&(c, launch)) = after.checked_sub(1).and_then(|i| self.launches.get(i)) else {
                 continue;
@@ -543,6 +598,11 @@ impl Summarizer {
             if let Some(i) = step_at(launch) {
                 steps[i].kernel_us += dur;
                 steps[i].kernel_count += 1;
+                if keep {
+                    let e = per_step.entry((i as u32, kernel_base + name)).or_default();
+                    e.0 += 1;
+                    e.1 += dur;
+                }
             }
         }
         // Outermost operators per thread: sorted by start (longest first), an operator inside
@@ -554,7 +614,7 @@ impl Summarizer {
                 .then(b.end.total_cmp(&a.end))
         });
         let mut covered: Option<(u32, f64)> = None;
-        for op in &self.cpu_ops {
+        for op in self.cpu_ops.iter().filter(|o| !o.is_annotation()) {
             if let Some((thread, end)) = covered {
                 if thread == op.thread && op.ts < end {
                     continue;
@@ -565,8 +625,118 @@ impl Summarizer {
                 steps[i].cpu_op_us += op.end.min(annots[i].end) - op.ts;
             }
         }
+        if let Some(breakdown) = breakdown {
+            // Self times: the operators and annotations are sorted by thread, then start,
+            // longest first, so each one's enclosing ranges are on the stack.
+            let mut stack: Vec<(f64, usize)> = Vec::new();
+            let mut own: Vec<f64> = self.cpu_ops.iter().map(|o| o.end - o.ts).collect();
+            for (i, op) in self.cpu_ops.iter().enumerate() {
+                if i > 0 && self.cpu_ops[i - 1].thread != op.thread {
+                    stack.clear();
+                }
+                while stack.last().is_some_and(|&(end, _)| end <= op.ts) {
+                    stack.pop();
+                }
+                if let Some(&(end, parent)) = stack.last() {
+                    own[parent] -= op.end.min(end) - op.ts;
+                }
+                stack.push((op.end, i));
+            }
+            for (op, own) in self.cpu_ops.iter().zip(own) {
+                let Some(i) = step_at(op.ts) else { continue };
+                let name = if op.is_annotation() {
+                    annotation_base + (op.name & !ANNOTATION)
+                } else {
+                    op_base + op.name
+                };
+                let e = per_step.entry((i as u32, name)).or_default();
+                e.0 += 1;
+                e.1 += own.max(0.0);
+            }
+            breakdown.names = (self.kernel_names.names.iter())
+                .chain(&self.op_names.names)
+                .chain(&self.annotation_names.names)
+                .cloned()
+                .collect();
+            breakdown.steps = vec![Vec::new(); steps.len()];
+            for ((step, name), (count, us)) in per_step {
+                let category = if name < op_base {
+                    NameCategory::Kernel
+                } else if name < annotation_base {
+                    NameCategory::CpuOp
+                } else {
+                    NameCategory::Annotation
+                };
+                if let Some(list) = breakdown.steps.get_mut(step as usize) {
+                    list.push(NameTime {
+                        name,
+                        category,
+                        count,
+                        us,
+                    });
+                }
+            }
+            for list in &mut breakdown.steps {
+                list.sort_by_key(|n| n.name);
+            }
+        }
         steps
     }
+}
+
+/// What each step of a summary ran, per name: its kernels' device time, its CPU operators' and
+/// user annotations' self time (their time less that of the operators and annotations they
+/// enclose on their thread), each counted in the step its start falls in.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Breakdown {
+    /// The names [`NameTime::name`] indexes.
+    pub names: Vec<Box<str>>,
+    /// Per step of [`Summary::steps`], in its order: what it ran, by name id.
+    pub steps: Vec<Vec<NameTime>>,
+}
+
+impl Breakdown {
+    /// The name of an id.
+    pub fn name(&self, id: u32) -> &str {
+        self.names.get(id as usize).map_or("", |n| n)
+    }
+}
+
+/// What a [`Breakdown`]'s name is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NameCategory {
+    /// A GPU kernel (`cat: kernel`), timed on the device.
+    Kernel,
+    /// A CPU operator (`cat: cpu_op`), self time.
+    CpuOp,
+    /// A user annotation (`record_function`, `cat: user_annotation`) other than the steps'
+    /// own, self time.
+    Annotation,
+}
+
+impl NameCategory {
+    /// `kernel`, `cpu_op` or `annotation`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NameCategory::Kernel => "kernel",
+            NameCategory::CpuOp => "cpu_op",
+            NameCategory::Annotation => "annotation",
+        }
+    }
+}
+
+/// One name's part of one step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NameTime {
+    /// Into [`Breakdown::names`].
+    pub name: u32,
+    /// What it is.
+    pub category: NameCategory,
+    /// Kernels launched or operator calls begun in the step.
+    pub count: u32,
+    /// Device time (kernels) or self time (operators, annotations), µs.
+    pub us: f64,
 }
 
 /// Keeps the `GAPS` longest gaps, longest first.
@@ -612,6 +782,20 @@ impl EventSink for Summarizer {
                 thread,
             });
         }
+        if self.breakdown
+            && cat == "user_annotation"
+            && !name.starts_with("ProfilerStep#")
+            && !name.starts_with("execute_")
+        {
+            let id = self.annotation_names.intern(name) | ANNOTATION;
+            let thread = self.thread(&e);
+            self.cpu_ops.push(CpuOp {
+                ts,
+                end: ts + dur,
+                name: id,
+                thread,
+            });
+        }
         if name.starts_with("ProfilerStep#") {
             self.profiler_steps.push(Annot {
                 name: name.to_string(),
@@ -630,5 +814,73 @@ impl EventSink for Summarizer {
                 requests: args.requests.unwrap_or_default(),
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::EventStream;
+
+    fn summarize(json: &str) -> (Summary, Breakdown) {
+        let mut sink = Summarizer::with_breakdown();
+        let mut stream = EventStream::new();
+        stream.feed(json.as_bytes(), &mut sink).unwrap();
+        let meta = stream.finish(&mut sink).unwrap();
+        sink.finish_with_breakdown(meta, 0)
+    }
+
+    #[test]
+    fn a_breakdown_has_each_steps_kernels_and_self_times() {
+        // Step 1 (0-100): an annotation "fwd" (0-60) enclosing aten::mm (10-40), which
+        // encloses aten::copy_ (20-25); a kernel launched at 30. Step 2 (200-300): aten::mm
+        // (210-230) on another thread, a kernel launched at 215 and one at 150 (no step).
+        let (summary, b) = summarize(
+            r#"{"traceEvents": [
+            {"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_1(1)", "ts": 0, "dur": 100, "pid": 1, "tid": 1},
+            {"ph": "X", "cat": "user_annotation", "name": "fwd", "ts": 0, "dur": 60, "pid": 1, "tid": 1},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 30, "pid": 1, "tid": 1},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 20, "dur": 5, "pid": 1, "tid": 1},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 30, "dur": 2, "pid": 1, "tid": 1, "args": {"correlation": 1}},
+            {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 50, "dur": 40, "pid": 0, "tid": 7, "args": {"correlation": 1, "device": 0}},
+            {"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_1(1)", "ts": 200, "dur": 100, "pid": 1, "tid": 1},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 210, "dur": 20, "pid": 1, "tid": 2},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 215, "dur": 2, "pid": 1, "tid": 2, "args": {"correlation": 2}},
+            {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 250, "dur": 30, "pid": 0, "tid": 7, "args": {"correlation": 2, "device": 0}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 150, "dur": 2, "pid": 1, "tid": 1, "args": {"correlation": 3}},
+            {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 160, "dur": 10, "pid": 0, "tid": 7, "args": {"correlation": 3, "device": 0}}
+            ]}"#,
+        );
+        let named = |step: usize| -> Vec<(&str, NameCategory, u32, f64)> {
+            b.steps[step]
+                .iter()
+                .map(|n| (b.name(n.name), n.category, n.count, n.us))
+                .collect()
+        };
+        assert_eq!(b.steps.len(), 2);
+        let mut first = named(0);
+        first.sort_by(|x, y| x.0.cmp(y.0));
+        assert_eq!(
+            first,
+            [
+                ("aten::copy_", NameCategory::CpuOp, 1, 5.0),
+                ("aten::mm", NameCategory::CpuOp, 1, 25.0),
+                ("fwd", NameCategory::Annotation, 1, 30.0),
+                ("gemm", NameCategory::Kernel, 1, 40.0),
+            ]
+        );
+        let mut second = named(1);
+        second.sort_by(|x, y| x.0.cmp(y.0));
+        assert_eq!(
+            second,
+            [
+                ("aten::mm", NameCategory::CpuOp, 1, 20.0),
+                ("gemm", NameCategory::Kernel, 1, 30.0),
+            ]
+        );
+        // The summary itself is what `finish` gives: the annotation is not a CPU operator.
+        assert_eq!(summary.cpu_ops.len(), 2);
+        assert_eq!(summary.steps[0].cpu_op_us, 30.0);
+        assert_eq!(summary.kernels.by_name[0].count, 3);
     }
 }
