@@ -14,8 +14,8 @@ use clap::{Args, Parser, Subcommand};
         `stepscope ctl` starts, stops and lists profiling on every worker behind a router \
         (vllm-router, SGLang's router) or on workers given directly, concurrently and with a \
         timeout per worker. `stepscope analyze`, `merge` and `report` read the traces back: \
-        Kineto/Chrome traces (.json or .json.gz), one per rank. `stepscope wait` waits until \
-        the traces under a directory are written."
+        Kineto/Chrome traces (.json or .json.gz), one per rank; `stepscope diff` compares two \
+        runs. `stepscope wait` waits until the traces under a directory are written."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -33,6 +33,10 @@ pub enum Command {
         directory's could not be (the others are reported), 2 when none could."
     )]
     Analyze(AnalyzeArgs),
+    /// Compare two runs: like steps grouped (stage, requests, tokens), each group's step time
+    /// judged against its noise, and what its kernels and CPU operators changed
+    #[command(after_help = DIFF_HELP)]
+    Diff(DiffArgs),
     /// Merge one trace per rank into one Perfetto/Chrome trace, ranks labelled and ordered
     Merge(MergeArgs),
     /// Write a self-contained HTML report (charts, no network) of one trace or a run's ranks
@@ -94,6 +98,81 @@ pub struct AnalyzeArgs {
     /// Only the trace of this rank
     #[arg(long, value_name = "R")]
     pub rank: Option<i64>,
+}
+
+const DIFF_HELP: &str = "\
+How it groups: a step's stage (prefill, decode, mixed) and its requests and tokens, each in \
+power-of-two buckets (1, 2, 3-4, 5-8, ...), from the iteration names stepscope and vLLM write \
+(execute_context_N(T)_generation_N(T)); torch's ProfilerStep#N steps form one group, \"step\".
+
+How it judges: per group, each side's steps (in time order) are cut into 10 blocks of \
+consecutive steps, and the blocks' median wall times compared: the Mann-Whitney rank test \
+(it assumes the blocks are independent draws, nothing about their distribution; blocks let a \
+stretch of slow steps on a busy host count once), Holm's correction over the groups at \
+--alpha, and the Hodges-Lehmann shift (the median of after-before differences, with its \
+1-alpha interval): a group is SLOWER or FASTER when the test is significant and the shift is \
+at least --min-change percent of the median before; else \"no change beyond noise\". \
+Groups with fewer than --min-steps steps on a side are listed, not judged. Ranks present on \
+both sides are judged the same way.
+
+Names: per group, each kernel's device time and each CPU operator's and user annotation's self \
+time, per step, ranked by how much they changed. Names found on one side only are then matched \
+by a normalized form (template arguments and argument lists removed, generated numeric and \
+hexadecimal suffixes dropped); --exact-names turns that off.
+
+Manifests (*.stepscope.json) hold each step's time and the device totals, not the names each \
+step ran: --steps-only reads them instead of the traces. A manifest whose trace is gone is \
+read for its steps.
+
+Examples:
+  stepscope diff before/ after/
+  stepscope diff run1/rank0.json.gz run2/rank0.json.gz --json
+  stepscope diff before/ after/ --html diff.html --top 20
+
+Exit status: 0 when every trace was read, 1 when some could not be (the others are \
+compared), 2 when a side has nothing readable or on bad flags.";
+
+#[derive(Args)]
+pub struct DiffArgs {
+    /// The run before: a trace (.json, .json.gz), a directory of one run's traces (ranks), or a
+    /// manifest (.stepscope.json)
+    #[arg(value_name = "BEFORE")]
+    pub before: PathBuf,
+    /// The run after, the same way
+    #[arg(value_name = "AFTER")]
+    pub after: PathBuf,
+    /// Print one JSON document ({"before", "after", "settings", "groups", "gpu", "ranks",
+    /// "errors"}) instead of tables
+    #[arg(long)]
+    pub json: bool,
+    /// Also write a self-contained HTML page (side by side; a group's names on click)
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// Names listed per group (0: all)
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
+    /// The smallest change of a group's step time reported as a change, percent of its median
+    #[arg(long, value_name = "PCT", default_value_t = 5.0, value_parser = non_negative)]
+    pub min_change: f64,
+    /// Family-wise significance level of the tests
+    #[arg(long, value_name = "P", default_value_t = 0.01)]
+    pub alpha: f64,
+    /// Steps a side needs in a group to judge it
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub min_steps: usize,
+    /// Match kernel and operator names exactly only
+    #[arg(long)]
+    pub exact_names: bool,
+    /// Compare step times and device totals only, from the manifests where they have a summary
+    #[arg(long)]
+    pub steps_only: bool,
+}
+
+fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("{s:?} is not a non-negative number")),
+    }
 }
 
 #[derive(Args)]

@@ -3,6 +3,7 @@
 
 pub mod analyze;
 pub mod ctl;
+pub mod diff;
 pub mod error;
 pub mod flags;
 pub mod load;
@@ -26,6 +27,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
         Command::Ctl(c) => ctl::command(&c),
         Command::Analyze(a) => analyze::command(&a),
+        Command::Diff(d) => diff::command(&d),
         Command::Merge(m) => merge::command(&m),
         Command::Report(r) => report::command(&r),
         Command::Wait(w) => wait::command(&w),

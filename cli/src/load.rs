@@ -52,7 +52,7 @@ const MEMORY_BUDGET: u64 = 192 << 20;
 /// chunks and the parser's window), plus what the summary keeps, which grows with the events.
 /// On the 35 MB bench trace (1.8 MB of gzip) the whole process peaked at 11.8 MB of RSS
 /// (`scripts/bench_read.py`): the allowance of 4 bytes per byte of gzip is above that.
-fn reading_cost(path: &Path) -> u64 {
+pub(crate) fn reading_cost(path: &Path) -> u64 {
     let size = std::fs::metadata(path).map_or(0, |m| m.len());
     let gz = path.extension().is_some_and(|e| e == "gz");
     (8 << 20) + if gz { size * 4 } else { size / 2 }

@@ -2,39 +2,15 @@
 //! HolisticTraceAnalysis): every figure is checked against numbers this test computes itself
 //! from the raw JSON.
 
-use std::collections::HashMap;
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use common::{data, raw, stepscope};
 use serde_json::Value;
 use stepscope_test_doubles::{same_json, Scratch};
-
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/hta");
-
-fn data(name: &str) -> PathBuf {
-    Path::new(DATA).join(name)
-}
-
-fn stepscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_stepscope"))
-        .args(args)
-        .output()
-        .expect("run stepscope")
-}
-
-fn raw(path: &Path) -> Value {
-    let bytes = std::fs::read(path).unwrap();
-    let mut text = String::new();
-    if bytes.starts_with(&[0x1f, 0x8b]) {
-        flate2::read::GzDecoder::new(&bytes[..])
-            .read_to_string(&mut text)
-            .unwrap();
-    } else {
-        text = String::from_utf8(bytes).unwrap();
-    }
-    serde_json::from_str(&text).unwrap()
-}
 
 fn scratch(name: &str) -> Scratch {
     Scratch::empty(&format!("analyze-{name}"))
