@@ -1,5 +1,8 @@
-"""A vLLM general plugin for the live slow-step test: the model ``SlowStepLlama``, vLLM's own
-``LlamaForCausalLM`` whose forward pass sleeps once when a prompt's first token is ``MARK``.
+"""A vLLM general plugin for the live slow-step and diff tests: the model ``SlowStepLlama``,
+vLLM's own ``LlamaForCausalLM`` whose forward pass sleeps once when a prompt's first token is
+``MARK``; and ``DelayableLlama``, whose every forward pass sleeps, inside a ``record_function``
+range named ``DELAY_RANGE``, for as long as the median of its forward passes before, while the
+file named by ``STEPSCOPE_TEST_DELAY_FILE`` exists (a regression switched on in a live server).
 
 The sleep is 100 times the median period of the forward passes before it, as this process
 measured them, so the marked request's prefill is a clear outlier whatever the CPU's speed
@@ -21,13 +24,17 @@ MARK = 511
 # The sleep, in medians of the forward passes' period.
 SLOW_FACTOR = 100
 ARCH = "SlowStepLlama"
+DELAYABLE_ARCH = "DelayableLlama"
+# The record_function range the delay runs in, as the trace names it.
+DELAY_RANGE = "stepscope_test_injected_delay"
 
 
 def register() -> None:
     from vllm import ModelRegistry
 
-    if ARCH not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(ARCH, "stepscope_slow_step:SlowStepLlama")
+    for arch in (ARCH, DELAYABLE_ARCH):
+        if arch not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(arch, f"stepscope_slow_step:{arch}")
 
 
 @functools.cache
@@ -53,9 +60,39 @@ def _model_class():
     return SlowStepLlama
 
 
+@functools.cache
+def _delayable_class():
+    import os
+
+    import torch
+    from vllm.model_executor.models.llama import LlamaForCausalLM
+
+    class DelayableLlama(LlamaForCausalLM):
+        def __init__(self, *, vllm_config, prefix: str = ""):
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+            self._durations: deque[float] = deque(maxlen=64)
+            self._switch = os.environ.get("STEPSCOPE_TEST_DELAY_FILE", "")
+
+        def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+            if self._switch and os.path.exists(self._switch) and self._durations:
+                # The delay is the forward passes' own median before the switch: the same
+                # share of a step on a fast or a slow CPU.
+                with torch.profiler.record_function(DELAY_RANGE):
+                    time.sleep(statistics.median(self._durations))
+                return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+            began = time.monotonic()
+            out = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+            self._durations.append(time.monotonic() - began)
+            return out
+
+    return DelayableLlama
+
+
 def __getattr__(name: str):
-    # vLLM imports the class lazily ("stepscope_slow_step:SlowStepLlama"), after its own
+    # vLLM imports the classes lazily ("stepscope_slow_step:SlowStepLlama"), after its own
     # modules are importable in that process.
-    if name == "SlowStepLlama":
+    if name == ARCH:
         return _model_class()
+    if name == DELAYABLE_ARCH:
+        return _delayable_class()
     raise AttributeError(name)

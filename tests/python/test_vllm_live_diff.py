@@ -1,0 +1,145 @@
+"""`stepscope diff` on live `vllm serve` captures (vLLM's CPU build): two captures of the same
+workload on an unchanged server show no change beyond noise; a third, with the model's forward
+pass made slower in one place, shows its steps slower and that place first.
+
+The regression is the model's own (tests/python/vllm_slow_step, `DelayableLlama`): once the
+test creates a file, every forward pass sleeps inside a `record_function` range for as long as
+the median of its forward passes before, so the same share of a step on any CPU; nothing here
+waits for a fixed time or compares times with a threshold. Each capture is the same requests:
+rounds of one completion of four prompts (vLLM admits them together), so the same batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from live_vllm import VllmServer, cpu_build_missing
+from test_vllm_live import stepscope_cli
+
+pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing()))
+
+PLUGIN_DIR = Path(__file__).parent / "vllm_slow_step"
+from vllm_slow_step.stepscope_slow_step import DELAY_RANGE  # noqa: E402
+
+ROUNDS = 3
+PROMPTS = 4
+PROMPT_LEN = 24
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("vllm-live-diff")
+    traces = workdir / "traces"
+    switch = workdir / "slower"
+    srv = VllmServer(
+        workdir,
+        {"profiler": "torch", "torch_profiler_dir": str(traces)},
+        env={
+            "VLLM_PLUGINS": "stepscope,slow_step",
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(PLUGIN_DIR), os.environ.get("PYTHONPATH")])
+            ),
+            "STEPSCOPE_TEST_DELAY_FILE": str(switch),
+        },
+        model_config={"architectures": ["DelayableLlama"]},
+        args=["--enforce-eager"],
+    )
+    srv.traces = traces
+    srv.switch = switch
+    try:
+        yield srv.start()
+    finally:
+        srv.stop()
+
+
+def workload(server: VllmServer) -> None:
+    for r in range(ROUNDS):
+        prompts = [
+            [3 + (r * 97 + p * 31 + k) % 500 for k in range(PROMPT_LEN)] for p in range(PROMPTS)
+        ]
+        server.completion_of(prompts, MAX_TOKENS)
+
+
+def capture(server: VllmServer, into: Path) -> Path:
+    """One capture of the workload; its worker's trace and manifest are moved into `into`
+    the moment the stop returns (as an RL trainer moves them)."""
+    status, answer, _ = server.post("/start_profile")
+    assert status == 200, answer
+    workload(server)
+    status, answer, _ = server.post("/stop_profile")
+    assert status == 200, answer
+    into.mkdir()
+    moved = 0
+    for manifest in list(server.traces.glob("*.stepscope.json")):
+        m = json.loads(manifest.read_text())
+        if m["worker_name"] != "rank0":
+            manifest.unlink()
+            (server.traces / m["trace_file"]).unlink(missing_ok=True)
+            continue
+        assert m["status"] == "complete", m
+        shutil.move(server.traces / m["trace_file"], into / m["trace_file"])
+        shutil.move(manifest, into / manifest.name)
+        moved += 1
+    assert moved == 1, list(into.iterdir())
+    return into
+
+
+def diff(before: Path, after: Path) -> dict:
+    out = subprocess.run(
+        [stepscope_cli(), "diff", str(before), str(after), "--json", "--top", "0"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_an_unchanged_server_shows_no_change_and_a_slower_model_its_slower_place(
+    server, tmp_path
+):
+    # Warm-up: vLLM's first steps are slower (allocations, caches).
+    workload(server)
+    first = capture(server, tmp_path / "first")
+    second = capture(server, tmp_path / "second")
+    server.switch.touch()
+    slower = capture(server, tmp_path / "slower")
+
+    same = diff(first, second)
+    judged = [g for g in same["groups"] if g["verdict"] not in ("too_few", "only_before", "only_after")]
+    assert judged, same["groups"]
+    decode = [g for g in judged if g["key"]["stage"] == "decode"]
+    assert decode, judged
+    for g in judged:
+        assert g["verdict"] == "no_change", g
+    # Names were compared from the traces: the same names on both sides.
+    assert all(g["names_compared"] for g in same["groups"])
+    assert not any(n["name"] == DELAY_RANGE for g in same["groups"] for n in g["names"])
+
+    changed = diff(first, slower)
+    by_group = {g["group"]: g for g in changed["groups"]}
+    for g in decode:
+        after = by_group[g["group"]]
+        assert after["verdict"] == "slower", after
+        top = after["names"][0]
+        assert (top["name"], top["category"], top["status"]) == (
+            DELAY_RANGE,
+            "annotation",
+            "added",
+        ), after["names"][:3]
+        # One delay per forward pass, each step one forward pass.
+        assert top["after"]["count"] == 1.0, top
+    # The changed groups come first.
+    assert changed["groups"][0]["verdict"] == "slower"
+
+    # The text says the same, for a person.
+    text = subprocess.run(
+        [stepscope_cli(), "diff", str(first), str(slower)],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
+    assert "SLOWER" in text and DELAY_RANGE in text, text
