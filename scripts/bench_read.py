@@ -4,7 +4,8 @@
 - the real 35 MB Kineto trace in cli/tests/data/hta;
 - a ~3 GB trace: that trace's events written over and over into one traceEvents array
   (gzip-compressed, as workers write them);
-- a directory of 64 ranks of ~100 MB of JSON each (one ~105 MB trace, hard-linked 64 times).
+- a directory of 64 ranks of ~100 MB of JSON each (one ~105 MB trace, hard-linked 64 times);
+- `stepscope diff` of two ~1 GB traces (the real trace's events 29 and 30 times over).
 
 Each is timed as a whole process (`/usr/bin/time`: wall, CPU, max RSS); MB/s is JSON bytes
 over wall time and over CPU time (per core). The synthetic traces go to a temporary directory
@@ -51,9 +52,9 @@ def json_bytes(path):
     return n
 
 
-def run(args):
+def run(args, command=("analyze", "--json", "--from-traces")):
     out = subprocess.run(
-        ["/usr/bin/time", "-f", "%e %U %S %M", BIN, "analyze", "--json", "--from-traces", *args],
+        ["/usr/bin/time", "-f", "%e %U %S %M", BIN, *command, *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -63,8 +64,8 @@ def run(args):
     return float(wall), float(user) + float(sys_), int(rss) / 1024
 
 
-def report(name, paths, size):
-    best = min((run(paths) for _ in range(3 if size < 1e9 else 1)), key=lambda r: r[0])
+def report(name, paths, size, command=("analyze", "--json", "--from-traces")):
+    best = min((run(paths, command) for _ in range(3 if size < 1e9 else 1)), key=lambda r: r[0])
     wall, cpu, rss = best
     print(
         f"{name:<34} {size / 1e6:>9.0f} MB JSON  wall {wall:>7.2f} s  "
@@ -88,6 +89,14 @@ def main():
         for r in range(64):
             os.link(one, os.path.join(ranks, f"trace_rank-{r}.json.gz"))
         report("64 ranks x ~100 MB (directory)", [ranks], 64 * json_bytes(one))
+        before, after = os.path.join(tmp, "before.json.gz"), os.path.join(tmp, "after.json.gz")
+        print("writing two ~1 GB traces…", file=sys.stderr, flush=True)
+        write_repeated(before, 29)
+        write_repeated(after, 30)
+        size = json_bytes(before) + json_bytes(after)
+        report("diff of two ~1 GB traces", [before, after], size, ("diff", "--json"))
+        os.unlink(before)
+        os.unlink(after)
         big = os.path.join(tmp, "big.json.gz")
         print("writing the ~3 GB trace (a minute or two)…", file=sys.stderr, flush=True)
         write_repeated(big, 86)
