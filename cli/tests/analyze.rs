@@ -6,9 +6,8 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 
-use common::{data, raw, stepscope};
+use common::{data, raw, render_in_chromium, stepscope};
 use serde_json::Value;
 use stepscope_test_doubles::{same_json, Scratch};
 
@@ -419,49 +418,6 @@ fn merging_a_rank_pair_keeps_every_event_with_rank_labels() {
     let min1 = b.iter().map(|p| sort_of(*p)).min().unwrap();
     assert!(max0 < min1);
     assert_eq!(merged["stepscope_merged"].as_array().unwrap().len(), 2);
-}
-
-fn chromium() -> String {
-    for c in ["chromium", "chromium-browser", "google-chrome"] {
-        if Command::new("which")
-            .arg(c)
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return c.to_string();
-        }
-    }
-    panic!("no Chromium found: `make test` installs Debian's chromium");
-}
-
-/// Loads a page in headless Chromium; returns (DOM after scripts ran, console errors).
-fn render_in_chromium(page: &Path, profile: &Path) -> (String, Vec<String>) {
-    let out = Command::new(chromium())
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--virtual-time-budget=2000",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg("--dump-dom")
-        .arg(format!("file://{}", page.display()))
-        .output()
-        .expect("run chromium");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let console: Vec<String> = stderr
-        .lines()
-        .filter(|l| l.contains("CONSOLE") || l.contains("Uncaught"))
-        .map(str::to_string)
-        .collect();
-    (String::from_utf8_lossy(&out.stdout).into_owned(), console)
 }
 
 #[test]

@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::{data, raw, stepscope};
+use common::{data, raw, render_in_chromium, stepscope};
 use serde_json::{json, Value};
 use stepscope_test_doubles::Scratch;
 
@@ -345,6 +345,13 @@ fn an_added_kernel_is_found_first_and_the_same_workload_is_unchanged() {
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(html.contains("href=\"#g0\"") && html.contains("<section id=\"g0\">"));
     assert!(html.contains("extra_kernel") && html.contains("class=\"slower\""));
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "no network"
+    );
+    let (dom, errors) = render_in_chromium(&page, &dir.join("profile"));
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(dom.contains("data-ready=\"1\""), "{dom}");
 }
 
 #[test]
