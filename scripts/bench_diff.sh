@@ -4,19 +4,13 @@
 # HTA; best of 5 for stepscope, of 3 for HTA), and HTA's call alone too (its imports and
 # interpreter left out, best of 3), which favours HTA. HTA compares every iteration of each
 # trace (control_iteration/test_iteration: all), as `diff` does.
-# HTA comes from the package registry in its own venv, .bench-venv/ (made once, as by
-# scripts/bench_hta.sh).
+# HTA comes from the package registry in its own venv, .bench-venv/ (scripts/hta_venv.sh).
 # Usage: scripts/bench_diff.sh [BEFORE AFTER ...]   (default: the rank pair of
 # cli/tests/data/hta, and each shared trace over 10 MB of JSON against itself). Not part of
 # `make test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=.bench-venv
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import hta" 2>/dev/null; then
-  echo "bench: creating $venv with holistictraceanalysis 0.5.0 (once)…" >&2
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check holistictraceanalysis==0.5.0
-fi
+. scripts/hta_venv.sh
 if [ $# -eq 0 ]; then
   data=cli/tests/data/hta
   shared=../shared/traces/hta

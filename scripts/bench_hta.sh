@@ -4,17 +4,12 @@
 # analysis, JSON out; best of 7). HTA (TraceAnalysis + get_gpu_kernel_breakdown) twice: as a
 # whole process too, as a user runs it (interpreter start and imports included, best of 3), and
 # in-process, its import and interpreter start left out (best of 3), which favours HTA.
-# HTA comes from the package registry in its own venv, .bench-venv/ (made once).
+# HTA comes from the package registry in its own venv, .bench-venv/ (scripts/hta_venv.sh).
 # Usage: scripts/bench_hta.sh [TRACE.json.gz ...]   (default: every trace of ../shared/traces/hta
 # with over 1 MB of JSON, else those of cli/tests/data/hta). Not part of `make test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=.bench-venv
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import hta" 2>/dev/null; then
-  echo "bench: creating $venv with holistictraceanalysis 0.5.0 (once)…" >&2
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check holistictraceanalysis==0.5.0
-fi
+. scripts/hta_venv.sh
 defaults=""
 if [ $# -eq 0 ]; then
   shared=../shared/traces/hta

@@ -12,7 +12,6 @@ worked example of `diff` is this script's output.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +23,7 @@ sys.path.insert(0, str(ROOT / "tests" / "python"))
 
 from live_vllm import VllmServer, cpu_build_missing  # noqa: E402
 from test_vllm_live import stepscope_cli  # noqa: E402
+from test_vllm_live_diff import delayable_server, workload  # noqa: E402
 
 ITERATIONS = 60
 
@@ -32,23 +32,16 @@ def say(*args: object) -> None:
     print(*args, flush=True)
 
 
-def requests(srv: VllmServer) -> None:
-    """The fixed request set: three rounds of one completion of four 24-token prompts."""
-    for r in range(3):
-        prompts = [[3 + (r * 97 + p * 31 + k) % 500 for k in range(24)] for p in range(4)]
-        srv.completion_of(prompts, 24)
-
-
-def capture(srv: VllmServer, cli: str, traces: Path, into: Path) -> None:
+def capture(srv: VllmServer, cli: str, into: Path) -> None:
     url = f"http://127.0.0.1:{srv.port}"
     for cmd in (["start", "--max-iterations", str(ITERATIONS)], None, ["stop", "--wait"]):
         if cmd is None:
-            requests(srv)
+            workload(srv)
             continue
         say(f"$ stepscope ctl {' '.join(cmd)} --worker {url}")
         subprocess.run([cli, "ctl", *cmd, "--worker", url], check=True, stdout=subprocess.DEVNULL)
     into.mkdir()
-    for f in traces.iterdir():
+    for f in srv.traces.iterdir():
         shutil.move(f, into / f.name)
     say(f"$ mv traces/* {into.name}/")
 
@@ -61,30 +54,16 @@ def main(out: Path) -> int:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     work = Path(tempfile.mkdtemp(prefix="stepscope-demo-diff-"))
-    traces = work / "traces"
-    switch = work / "slower"
-    srv = VllmServer(
-        work,
-        {"profiler": "torch", "torch_profiler_dir": str(traces)},
-        env={
-            "VLLM_PLUGINS": "stepscope,slow_step",
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(ROOT / "tests/python/vllm_slow_step"), os.environ.get("PYTHONPATH")])
-            ),
-            "STEPSCOPE_TEST_DELAY_FILE": str(switch),
-        },
-        model_config={"architectures": ["DelayableLlama"]},
-        args=["--enforce-eager"],
-    )
+    srv = delayable_server(work)
     say("== vllm serve of a 2-layer random-weight Llama (starting: 40-120 s)")
     try:
         srv.start(progress=lambda s, line: say(f"   ... {s:.0f} s: {line[:100]}"))
-        requests(srv)  # warm-up
-        capture(srv, cli, traces, out / "first")
-        capture(srv, cli, traces, out / "second")
-        switch.touch()
+        workload(srv)  # warm-up
+        capture(srv, cli, out / "first")
+        capture(srv, cli, out / "second")
+        srv.switch.touch()
         say("== the model's forward pass made slower in one place")
-        capture(srv, cli, traces, out / "slower")
+        capture(srv, cli, out / "slower")
     finally:
         srv.stop()
         shutil.rmtree(work, ignore_errors=True)

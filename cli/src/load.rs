@@ -15,8 +15,9 @@ use stepscope_format::manifest::{is_manifest_name, Manifest, Status};
 
 use crate::error::Error;
 use crate::flags::Inputs;
+use crate::par::par_map;
 use crate::trace::{self, TraceError};
-use crate::trace_report::{analyze_all, TraceReport};
+use crate::trace_report::{analyze_file, TraceReport};
 
 /// What was loaded: reports in the inputs' order (a directory's by file name), and the
 /// traces that could not be read.
@@ -52,7 +53,7 @@ const MEMORY_BUDGET: u64 = 192 << 20;
 /// chunks and the parser's window), plus what the summary keeps, which grows with the events.
 /// On the 35 MB bench trace (1.8 MB of gzip) the whole process peaked at 11.8 MB of RSS
 /// (`scripts/bench_read.py`): the allowance of 4 bytes per byte of gzip is above that.
-pub(crate) fn reading_cost(path: &Path) -> u64 {
+fn reading_cost(path: &Path) -> u64 {
     let size = std::fs::metadata(path).map_or(0, |m| m.len());
     let gz = path.extension().is_some_and(|e| e == "gz");
     (8 << 20) + if gz { size * 4 } else { size / 2 }
@@ -145,6 +146,45 @@ fn slots(inputs: &Inputs, top: usize) -> Result<Vec<Slot>, Error> {
     Ok(slots)
 }
 
+/// Reads `files` with `read`, in their order, on as many threads as the cores and `budget`
+/// (bytes for the traces read at once, each costing [`reading_cost`]) allow; on a terminal,
+/// says so when they are large. A slot is `None` only if its thread panicked.
+pub(crate) fn read_files<P: AsRef<Path> + Sync, R: Send>(
+    files: &[P],
+    budget: u64,
+    read: impl Fn(&Path) -> R + Sync,
+) -> Vec<Option<R>> {
+    let bytes: u64 = files
+        .iter()
+        .filter_map(|f| std::fs::metadata(f).ok())
+        .map(|m| m.len())
+        .sum();
+    let show_progress = std::io::stderr().is_terminal() && bytes > 20 << 20;
+    if show_progress {
+        eprintln!(
+            "stepscope: reading {} trace(s), {:.0} MB on disk…",
+            files.len(),
+            bytes as f64 / 1e6
+        );
+    }
+    let started = Instant::now();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let widest = files
+        .iter()
+        .map(|f| reading_cost(f.as_ref()))
+        .max()
+        .unwrap_or(1);
+    let threads = cores.min((budget / widest.max(1)).max(1) as usize);
+    let out = par_map(files, threads, |f| read(f.as_ref()));
+    if show_progress {
+        eprintln!(
+            "stepscope: done in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    out
+}
+
 /// Loads the inputs; errors are kept per file so a directory's good traces still count.
 pub fn load(inputs: &Inputs, top: usize) -> Result<Loaded, Error> {
     let slots = slots(inputs, top)?;
@@ -166,30 +206,17 @@ pub fn load(inputs: &Inputs, top: usize) -> Result<Loaded, Error> {
         );
     }
 
-    let bytes: u64 = files
-        .iter()
-        .filter_map(|f| std::fs::metadata(f).ok())
-        .map(|m| m.len())
-        .sum();
-    let show_progress = std::io::stderr().is_terminal() && bytes > 20 << 20;
-    if show_progress {
-        eprintln!(
-            "stepscope: reading {} trace(s), {:.0} MB on disk…",
-            files.len(),
-            bytes as f64 / 1e6
-        );
-    }
-    let started = Instant::now();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let widest = files.iter().map(|f| reading_cost(f)).max().unwrap_or(1);
-    let threads = cores.min((MEMORY_BUDGET / widest.max(1)).max(1) as usize);
-    let mut read = analyze_all(&files, top, threads).into_iter();
-    if show_progress {
-        eprintln!(
-            "stepscope: done in {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-    }
+    let mut read = read_files(&files, MEMORY_BUDGET, |f| analyze_file(f, top))
+        .into_iter()
+        .zip(&files)
+        .map(|(r, f)| {
+            r.unwrap_or_else(|| {
+                Err(TraceError {
+                    path: f.clone(),
+                    message: "internal error: not analyzed".into(),
+                })
+            })
+        });
     let mut reports = Vec::new();
     let mut errors = Vec::new();
     for slot in slots {

@@ -2,11 +2,10 @@
 //! the manifest its worker wrote, with where it came from. What `analyze`, `report` and the
 //! loader share.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Serialize;
 
-use crate::par::par_map;
 use crate::trace::{self, TraceError};
 
 pub use stepscope_format::trace::{
@@ -68,24 +67,4 @@ pub fn analyze_file(path: &Path, top: usize) -> Result<TraceReport, TraceError> 
     let mut summarizer = Summarizer::new();
     let meta = trace::read_events(path, &mut summarizer)?;
     Ok(TraceReport::new(path, summarizer.finish(meta, top)))
-}
-
-/// Analyzes files on `threads` threads; results in the files' order.
-pub fn analyze_all(
-    files: &[PathBuf],
-    top: usize,
-    threads: usize,
-) -> Vec<Result<TraceReport, TraceError>> {
-    par_map(files, threads, |f| analyze_file(f, top))
-        .into_iter()
-        .zip(files)
-        .map(|(r, f)| {
-            r.unwrap_or_else(|| {
-                Err(TraceError {
-                    path: f.clone(),
-                    message: "internal error: not analyzed".into(),
-                })
-            })
-        })
-        .collect()
 }

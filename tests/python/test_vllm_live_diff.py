@@ -33,26 +33,31 @@ PROMPT_LEN = 24
 MAX_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("vllm-live-diff")
-    traces = workdir / "traces"
-    switch = workdir / "slower"
+def delayable_server(workdir: Path) -> VllmServer:
+    """A (not yet started) server of `DelayableLlama` with stepscope's plugin and vLLM's default
+    torch profiler config: traces in `workdir/traces`, the delay switched on by creating
+    `workdir/slower` (`srv.switch`)."""
     srv = VllmServer(
         workdir,
-        {"profiler": "torch", "torch_profiler_dir": str(traces)},
+        {"profiler": "torch", "torch_profiler_dir": str(workdir / "traces")},
         env={
             "VLLM_PLUGINS": "stepscope,slow_step",
             "PYTHONPATH": os.pathsep.join(
                 filter(None, [str(PLUGIN_DIR), os.environ.get("PYTHONPATH")])
             ),
-            "STEPSCOPE_TEST_DELAY_FILE": str(switch),
+            "STEPSCOPE_TEST_DELAY_FILE": str(workdir / "slower"),
         },
         model_config={"architectures": ["DelayableLlama"]},
         args=["--enforce-eager"],
     )
-    srv.traces = traces
-    srv.switch = switch
+    srv.traces = workdir / "traces"
+    srv.switch = workdir / "slower"
+    return srv
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = delayable_server(tmp_path_factory.mktemp("vllm-live-diff"))
     try:
         yield srv.start()
     finally:
@@ -60,6 +65,7 @@ def server(tmp_path_factory):
 
 
 def workload(server: VllmServer) -> None:
+    """The fixed request set: rounds of one completion of four prompts."""
     for r in range(ROUNDS):
         prompts = [
             [3 + (r * 97 + p * 31 + k) % 500 for k in range(PROMPT_LEN)] for p in range(PROMPTS)

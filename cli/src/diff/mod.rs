@@ -17,16 +17,13 @@ pub mod noise;
 pub mod render;
 pub mod shape;
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use stepscope_format::manifest::{is_manifest_name, Manifest, Status};
 use stepscope_format::trace::Summarizer;
 
 use crate::error::Error;
 use crate::flags::DiffArgs;
-use crate::par::par_map;
 use crate::trace::{self, TraceError};
 use compare::{Capture, Settings};
 
@@ -162,34 +159,7 @@ fn load(before: Vec<Source>, after: Vec<Source>) -> (Vec<Capture>, Vec<Capture>,
             Source::Manifest(..) => None,
         })
         .collect();
-    let bytes: u64 = files
-        .iter()
-        .filter_map(|f| std::fs::metadata(f).ok())
-        .map(|m| m.len())
-        .sum();
-    let show_progress = std::io::stderr().is_terminal() && bytes > 20 << 20;
-    if show_progress {
-        eprintln!(
-            "stepscope: reading {} trace(s), {:.0} MB on disk…",
-            files.len(),
-            bytes as f64 / 1e6
-        );
-    }
-    let started = Instant::now();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let widest = files
-        .iter()
-        .map(|f| crate::load::reading_cost(f))
-        .max()
-        .unwrap_or(1);
-    let threads = cores.min((MEMORY_BUDGET / widest.max(1)).max(1) as usize);
-    let mut read = par_map(&files, threads, |f| read_capture(f)).into_iter();
-    if show_progress {
-        eprintln!(
-            "stepscope: read in {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-    }
+    let mut read = crate::load::read_files(&files, MEMORY_BUDGET, read_capture).into_iter();
     let (mut b, mut a, mut errors) = (Vec::new(), Vec::new(), Vec::new());
     for (i, source) in all.into_iter().enumerate() {
         let capture = match source {

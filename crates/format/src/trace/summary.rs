@@ -852,16 +852,16 @@ mod tests {
             ]}"#,
         );
         let named = |step: usize| -> Vec<(&str, NameCategory, u32, f64)> {
-            b.steps[step]
+            let mut v: Vec<_> = b.steps[step]
                 .iter()
                 .map(|n| (b.name(n.name), n.category, n.count, n.us))
-                .collect()
+                .collect();
+            v.sort_by(|x, y| x.0.cmp(y.0));
+            v
         };
         assert_eq!(b.steps.len(), 2);
-        let mut first = named(0);
-        first.sort_by(|x, y| x.0.cmp(y.0));
         assert_eq!(
-            first,
+            named(0),
             [
                 ("aten::copy_", NameCategory::CpuOp, 1, 5.0),
                 ("aten::mm", NameCategory::CpuOp, 1, 25.0),
@@ -869,10 +869,8 @@ mod tests {
                 ("gemm", NameCategory::Kernel, 1, 40.0),
             ]
         );
-        let mut second = named(1);
-        second.sort_by(|x, y| x.0.cmp(y.0));
         assert_eq!(
-            second,
+            named(1),
             [
                 ("aten::mm", NameCategory::CpuOp, 1, 20.0),
                 ("gemm", NameCategory::Kernel, 1, 30.0),
