@@ -111,7 +111,10 @@ consecutive steps, and the blocks' median wall times compared: the Mann-Whitney 
 stretch of slow steps on a busy host count once), Holm's correction over the groups at \
 --alpha, and the Hodges-Lehmann shift (the median of after-before differences, with its \
 1-alpha interval): a group is SLOWER or FASTER when the test is significant and the shift is \
-at least --min-change percent of the median before; else \"no change beyond noise\". \
+at least --min-change percent of the median before and beyond the group's noise band (the \
+shift two unchanged runs stay within if each run's level wanders as its blocks do: \
+z(alpha) x sqrt(s_before^2 + s_after^2), each s from the interquartile range of a side's \
+block medians); else \"no change beyond noise\". \
 Groups with fewer than --min-steps steps on a side are listed, not judged. Ranks present on \
 both sides are judged the same way.
 

@@ -111,6 +111,9 @@ pub struct Judged {
     pub shift_us: Option<f64>,
     /// Its `1 - alpha` confidence interval, µs.
     pub shift_ci_us: Option<[f64; 2]>,
+    /// The noise band: the shift two unchanged runs stay within if each run's level wanders
+    /// as its blocks of steps do (`noise::band`), µs. A shift inside it is not called a change.
+    pub noise_us: Option<f64>,
     /// Mann-Whitney two-sided p-value, on blocks of consecutive steps (before Holm's
     /// correction).
     pub p_value: Option<f64>,
@@ -210,6 +213,7 @@ fn judge(before: &[f64], after: &[f64], settings: &Settings) -> (Judged, bool) {
         change: None,
         shift_us: None,
         shift_ci_us: None,
+        noise_us: None,
         p_value: None,
         verdict: match (b, a) {
             (None, _) => Verdict::OnlyAfter,
@@ -225,6 +229,7 @@ fn judge(before: &[f64], after: &[f64], settings: &Settings) -> (Judged, bool) {
     }
     // Tested on blocks of consecutive steps (see `noise`).
     let (bb, ab) = (noise::block_medians(before), noise::block_medians(after));
+    j.noise_us = Some(noise::band(&bb, &ab, settings.alpha));
     if let Some((s, lo, hi)) = noise::shift(&bb, &ab, settings.alpha) {
         j.shift_us = Some(s);
         j.shift_ci_us = Some([lo, hi]);
@@ -237,7 +242,8 @@ fn judge(before: &[f64], after: &[f64], settings: &Settings) -> (Judged, bool) {
     (j, judged)
 }
 
-/// Sets the verdicts of the judged ones: Holm's correction over them, then the minimum change.
+/// Sets the verdicts of the judged ones: Holm's correction over them, then the minimum change
+/// and the noise.
 fn decide(all: &mut [&mut Judged], judged: &[bool], settings: &Settings) {
     let idx: Vec<usize> = (0..all.len()).filter(|&i| judged[i]).collect();
     let p: Vec<f64> = idx.iter().map(|&i| all[i].p_value.unwrap_or(1.0)).collect();
@@ -246,7 +252,9 @@ fn decide(all: &mut [&mut Judged], judged: &[bool], settings: &Settings) {
         let j = &mut *all[i];
         let base = j.before.map_or(0.0, |b| b.median_us);
         let shift = j.shift_us.unwrap_or(0.0);
-        let big = base > 0.0 && (shift / base).abs() >= settings.min_change;
+        let big = base > 0.0
+            && (shift / base).abs() >= settings.min_change
+            && shift.abs() > j.noise_us.unwrap_or(0.0);
         j.verdict = match (sig && big, shift > 0.0) {
             (true, true) => Verdict::Slower,
             (true, false) => Verdict::Faster,

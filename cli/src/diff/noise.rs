@@ -10,6 +10,16 @@
 //! once: the test assumes the blocks, not the steps, are independent draws, and nothing about
 //! the distribution's shape (ranks only). With 10 blocks a side the smallest p-value is about
 //! 2e-4, enough for Holm's correction over a few dozen groups at 0.01.
+//!
+//! A run can also drift as a whole: on that host, two captures a minute apart differed by up
+//! to 28% in their decode steps' median, once with the test at p = 0.011. No test on one
+//! capture a side can tell such drift from a change; what the data does say is how far a run's
+//! own stretches wander. [`band`] takes that as the model of run-to-run drift, conservatively:
+//! as if each run's level were drawn like one of its blocks, the shift two unchanged runs show
+//! stays within `z(alpha) × √(σ_before² + σ_after²)`, each σ estimated from the interquartile
+//! range of the side's block medians (IQR / 1.349, as for a normal). A shift inside the band is
+//! not called a change. On GPU traces, whose steps repeat to a few percent, the band is narrow
+//! and the minimum change decides.
 
 /// The complementary error function, to a relative error below 1.2e-7 (Chebyshev fit,
 /// Numerical Recipes' `erfcc`).
@@ -110,6 +120,26 @@ pub fn block_medians(v: &[f64]) -> Vec<f64> {
         .collect()
 }
 
+/// The shift two runs with no change between them stay within, at level `alpha`, if each
+/// run's level wanders as its blocks do (see the module docs): `z(alpha) × √(σ_a² + σ_b²)`, σ
+/// from each side's block medians' interquartile range.
+pub fn band(a: &[f64], b: &[f64], alpha: f64) -> f64 {
+    let sigma = |v: &[f64]| spread(v) / 1.349;
+    critical(alpha) * (sigma(a).powi(2) + sigma(b).powi(2)).sqrt()
+}
+
+/// The interquartile range of `v` (nearest-rank quartiles; 0 for fewer than 4 values): how
+/// far a run's blocks wander.
+pub fn spread(v: &[f64]) -> f64 {
+    if v.len() < 4 {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let q = |p: f64| crate::stats::percentile(&s, p).unwrap_or(0.0);
+    q(75.0) - q(25.0)
+}
+
 /// Pairs of values above which [`shift`] thins each side to evenly spaced quantiles.
 const MAX_PAIRS: usize = 4_000_000;
 
@@ -208,6 +238,16 @@ mod tests {
     }
 
     #[test]
+    fn the_spread_is_the_interquartile_range() {
+        let v: Vec<f64> = (1..=8).map(f64::from).collect();
+        assert_eq!(spread(&v), 6.0 - 2.0);
+        assert_eq!(spread(&[1.0, 9.0, 5.0]), 0.0);
+        // Two sides of IQR 1.349 (σ = 1) each: z(0.01) × √2.
+        let side: Vec<f64> = [0.0, 0.0, 1.349, 1.349].to_vec();
+        assert!((band(&side, &side, 0.01) - 2.575_83 * 2f64.sqrt()).abs() < 1e-3);
+    }
+
+    #[test]
     fn blocks_are_consecutive_and_even() {
         let v: Vec<f64> = (0..25).map(f64::from).collect();
         let m = block_medians(&v);
@@ -252,6 +292,32 @@ mod tests {
             })
             .count();
         assert_eq!(found, 100);
+    }
+
+    #[test]
+    fn a_run_drifting_as_its_blocks_wander_stays_in_the_band() {
+        // Steps whose level wanders by stretches: ten stretches of six steps, each stretch's
+        // level drawn from ±30%.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut run = |offset: f64| -> Vec<f64> {
+            (0..10)
+                .flat_map(|_| {
+                    let level = sample(&mut seed, 1, 10.0, 0.3)[0] + offset;
+                    sample(&mut seed, 6, level, 0.05)
+                })
+                .collect()
+        };
+        let before = block_medians(&run(0.0));
+        let iqr = spread(&before);
+        // The whole of the after run a stretch's IQR higher: inside the band.
+        let drifted = block_medians(&run(iqr));
+        let (shift, _, _) = shift(&before, &drifted, 0.01).unwrap();
+        assert!(shift.abs() < band(&before, &drifted, 0.01), "{shift} {iqr}");
+        // Five IQRs higher: outside it, and the test agrees.
+        let slower = block_medians(&run(5.0 * iqr));
+        let (shift, _, _) = super::shift(&before, &slower, 0.01).unwrap();
+        assert!(shift > band(&before, &slower, 0.01), "{shift} {iqr}");
+        assert!(mann_whitney(&before, &slower) <= 0.01);
     }
 
     #[test]

@@ -58,11 +58,12 @@ fn side_line(label: &str, s: &SideInfo) -> String {
 pub fn verdict(j: &Judged) -> String {
     match (j.verdict, j.p_value, j.shift_ci_us) {
         (v, Some(p), Some([lo, hi])) if v.changed() || v == Verdict::NoChange => format!(
-            "{} (shift {} [{}, {}], p={p:.1e})",
+            "{} (shift {} [{}, {}], noise ±{}, p={p:.1e})",
             v.as_str(),
             signed(j.shift_us.unwrap_or(0.0)),
             signed(lo),
-            signed(hi)
+            signed(hi),
+            dur(j.noise_us.unwrap_or(0.0)),
         ),
         (v, _, _) => v.as_str().to_string(),
     }
@@ -158,8 +159,9 @@ pub fn render(r: &DiffReport) -> String {
     let _ = writeln!(
         o,
         "judged per group: Mann-Whitney rank test on the medians of 10 blocks of consecutive \
-         steps a side, Holm-corrected at alpha {}, and a shift of at least {}% of the median \
-         before; groups need {} steps a side",
+         steps a side, Holm-corrected at alpha {}; a change is a shift of at least {}% of the \
+         median before and beyond the noise band (how far runs drift if each wanders as its \
+         blocks do); groups need {} steps a side",
         s.alpha,
         100.0 * s.min_change,
         s.min_steps

@@ -1,8 +1,9 @@
 """A vLLM general plugin for the live slow-step and diff tests: the model ``SlowStepLlama``,
 vLLM's own ``LlamaForCausalLM`` whose forward pass sleeps once when a prompt's first token is
 ``MARK``; and ``DelayableLlama``, whose every forward pass sleeps, inside a ``record_function``
-range named ``DELAY_RANGE``, for as long as the median of its forward passes before, while the
-file named by ``STEPSCOPE_TEST_DELAY_FILE`` exists (a regression switched on in a live server).
+range named ``DELAY_RANGE``, for ``DELAY_FACTOR`` times the median period of its forward passes
+before, while the file named by ``STEPSCOPE_TEST_DELAY_FILE`` exists (a regression switched on
+in a live server).
 
 The sleep is 100 times the median period of the forward passes before it, as this process
 measured them, so the marked request's prefill is a clear outlier whatever the CPU's speed
@@ -27,6 +28,9 @@ ARCH = "SlowStepLlama"
 DELAYABLE_ARCH = "DelayableLlama"
 # The record_function range the delay runs in, as the trace names it.
 DELAY_RANGE = "stepscope_test_injected_delay"
+# The delay, in median periods of the forward passes before it: steps about three times as
+# long, well beyond how far a run on a busy 2-core host wanders by itself (docs/diff.md).
+DELAY_FACTOR = 2
 
 
 def register() -> None:
@@ -70,20 +74,23 @@ def _delayable_class():
     class DelayableLlama(LlamaForCausalLM):
         def __init__(self, *, vllm_config, prefix: str = ""):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
-            self._durations: deque[float] = deque(maxlen=64)
+            self._starts: deque[float] = deque(maxlen=65)
+            self._delay: float | None = None
             self._switch = os.environ.get("STEPSCOPE_TEST_DELAY_FILE", "")
 
         def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
-            if self._switch and os.path.exists(self._switch) and self._durations:
-                # The delay is the forward passes' own median before the switch: the same
-                # share of a step on a fast or a slow CPU.
+            if self._switch and os.path.exists(self._switch) and len(self._starts) > 1:
+                if self._delay is None:
+                    # Fixed at the switch, from the periods before it: the same share of a
+                    # step on a fast or a slow CPU.
+                    starts = list(self._starts)
+                    periods = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+                    self._delay = DELAY_FACTOR * statistics.median(periods)
                 with torch.profiler.record_function(DELAY_RANGE):
-                    time.sleep(statistics.median(self._durations))
-                return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
-            began = time.monotonic()
-            out = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
-            self._durations.append(time.monotonic() - began)
-            return out
+                    time.sleep(self._delay)
+            else:
+                self._starts.append(time.monotonic())
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     return DelayableLlama
 
