@@ -36,7 +36,7 @@ def capture(srv: VllmServer, cli: str, into: Path) -> None:
     url = f"http://127.0.0.1:{srv.port}"
     for cmd in (["start", "--max-iterations", str(ITERATIONS)], None, ["stop", "--wait"]):
         if cmd is None:
-            workload(srv)
+            workload(srv, 3)
             continue
         say(f"$ stepscope ctl {' '.join(cmd)} --worker {url}")
         subprocess.run([cli, "ctl", *cmd, "--worker", url], check=True, stdout=subprocess.DEVNULL)
@@ -58,7 +58,7 @@ def main(out: Path) -> int:
     say("== vllm serve of a 2-layer random-weight Llama (starting: 40-120 s)")
     try:
         srv.start(progress=lambda s, line: say(f"   ... {s:.0f} s: {line[:100]}"))
-        workload(srv)  # warm-up
+        workload(srv, 3)  # warm-up
         capture(srv, cli, out / "first")
         capture(srv, cli, out / "second")
         srv.switch.touch()

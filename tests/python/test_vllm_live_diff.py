@@ -1,12 +1,17 @@
-"""`stepscope diff` on live `vllm serve` captures (vLLM's CPU build): two captures of the same
-workload on an unchanged server show no change beyond noise; a third, with the model's forward
-pass made slower in one place, shows its steps slower and that place first.
+"""`stepscope diff` on live `vllm serve` captures (vLLM's CPU build): captures of the same
+workload on an unchanged server show no change beyond noise; captures with the model's forward
+pass made slower in one place show its steps slower and that place first.
 
-The regression is the model's own (tests/python/vllm_slow_step, `DelayableLlama`): once the
-test creates a file, every forward pass sleeps inside a `record_function` range for as long as
-the median of its forward passes before, so the same share of a step on any CPU; nothing here
-waits for a fixed time or compares times with a threshold. Each capture is the same requests:
-rounds of one completion of four prompts (vLLM admits them together), so the same batches.
+The regression is the model's own (tests/python/vllm_slow_step, `DelayableLlama`): while a file
+exists, every forward pass sleeps inside a `record_function` range for a multiple of the median
+period of its forward passes before, so the same share of a step on any CPU; nothing here waits
+for a fixed time or compares times with a threshold. Each capture is the same requests (one
+completion of four prompts, which vLLM admits together: the same batches).
+
+The three sides are captured interleaved (first, second, slower, first, second, slower, ...),
+each side a directory of its captures: in `make test` this server shares two cores with six
+other pytest processes, and one capture's decode steps were measured 4x slower than the next
+one's on the same unchanged server. Interleaved, such stretches fall on every side alike.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_
 PLUGIN_DIR = Path(__file__).parent / "vllm_slow_step"
 from vllm_slow_step.stepscope_slow_step import DELAY_RANGE  # noqa: E402
 
-ROUNDS = 3
+CAPTURES = 3
 PROMPTS = 4
 PROMPT_LEN = 24
 MAX_TOKENS = 24
@@ -64,24 +69,24 @@ def server(tmp_path_factory):
         srv.stop()
 
 
-def workload(server: VllmServer) -> None:
-    """The fixed request set: rounds of one completion of four prompts."""
-    for r in range(ROUNDS):
+def workload(server: VllmServer, rounds: int = 1) -> None:
+    """The fixed request set, `rounds` times: one completion of four prompts."""
+    for r in range(rounds):
         prompts = [
             [3 + (r * 97 + p * 31 + k) % 500 for k in range(PROMPT_LEN)] for p in range(PROMPTS)
         ]
         server.completion_of(prompts, MAX_TOKENS)
 
 
-def capture(server: VllmServer, into: Path) -> Path:
-    """One capture of the workload; its worker's trace and manifest are moved into `into`
-    the moment the stop returns (as an RL trainer moves them)."""
+def capture(server: VllmServer, into: Path) -> None:
+    """One capture of the workload; its worker's trace and manifest are moved into the
+    directory `into` the moment the stop returns (as an RL trainer moves them)."""
     status, answer, _ = server.post("/start_profile")
     assert status == 200, answer
     workload(server)
     status, answer, _ = server.post("/stop_profile")
     assert status == 200, answer
-    into.mkdir()
+    into.mkdir(exist_ok=True)
     moved = 0
     for manifest in list(server.traces.glob("*.stepscope.json")):
         m = json.loads(manifest.read_text())
@@ -94,7 +99,6 @@ def capture(server: VllmServer, into: Path) -> Path:
         shutil.move(manifest, into / manifest.name)
         moved += 1
     assert moved == 1, list(into.iterdir())
-    return into
 
 
 def diff(before: Path, after: Path) -> dict:
@@ -110,11 +114,14 @@ def test_an_unchanged_server_shows_no_change_and_a_slower_model_its_slower_place
     server, tmp_path
 ):
     # Warm-up: vLLM's first steps are slower (allocations, caches).
-    workload(server)
-    first = capture(server, tmp_path / "first")
-    second = capture(server, tmp_path / "second")
-    server.switch.touch()
-    slower = capture(server, tmp_path / "slower")
+    workload(server, 3)
+    first, second, slower = (tmp_path / side for side in ("first", "second", "slower"))
+    for _ in range(CAPTURES):
+        capture(server, first)
+        capture(server, second)
+        server.switch.touch()
+        capture(server, slower)
+        server.switch.unlink()
 
     same = diff(first, second)
     judged = [g for g in same["groups"] if g["verdict"] not in ("too_few", "only_before", "only_after")]

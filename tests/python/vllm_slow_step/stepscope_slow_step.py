@@ -28,9 +28,9 @@ ARCH = "SlowStepLlama"
 DELAYABLE_ARCH = "DelayableLlama"
 # The record_function range the delay runs in, as the trace names it.
 DELAY_RANGE = "stepscope_test_injected_delay"
-# The delay, in median periods of the forward passes before it: steps about three times as
-# long, well beyond how far a run on a busy 2-core host wanders by itself (docs/diff.md).
-DELAY_FACTOR = 2
+# The delay, in median periods of the forward passes before it: steps several times as long,
+# well beyond how far a run on a busy 2-core host wanders by itself (docs/diff.md).
+DELAY_FACTOR = 4
 
 
 def register() -> None:
@@ -81,8 +81,8 @@ def _delayable_class():
         def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
             if self._switch and os.path.exists(self._switch) and len(self._starts) > 1:
                 if self._delay is None:
-                    # Fixed at the switch, from the periods before it: the same share of a
-                    # step on a fast or a slow CPU.
+                    # Fixed at the first switch, from the periods before it: the same share of
+                    # a step on a fast or a slow CPU.
                     starts = list(self._starts)
                     periods = [b - a for a, b in zip(starts, starts[1:], strict=False)]
                     self._delay = DELAY_FACTOR * statistics.median(periods)
