@@ -318,6 +318,16 @@ pub struct Common {
     /// Also send to workers the router reports unhealthy
     #[arg(long)]
     pub include_unhealthy: bool,
+    /// The servers' API key (vllm serve --api-key, SGLang's --api-key), sent as
+    /// `Authorization: Bearer KEY` with every request; stepscope's own routes on a vLLM server
+    /// started with a key answer 401 without it
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "STEPSCOPE_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
     /// Print {"workers":[{"url","ok","status","elapsed_ms","error"}]} instead of a table
     /// (`ctl status` adds each server's "engine_workers")
     #[arg(long)]

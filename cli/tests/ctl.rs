@@ -15,6 +15,8 @@ struct Request {
     method: String,
     path: String,
     body: String,
+    /// The `Authorization` header, if sent.
+    authorization: Option<String>,
 }
 
 /// What a test server answers: status and body, or hang until the server is dropped.
@@ -109,6 +111,7 @@ fn serve_one(
         parts.next().unwrap_or("").to_string(),
     );
     let mut length = 0;
+    let mut authorization = None;
     loop {
         let mut h = String::new();
         if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
@@ -117,6 +120,8 @@ fn serve_one(
         if let Some((k, v)) = h.split_once(':') {
             if k.eq_ignore_ascii_case("content-length") {
                 length = v.trim().parse().unwrap_or(0);
+            } else if k.eq_ignore_ascii_case("authorization") {
+                authorization = Some(v.trim().to_string());
             }
         }
     }
@@ -126,6 +131,7 @@ fn serve_one(
         method,
         path,
         body: String::from_utf8_lossy(&body).into_owned(),
+        authorization,
     };
     requests.lock().unwrap().push(req.clone());
     let n = count.fetch_add(1, Ordering::SeqCst);
@@ -1101,4 +1107,59 @@ fn a_refused_start_is_a_failed_row_naming_the_key() {
         row.contains("FAILED") && row.contains("503") && row.contains("stepscope.min_free_disk_mb"),
         "{row}"
     );
+}
+
+#[test]
+fn the_api_key_goes_with_every_request_by_flag_or_environment() {
+    let key = "sk-test-123";
+    let workers: Vec<Server> = (0..2)
+        .map(|_| {
+            Server::new(move |req, _| match req.authorization.as_deref() {
+                Some("Bearer sk-test-123") => Reply::Json(200, json!({"status": "ok"})),
+                _ => Reply::Json(401, json!({"error": "Unauthorized"})),
+            })
+        })
+        .collect();
+    let r = router(json!({"workers": [{"url": workers[0].url}, {"url": workers[1].url}]}));
+    let run = |extra: &[&str], env: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stepscope"));
+        cmd.args(["ctl", "start", "--router-url", &r.url, "--json"])
+            .args(extra)
+            .env_remove("STEPSCOPE_API_KEY");
+        if let Some(k) = env {
+            cmd.env("STEPSCOPE_API_KEY", k);
+        }
+        cmd.output().expect("run stepscope")
+    };
+    // By flag, then by environment: every request carries it, the router's listing included.
+    for (extra, env) in [(&["--api-key", key][..], None), (&[][..], Some(key))] {
+        let out = run(extra, env);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for server in workers.iter().chain([&r]) {
+            let reqs = server.requests();
+            let last = reqs.last().expect("a request");
+            assert_eq!(last.authorization.as_deref(), Some("Bearer sk-test-123"));
+        }
+    }
+    // Without it: no header, and what a 401 means.
+    let out = run(&[], None);
+    assert_eq!(out.status.code(), Some(1));
+    let doc = json_of(&out);
+    let w = by_url(&doc, &workers[0].url);
+    assert_eq!(w["status"], 401);
+    assert!(w["error"].as_str().unwrap().contains("--api-key"), "{w}");
+    assert_eq!(workers[0].requests().last().unwrap().authorization, None);
+    // The key is not shown by --help.
+    let help = Command::new(env!("CARGO_BIN_EXE_stepscope"))
+        .args(["ctl", "start", "--help"])
+        .env("STEPSCOPE_API_KEY", key)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(text.contains("--api-key") && !text.contains(key), "{text}");
 }

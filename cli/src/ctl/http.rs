@@ -4,20 +4,36 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use ureq::http::header::{HeaderValue, AUTHORIZATION};
+use ureq::http::Request;
+use ureq::middleware::MiddlewareNext;
+use ureq::SendBody;
 
 use super::answers::{excerpt, status_workers};
 use super::fleet::{Action, Outcome};
 use crate::flags::Engine;
 
-/// An HTTP agent whose every call ends within `timeout`, and which hands back 4xx/5xx as
-/// responses (their bodies explain them).
-pub fn agent(timeout: Duration) -> ureq::Agent {
-    ureq::Agent::config_builder()
+/// An HTTP agent whose every call ends within `timeout`, which hands back 4xx/5xx as
+/// responses (their bodies explain them), and which sends `api_key`, if any, with every
+/// request (`Authorization: Bearer …`, as vLLM's and SGLang's `--api-key` expect).
+pub fn agent(timeout: Duration, api_key: Option<&str>) -> ureq::Agent {
+    let config = ureq::Agent::config_builder()
         .timeout_global(Some(timeout))
         .http_status_as_error(false)
-        .max_redirects(0)
-        .build()
-        .into()
+        .max_redirects(0);
+    let bearer = api_key
+        .filter(|k| !k.is_empty())
+        .and_then(|k| HeaderValue::from_str(&format!("Bearer {k}")).ok());
+    match bearer {
+        Some(value) => config
+            .middleware(move |mut req: Request<SendBody>, next: MiddlewareNext| {
+                req.headers_mut().insert(AUTHORIZATION, value.clone());
+                next.handle(req)
+            })
+            .build()
+            .into(),
+        None => config.build().into(),
+    }
 }
 
 pub(super) fn get(agent: &ureq::Agent, url: &str) -> Result<(u16, String), ureq::Error> {
@@ -85,6 +101,10 @@ pub(super) fn explain_status(engine: Engine, action: Action, status: u16, body: 
              --engine vllm"
         ),
         (404, _, _) => format!("{path} not found"),
+        (401, _, _) => format!(
+            "{path}: 401 Unauthorized: the server was started with --api-key; pass the same \
+             key with --api-key or STEPSCOPE_API_KEY"
+        ),
         (s, _, _) if s >= 500 => {
             format!("server error {s}: {} (see the worker's log)", excerpt(body))
         }

@@ -45,7 +45,7 @@ pub use top::{render_top, summarize, Row, Span};
 /// succeeded, 1 when some did not.
 pub fn run(action: Action, c: &Common, body: Option<Value>) -> Result<ExitCode, Error> {
     let started = Instant::now();
-    let agent = agent(c.timeout_for(action == Action::Stop));
+    let agent = agent(c.timeout_for(action == Action::Stop), c.api_key.as_deref());
     let workers = discovery::servers_with_unhealthy(c, &agent)?;
 
     let (to_call, skipped): (Vec<_>, Vec<_>) = workers

@@ -93,7 +93,7 @@ pub fn command(a: &StopArgs) -> Result<ExitCode, Error> {
         return super::run(Action::Stop, c, None);
     }
     let started = Instant::now();
-    let agent = agent(c.timeout_for(true));
+    let agent = agent(c.timeout_for(true), c.api_key.as_deref());
     let urls: Vec<String> = discovery::servers_with_unhealthy(c, &agent)?
         .into_iter()
         .filter(|w| c.include_unhealthy || w.healthy != Some(false))

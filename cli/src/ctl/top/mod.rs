@@ -27,7 +27,7 @@ pub use summary::{summarize, Row, Span};
 
 /// `stepscope ctl top`.
 pub fn top(a: &TopArgs) -> Result<ExitCode, Error> {
-    let agent = agent(a.common.timeout_for(false));
+    let agent = agent(a.common.timeout_for(false), a.common.api_key.as_deref());
     let servers = servers(&a.common, &agent)?;
     let span = match a.since_step {
         Some(step) => Span::SinceStep(step),
@@ -81,7 +81,7 @@ pub(super) fn gather_once(
     c: &Common,
     keep: usize,
 ) -> Result<(Vec<WorkerTimeline>, Vec<Failure>), Error> {
-    let agent = agent(c.timeout_for(false));
+    let agent = agent(c.timeout_for(false), c.api_key.as_deref());
     let servers = servers(c, &agent)?;
     let mut g = Gathered::new(keep);
     g.poll(
