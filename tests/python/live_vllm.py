@@ -98,7 +98,8 @@ class OpenCompletion:
     away before it ends: `abandon()` closes its connection, and vLLM aborts the request (its
     completion route cancels the handler at the client's disconnect)."""
 
-    def __init__(self, port: int, body: dict[str, Any]) -> None:
+    def __init__(self, port: int, body: dict[str, Any], headers: dict[str, str]) -> None:
+        self._headers = headers
         self.status: int | None = None
         self.error: BaseException | None = None
         self._abandoned = threading.Event()
@@ -111,8 +112,7 @@ class OpenCompletion:
     def _run(self, body: dict[str, Any]) -> None:
         try:
             self._conn.request(
-                "POST", "/v1/completions", json.dumps(body).encode(),
-                {"Content-Type": "application/json"},
+                "POST", "/v1/completions", json.dumps(body).encode(), self._headers,
             )  # fmt: skip
             response = self._conn.getresponse()
             response.read()
@@ -148,6 +148,7 @@ class VllmServer:
         model_config: dict[str, Any] | None = None,
         max_model_len: int = 512,
         args: list[str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.workdir = workdir
         self.model = workdir / "model"
@@ -157,6 +158,10 @@ class VllmServer:
         self.model_config = {**MODEL_CONFIG, **(model_config or {})}
         self.max_model_len = max_model_len
         self.args = args or []
+        # Started with --api-key: every request of this harness carries it.
+        self.api_key = api_key
+        if api_key:
+            self.args = [*self.args, "--api-key", api_key]
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         # vLLM's ZMQ sockets (VLLM_RPC_BASE_PATH, else /tmp, where they outlive the server):
@@ -206,6 +211,13 @@ class VllmServer:
         self.stop()
         raise RuntimeError(f"vllm serve not ready after {timeout} s:\n{self.log_tail()}")
 
+    def headers(self) -> dict[str, str]:
+        """A request's headers: JSON, and the server's API key if it has one."""
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
     def log_tail(self, lines: int = 60) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -219,7 +231,7 @@ class VllmServer:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
             f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
-            headers={"Content-Type": "application/json"},
+            headers=self.headers(),
         )  # fmt: skip
         began = time.perf_counter()
         try:
@@ -267,7 +279,7 @@ class VllmServer:
     def open_completion(self, prompt: list[list[int]], max_tokens: int) -> OpenCompletion:
         """A completion like `completion_of`'s, not waited for: it runs until it ends or until
         `stop()` abandons it (closes its connection, as a client that goes away)."""
-        request = OpenCompletion(self.port, self._body(prompt, max_tokens))
+        request = OpenCompletion(self.port, self._body(prompt, max_tokens), self.headers())
         self.open_requests.append(request)
         return request
 

@@ -16,10 +16,13 @@ one's on the same unchanged server. Interleaved, such stretches fall on every si
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -33,15 +36,16 @@ PLUGIN_DIR = Path(__file__).parent / "vllm_slow_step"
 from vllm_slow_step.stepscope_slow_step import DELAY_RANGE  # noqa: E402
 
 CAPTURES = 3
+API_KEY = "stepscope-test-key"
 PROMPTS = 4
 PROMPT_LEN = 24
 MAX_TOKENS = 24
 
 
-def delayable_server(workdir: Path) -> VllmServer:
+def delayable_server(workdir: Path, api_key: str | None = None) -> VllmServer:
     """A (not yet started) server of `DelayableLlama` with stepscope's plugin and vLLM's default
     torch profiler config: traces in `workdir/traces`, the delay switched on by creating
-    `workdir/slower` (`srv.switch`)."""
+    `workdir/slower` (`srv.switch`); with `api_key`, started with `--api-key`."""
     srv = VllmServer(
         workdir,
         {"profiler": "torch", "torch_profiler_dir": str(workdir / "traces")},
@@ -54,6 +58,7 @@ def delayable_server(workdir: Path) -> VllmServer:
         },
         model_config={"architectures": ["DelayableLlama"]},
         args=["--enforce-eager"],
+        api_key=api_key,
     )
     srv.traces = workdir / "traces"
     srv.switch = workdir / "slower"
@@ -62,7 +67,8 @@ def delayable_server(workdir: Path) -> VllmServer:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = delayable_server(tmp_path_factory.mktemp("vllm-live-diff"))
+    # With an API key: the last test checks who may read stepscope's routes.
+    srv = delayable_server(tmp_path_factory.mktemp("vllm-live-diff"), api_key=API_KEY)
     try:
         yield srv.start()
     finally:
@@ -156,3 +162,45 @@ def test_an_unchanged_server_shows_no_change_and_a_slower_model_its_slower_place
         capture_output=True, text=True, timeout=300, check=True,
     ).stdout  # fmt: skip
     assert "SLOWER" in text and DELAY_RANGE in text, text
+
+
+def status_of(url: str, authorization: str | None) -> int:
+    """The HTTP status of a GET with this `Authorization` header (or none)."""
+    request = urllib.request.Request(url, headers={"Authorization": authorization} if authorization else {})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_stepscope_routes_answer_only_with_the_servers_api_key(server):
+    base = f"http://127.0.0.1:{server.port}"
+    for path in ("/stepscope/status", "/stepscope/timeline?since=0"):
+        assert status_of(base + path, None) == 401, path
+        assert status_of(base + path, "Bearer not-the-key") == 401, path
+        assert status_of(base + path, f"Bearer {API_KEY}") == 200, path
+    # vLLM's own guard is as it was.
+    assert status_of(base + "/v1/models", None) == 401
+
+    # ctl sends the key it is given, by flag or environment, and says what a 401 means.
+    env = {k: v for k, v in os.environ.items() if k != "STEPSCOPE_API_KEY"}
+    ctl = [stepscope_cli(), "ctl", "status", "--worker", base, "--json"]
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=120)
+    denied = run(ctl, env=env)
+    assert denied.returncode == 1, denied.stdout + denied.stderr
+    (answer,) = json.loads(denied.stdout)["workers"]
+    assert answer["status"] == 401 and "--api-key" in answer["error"], answer
+    for args, extra in (([f"--api-key={API_KEY}"], {}), ([], {"STEPSCOPE_API_KEY": API_KEY})):
+        ok = run(ctl + args, env={**env, **extra})
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        (answer,) = json.loads(ok.stdout)["workers"]
+        assert "phase" in answer["engine_workers"][0], answer
+
+    # vLLM's own profile routes keep vLLM's rule (not guarded), under the plugin too.
+    request = urllib.request.Request(base + "/start_profile", method="POST")
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert r.status == 200
+    status, answer, _ = server.post("/stop_profile")
+    assert status == 200, answer
+    shutil.rmtree(server.traces, ignore_errors=True)

@@ -866,3 +866,19 @@ def test_the_profile_routes_answer_a_refusal_with_503_and_an_unwritten_trace_wit
     assert r.status_code == 503 and "min_free_disk_mb" in r.json()["error"], r.text
     r = client.post("/stop_profile")
     assert r.status_code == 500 and "disk full" in r.json()["error"], r.text
+
+
+def test_the_routes_key_rule_is_vllms(monkeypatch):
+    """``--api-key`` (one or several) over ``VLLM_API_KEY``; ``Bearer`` (any case) with one of
+    them; a server without a key answers everyone."""
+    from stepscope.vllm.worker import api_tokens, authorized
+
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    tokens = api_tokens(SimpleNamespace(api_key=["k1", "k2"]))
+    assert authorized(tokens, "Bearer k2") and authorized(tokens, "bearer k1")
+    assert not authorized(tokens, "Bearer from-env")
+    assert not authorized(tokens, None) and not authorized(tokens, "k1") and not authorized(tokens, "Basic k1")
+    from_env = api_tokens(SimpleNamespace(api_key=None))
+    assert authorized(from_env, "Bearer from-env") and not authorized(from_env, "Bearer k1")
+    monkeypatch.delenv("VLLM_API_KEY")
+    assert api_tokens(SimpleNamespace()) == [] and authorized([], None)

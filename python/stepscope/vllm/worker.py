@@ -5,9 +5,11 @@ answer ``collective_rpc``; and the API server's ``GET /stepscope/status`` and
 
 from __future__ import annotations
 
-import os
-import sys
+import hashlib
 import json
+import os
+import secrets
+import sys
 from contextlib import nullcontext
 from types import ModuleType
 from typing import Any, Callable
@@ -210,10 +212,40 @@ def worker_status(self: Any) -> dict[str, Any]:
     }
 
 
+def api_tokens(args: Any) -> list[bytes]:
+    """The SHA-256 digests of the API keys the server was started with, as vLLM reads them:
+    ``--api-key`` (one or several), else ``VLLM_API_KEY``; empty when it has none."""
+    keys = getattr(args, "api_key", None) or [os.environ.get("VLLM_API_KEY")]
+    if isinstance(keys, str):
+        keys = [keys]
+    return [hashlib.sha256(k.encode()).digest() for k in keys if k]
+
+
+def authorized(tokens: list[bytes], authorization: str | None) -> bool:
+    """Whether an ``Authorization`` header carries one of the keys (``Bearer KEY``, compared
+    in constant time, as vLLM's own middleware does); always true for a server without keys."""
+    if not tokens:
+        return True
+    scheme, _, key = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    digest = hashlib.sha256(key.encode()).digest()
+    match = False
+    for token in tokens:
+        match |= secrets.compare_digest(digest, token)
+    return match
+
+
 class StatusEndpoint:
     """The ``vllm.endpoint_plugins`` entry point: ``GET /stepscope/status`` on the API server,
     answering ``{"workers": [status, ...]}`` from every engine worker (through vLLM's
-    ``collective_rpc``, to the method the general plugin installs)."""
+    ``collective_rpc``, to the method the general plugin installs).
+
+    The routes answer what a server's operators see (its workers' state, steps and timings),
+    so on a server started with ``--api-key`` (or ``VLLM_API_KEY``) they require the key as
+    vLLM's ``/v1`` routes do, and answer 401 without it. vLLM's own ``/start_profile`` and
+    ``/stop_profile`` keep vLLM's rule (its middleware guards ``/v1``-style paths only): the
+    plugin never changes who may call vLLM's routes (docs/vllm.md)."""
 
     name = "stepscope"
     required_tasks = None
@@ -222,7 +254,16 @@ class StatusEndpoint:
         from fastapi import Request
         from fastapi.responses import JSONResponse
 
+        def refused(request: Any) -> Any:
+            """A 401 answer unless the request carries the server's key."""
+            tokens = getattr(request.app.state, "stepscope_api_tokens", [])
+            if authorized(tokens, request.headers.get("Authorization")):
+                return None
+            return JSONResponse({"error": "Unauthorized"}, status_code=401)
+
         async def stepscope_status(request):  # type: ignore[no-untyped-def]
+            if (denied := refused(request)) is not None:
+                return denied
             engine = getattr(request.app.state, "stepscope_engine_client", None)
             if engine is None:
                 return JSONResponse({"error": "this server has no engine"}, status_code=503)
@@ -235,6 +276,8 @@ class StatusEndpoint:
             return JSONResponse({"workers": list(workers)})
 
         async def stepscope_timeline(request):  # type: ignore[no-untyped-def]
+            if (denied := refused(request)) is not None:
+                return denied
             engine = getattr(request.app.state, "stepscope_engine_client", None)
             if engine is None:
                 return JSONResponse({"error": "this server has no engine"}, status_code=503)
@@ -263,6 +306,7 @@ class StatusEndpoint:
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
         state.stepscope_engine_client = engine_client
+        state.stepscope_api_tokens = api_tokens(args)
 
 
 # nullcontext keeps no state, so one serves every idle iteration.
