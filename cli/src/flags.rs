@@ -127,6 +127,10 @@ Manifests (*.stepscope.json) hold each step's time and the device totals, not th
 step ran: --steps-only reads them instead of the traces. A manifest whose trace is gone is \
 read for its steps.
 
+On a shared host, captures taken one after another can differ by more than any change: where \
+the sides can be switched at will, capture them alternately and give each side as a directory \
+of its captures (they are pooled).
+
 Examples:
   stepscope diff before/ after/
   stepscope diff run1/rank0.json.gz run2/rank0.json.gz --json
