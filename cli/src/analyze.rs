@@ -6,6 +6,7 @@ use crate::trace_report::{Source, TraceReport};
 use stepscope_format::trace::Step;
 
 use crate::stats::{median, stragglers};
+use crate::text::short;
 
 /// A rank's line in the cross-rank table.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -58,15 +59,6 @@ pub fn ranks(reports: &[TraceReport]) -> Vec<RankRow> {
 
 fn ms(us: f64) -> String {
     format!("{:.3} ms", us / 1000.0)
-}
-
-fn short(name: &str, n: usize) -> String {
-    if name.chars().count() <= n {
-        name.to_string()
-    } else {
-        let s: String = name.chars().take(n - 1).collect();
-        format!("{s}…")
-    }
 }
 
 /// CPU operators listed in the text report (`--json` has the top N).

@@ -11,6 +11,7 @@ pub mod merge;
 pub mod par;
 pub mod report;
 pub mod stats;
+pub mod text;
 pub mod trace;
 pub mod trace_report;
 pub mod wait;

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use crate::analyze::ranks;
+use crate::text::{esc, short};
 use crate::trace::TraceError;
 use crate::trace_report::TraceReport;
 
@@ -16,30 +17,6 @@ const TEMPLATE: &str = include_str!("report.html");
 const PALETTE: [&str; 8] = [
     "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f",
 ];
-
-/// Escapes text for HTML and SVG.
-pub fn esc(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&#39;"),
-            c => o.push(c),
-        }
-    }
-    o
-}
-
-fn short(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        format!("{}…", s.chars().take(n - 1).collect::<String>())
-    }
-}
 
 fn rank_label(r: &TraceReport, i: usize) -> String {
     r.rank

@@ -12,8 +12,6 @@ use crate::stats::{median, percentile};
 
 /// One capture of a side: its summary, and what each step ran when its trace was read.
 pub struct Capture {
-    /// The trace (or, read from its manifest, the trace it describes).
-    pub file: String,
     /// Its rank, from the trace or its file name.
     pub rank: Option<i64>,
     /// Its summary.
@@ -204,7 +202,9 @@ pub struct DiffReport {
     pub ranks: Vec<RankDiff>,
 }
 
-fn judge(before: &[f64], after: &[f64], settings: &Settings) -> (Judged, bool) {
+/// The comparison of two sides' step times; tested (a p-value) only with `min_steps` steps a
+/// side, the verdict then left to [`decide`].
+fn judge(before: &[f64], after: &[f64], settings: &Settings) -> Judged {
     let b = StepStats::of(before);
     let a = StepStats::of(after);
     let mut j = Judged {
@@ -222,7 +222,7 @@ fn judge(before: &[f64], after: &[f64], settings: &Settings) -> (Judged, bool) {
         },
     };
     let (Some(b), Some(a)) = (b, a) else {
-        return (j, false);
+        return j;
     };
     if b.median_us > 0.0 {
         j.change = Some(a.median_us / b.median_us - 1.0);
@@ -234,22 +234,20 @@ fn judge(before: &[f64], after: &[f64], settings: &Settings) -> (Judged, bool) {
         j.shift_us = Some(s);
         j.shift_ci_us = Some([lo, hi]);
     }
-    let judged = b.steps >= settings.min_steps && a.steps >= settings.min_steps;
-    if judged {
+    if b.steps >= settings.min_steps && a.steps >= settings.min_steps {
         j.p_value = Some(noise::mann_whitney(&bb, &ab));
         j.verdict = Verdict::NoChange;
     }
-    (j, judged)
+    j
 }
 
-/// Sets the verdicts of the judged ones: Holm's correction over them, then the minimum change
-/// and the noise.
-fn decide(all: &mut [&mut Judged], judged: &[bool], settings: &Settings) {
-    let idx: Vec<usize> = (0..all.len()).filter(|&i| judged[i]).collect();
-    let p: Vec<f64> = idx.iter().map(|&i| all[i].p_value.unwrap_or(1.0)).collect();
+/// Sets the verdicts of those tested (with a p-value): Holm's correction over them, then the
+/// minimum change and the noise.
+fn decide<'a>(all: impl Iterator<Item = &'a mut Judged>, settings: &Settings) {
+    let mut tested: Vec<&mut Judged> = all.filter(|j| j.p_value.is_some()).collect();
+    let p: Vec<f64> = tested.iter().map(|j| j.p_value.unwrap_or(1.0)).collect();
     let significant = noise::holm(&p, settings.alpha);
-    for (&i, sig) in idx.iter().zip(significant) {
-        let j = &mut *all[i];
+    for (j, sig) in tested.iter_mut().zip(significant) {
         let base = j.before.map_or(0.0, |b| b.median_us);
         let shift = j.shift_us.unwrap_or(0.0);
         let big = base > 0.0
@@ -344,12 +342,10 @@ pub fn compare(
     let empty = Vec::new();
     let empty_totals = Totals::new();
     let mut groups = Vec::new();
-    let mut judged = Vec::new();
     for key in keys {
         let bt = b.times.get(&key).unwrap_or(&empty);
         let at = a.times.get(&key).unwrap_or(&empty);
-        let (j, is_judged) = judge(bt, at, &settings);
-        judged.push(is_judged);
+        let j = judge(bt, at, &settings);
         let mut rows = if names_compared {
             names::rows(
                 b.names.get(&key).unwrap_or(&empty_totals),
@@ -372,11 +368,7 @@ pub fn compare(
             names: rows,
         });
     }
-    decide(
-        &mut groups.iter_mut().map(|g| &mut g.judged).collect::<Vec<_>>(),
-        &judged,
-        &settings,
-    );
+    decide(groups.iter_mut().map(|g| &mut g.judged), &settings);
     groups.sort_by(|x, y| {
         let weight = |g: &GroupDiff| {
             let steps = g.judged.after.or(g.judged.before).map_or(0, |s| s.steps) as f64;
@@ -402,7 +394,6 @@ pub fn compare(
     let before_info = side_info(before_input, before);
     let after_info = side_info(after_input, after);
     let mut ranks = Vec::new();
-    let mut rank_judged = Vec::new();
     for &rank in before_info
         .ranks
         .iter()
@@ -414,20 +405,14 @@ pub fn compare(
                 .flat_map(|c| c.summary.steps.iter().map(|s| s.dur_us))
                 .collect()
         };
-        let (j, is_judged) = judge(&of(before), &of(after), &settings);
-        rank_judged.push(is_judged);
         ranks.push(RankDiff {
             rank,
-            judged: j,
+            judged: judge(&of(before), &of(after), &settings),
             gpu_before: gpu_side(before.iter().filter(|c| c.rank == Some(rank))),
             gpu_after: gpu_side(after.iter().filter(|c| c.rank == Some(rank))),
         });
     }
-    decide(
-        &mut ranks.iter_mut().map(|r| &mut r.judged).collect::<Vec<_>>(),
-        &rank_judged,
-        &settings,
-    );
+    decide(ranks.iter_mut().map(|r| &mut r.judged), &settings);
     DiffReport {
         before: before_info,
         after: after_info,

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use super::compare::{DiffReport, GpuSide, Verdict};
 use super::render::{dur, pct, signed, verdict};
-use crate::report::esc;
+use crate::text::esc;
 use crate::trace::TraceError;
 
 const STYLE: &str = "body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }

@@ -17,6 +17,7 @@ pub mod noise;
 pub mod render;
 pub mod shape;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use stepscope_format::manifest::{is_manifest_name, Manifest, Status};
@@ -50,9 +51,8 @@ fn sources(input: &Path, steps_only: bool) -> Result<Vec<Source>, Error> {
                 let file = t.unwrap_or_else(|| path.with_file_name(&manifest.trace_file));
                 let rank = summary.rank.or_else(|| trace::rank_from_name(&file));
                 Ok(Some(Source::Manifest(
-                    file.clone(),
+                    file,
                     Box::new(Capture {
-                        file: file.display().to_string(),
                         rank,
                         summary,
                         breakdown: None,
@@ -93,7 +93,7 @@ fn sources(input: &Path, steps_only: bool) -> Result<Vec<Source>, Error> {
         .collect();
     entries.sort();
     // Manifests first: the traces they stand for are then not read twice.
-    let mut described: Vec<PathBuf> = Vec::new();
+    let mut described: HashSet<PathBuf> = HashSet::new();
     for path in &entries {
         let n = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         if !is_manifest_name(n) {
@@ -101,7 +101,7 @@ fn sources(input: &Path, steps_only: bool) -> Result<Vec<Source>, Error> {
         }
         match manifest_of(path) {
             Ok(Some(source)) => {
-                described.push(source_file(&source).to_path_buf());
+                described.insert(source_file(&source).to_path_buf());
                 out.push(source);
             }
             Ok(None) => {}
@@ -137,7 +137,6 @@ fn read_capture(path: &Path) -> Result<Capture, TraceError> {
     let meta = trace::read_events(path, &mut sink)?;
     let (summary, breakdown) = sink.finish_with_breakdown(meta, 0);
     Ok(Capture {
-        file: path.display().to_string(),
         rank: summary.rank.or_else(|| trace::rank_from_name(path)),
         summary,
         breakdown: Some(breakdown),

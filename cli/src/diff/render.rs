@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use super::compare::{DiffReport, GpuSide, GroupDiff, Judged, SideInfo, Verdict};
 use super::names::{NameRow, PerStep, Status};
+use crate::text::short;
 
 /// A duration in µs, in the unit that reads best.
 pub fn dur(us: f64) -> String {
@@ -30,14 +31,6 @@ pub fn signed(us: f64) -> String {
 /// A relative change, percent.
 pub fn pct(change: Option<f64>) -> String {
     change.map_or_else(|| "-".into(), |c| format!("{:+.1}%", 100.0 * c))
-}
-
-fn short(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        format!("{}…", s.chars().take(n - 1).collect::<String>())
-    }
 }
 
 fn side_line(label: &str, s: &SideInfo) -> String {

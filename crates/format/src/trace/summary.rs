@@ -359,6 +359,17 @@ impl Summarizer {
         *self.threads.entry(key).or_insert(n)
     }
 
+    /// Keeps a CPU operator's (or annotation's) interval on its thread.
+    fn push_cpu_range(&mut self, e: &Event<'_>, ts: f64, dur: f64, name: u32) {
+        let thread = self.thread(e);
+        self.cpu_ops.push(CpuOp {
+            ts,
+            end: ts + dur,
+            name,
+            thread,
+        });
+    }
+
     fn device_event(&mut self, e: &Event<'_>, device: Device, name: &str, ts: f64, dur: f64) {
         let args = e.args();
         let id = args
@@ -583,7 +594,6 @@ impl Summarizer {
         self.launches.sort_by_key(|l| l.0);
         // Per (step, name id in the breakdown's table): count and time.
         let mut per_step: HashMap<(u32, u32), (u32, f64)> = HashMap::new();
-        let kernel_base = 0u32;
         let op_base = self.kernel_names.names.len() as u32;
         let annotation_base = op_base + self.op_names.names.len() as u32;
         let keep = breakdown.is_some();
@@ -599,7 +609,7 @@ impl Summarizer {
                 steps[i].kernel_us += dur;
                 steps[i].kernel_count += 1;
                 if keep {
-                    let e = per_step.entry((i as u32, kernel_base + name)).or_default();
+                    let e = per_step.entry((i as u32, *name)).or_default();
                     e.0 += 1;
                     e.1 += dur;
                 }
@@ -774,13 +784,7 @@ impl EventSink for Summarizer {
                 self.ops.resize(id as usize + 1, Acc::default());
             }
             self.ops[id as usize].add(dur);
-            let thread = self.thread(&e);
-            self.cpu_ops.push(CpuOp {
-                ts,
-                end: ts + dur,
-                name: id,
-                thread,
-            });
+            self.push_cpu_range(&e, ts, dur, id);
         }
         if self.breakdown
             && cat == "user_annotation"
@@ -788,13 +792,7 @@ impl EventSink for Summarizer {
             && !name.starts_with("execute_")
         {
             let id = self.annotation_names.intern(name) | ANNOTATION;
-            let thread = self.thread(&e);
-            self.cpu_ops.push(CpuOp {
-                ts,
-                end: ts + dur,
-                name: id,
-                thread,
-            });
+            self.push_cpu_range(&e, ts, dur, id);
         }
         if name.starts_with("ProfilerStep#") {
             self.profiler_steps.push(Annot {
