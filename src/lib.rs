@@ -32,8 +32,10 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod backend;
+mod clock;
 pub mod flush;
 mod profiler;
+pub mod requests;
 pub mod timeline;
 
 // The layers below, in crates of their own: the pure core and the file formats. Re-exported

@@ -17,13 +17,11 @@
 //! never blocks the engine and never returns a half-written step; the open step (not yet
 //! ended) is left out.
 
-use std::sync::atomic::Ordering::Release;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
+use crate::clock::{Clock, Scale};
 use crate::iteration::IterationInfo;
 use crate::schedule::Phase;
+use std::sync::atomic::Ordering::Release;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed};
 
 pub use crate::config::TIMELINE_STEPS_RANGE as STEPS_RANGE;
 
@@ -165,7 +163,7 @@ impl Timeline {
             .iter()
             .filter_map(read)
             .filter(|r| r.step > since)
-            .map(|r| scale.step(r))
+            .map(|r| step_of(&scale, r))
             .collect();
         out.sort_unstable_by_key(|s| s.step);
         out
@@ -227,161 +225,25 @@ fn phase_of(code: u64) -> Phase {
         .unwrap_or(Phase::Idle)
 }
 
-/// Where step times come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Source {
-    /// The CPU's invariant time-stamp counter (x86-64).
-    Tsc,
-    /// Nanoseconds of the monotonic clock since the anchor.
-    Monotonic,
-}
-
-/// Ticks of a source, and the anchor that turns them into Unix time.
-struct Clock {
-    source: Source,
-    /// Taken together when the timeline was made.
-    anchor: Instant,
-    anchor_ticks: u64,
-    anchor_unix_ns: u64,
-    /// ns per tick, fixed at the first read a second or more after the anchor: from then on
-    /// every read converts a step the same way.
-    settled: OnceLock<f64>,
-}
-
-/// How long the TSC is measured against the monotonic clock before its rate is fixed.
-const SETTLE: Duration = Duration::from_secs(1);
-
-impl Clock {
-    fn fastest() -> Self {
-        let source = if tsc::invariant() {
-            Source::Tsc
-        } else {
-            Source::Monotonic
-        };
-        Self::anchored(source)
-    }
-
-    fn anchored(source: Source) -> Self {
-        let anchor_unix_ns = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        let mut clock = Clock {
-            source,
-            anchor: Instant::now(),
-            anchor_ticks: 0,
-            anchor_unix_ns,
-            settled: OnceLock::new(),
-        };
-        clock.anchor_ticks = clock.ticks();
-        clock
-    }
-
-    fn name(&self) -> &'static str {
-        match self.source {
-            Source::Tsc => "tsc",
-            Source::Monotonic => "monotonic",
-        }
-    }
-
-    #[inline]
-    fn ticks(&self) -> u64 {
-        match self.source {
-            Source::Tsc => tsc::read(),
-            Source::Monotonic => {
-                u64::try_from(self.anchor.elapsed().as_nanos()).unwrap_or(u64::MAX)
-            }
-        }
-    }
-
-    /// Ticks to ns: measured over the timeline's life so far, then fixed once that is
-    /// [`SETTLE`] long.
-    fn scale(&self) -> Scale {
-        let ns_per_tick = match self.source {
-            Source::Monotonic => 1.0,
-            Source::Tsc => match self.settled.get() {
-                Some(k) => *k,
-                None => {
-                    let ticks = self.ticks().saturating_sub(self.anchor_ticks);
-                    let elapsed = self.anchor.elapsed();
-                    let k = if ticks == 0 {
-                        1.0
-                    } else {
-                        elapsed.as_nanos() as f64 / ticks as f64
-                    };
-                    if elapsed >= SETTLE {
-                        *self.settled.get_or_init(|| k)
-                    } else {
-                        k
-                    }
-                }
-            },
-        };
-        Scale {
-            ns_per_tick,
-            anchor_ticks: self.anchor_ticks,
-            anchor_unix_ns: self.anchor_unix_ns,
-        }
-    }
-}
-
-/// A clock's ticks as Unix ns, fixed for one read of the ring.
-struct Scale {
-    ns_per_tick: f64,
-    anchor_ticks: u64,
-    anchor_unix_ns: u64,
-}
-
-impl Scale {
-    fn ns(&self, ticks: u64) -> u64 {
-        (ticks as f64 * self.ns_per_tick).round() as u64
-    }
-
-    fn step(&self, r: Raw) -> TimelineStep {
-        TimelineStep {
-            step: r.step,
-            start_unix_ns: self.anchor_unix_ns + self.ns(r.begin.saturating_sub(self.anchor_ticks)),
-            duration_ns: self.ns(r.end.saturating_sub(r.begin)),
-            num_ctx_reqs: (r.requests >> 32) as u32,
-            num_ctx_tokens: (r.tokens >> 32) as u32,
-            num_gen_reqs: r.requests as u32,
-            num_gen_tokens: r.tokens as u32,
-            phase: phase_of(r.phase).as_str(),
-        }
-    }
-}
-
-mod tsc {
-    //! The time-stamp counter, where it counts at a constant rate in every power state.
-
-    #[cfg(target_arch = "x86_64")]
-    pub(super) fn invariant() -> bool {
-        use std::arch::x86_64::__cpuid;
-        // CPUID is always available on x86-64. Leaf 0x8000_0007 EDX bit 8: invariant TSC.
-        let max = __cpuid(0x8000_0000).eax;
-        max >= 0x8000_0007 && __cpuid(0x8000_0007).edx & (1 << 8) != 0
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    pub(super) fn read() -> u64 {
-        // SAFETY: RDTSC is available on every x86-64 CPU and has no memory effects.
-        unsafe { std::arch::x86_64::_rdtsc() }
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    pub(super) fn invariant() -> bool {
-        false
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    pub(super) fn read() -> u64 {
-        0
+/// A slot's values as a step, on the clock's scale of one read.
+fn step_of(scale: &Scale, r: Raw) -> TimelineStep {
+    TimelineStep {
+        step: r.step,
+        start_unix_ns: scale.unix_ns(r.begin),
+        duration_ns: scale.ns(r.end.saturating_sub(r.begin)),
+        num_ctx_reqs: (r.requests >> 32) as u32,
+        num_ctx_tokens: (r.tokens >> 32) as u32,
+        num_gen_reqs: r.requests as u32,
+        num_gen_tokens: r.tokens as u32,
+        phase: phase_of(r.phase).as_str(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::{Source, SETTLE};
+    use std::time::{SystemTime, UNIX_EPOCH};
 
     /// A timeline whose ticks are the ns the test passes (the monotonic source read by hand),
     /// anchored at Unix time `anchor`.

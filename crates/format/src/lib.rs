@@ -19,6 +19,7 @@
 pub mod error;
 pub mod files;
 pub mod manifest;
+pub mod requests;
 pub mod timeline;
 pub mod trace;
 pub mod window;

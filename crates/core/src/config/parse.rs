@@ -219,6 +219,7 @@ impl StepscopeConfig {
         let torch_with_modules = f.bool("torch_with_modules", d.torch_with_modules)?;
         let request_ids = f.bool("request_ids", d.request_ids)?;
         let timeline = timeline_steps(f.take("timeline"))?;
+        let requests = request_log_size(f.take("requests"))?;
         let capture = CaptureControl::from_fields(&mut f)?;
         let budget = CaptureBudget::from_fields(&mut f, d.budget)?;
         f.finish()?;
@@ -233,6 +234,7 @@ impl StepscopeConfig {
             request_ids,
             budget,
             timeline,
+            requests,
         })
     }
 }
@@ -268,6 +270,45 @@ fn timeline_steps(v: Option<Value>) -> Result<Option<usize>> {
             }
         }
         Some(v) => Err(bad(v.to_string())),
+    }
+}
+
+/// `stepscope.requests`: `true` (the default sizes), `false` or null (off), or
+/// `{"requests": N, "steps": M}` (either may be left out).
+fn request_log_size(v: Option<Value>) -> Result<Option<RequestLogSize>> {
+    let (lo, hi) = REQUEST_LOG_RANGE;
+    match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(None),
+        Some(Value::Bool(true)) => Ok(Some(REQUEST_LOG_SIZE)),
+        Some(Value::Object(mut m)) => {
+            if let Some(k) = m.keys().find(|k| *k != "requests" && *k != "steps") {
+                return Err(Error::unknown_key(
+                    format!("stepscope.requests.{k}"),
+                    "is not a request log setting (it has \"requests\" and \"steps\")",
+                ));
+            }
+            let mut size = |key: &str, default: usize| match m.remove(key) {
+                None => Ok(default),
+                Some(n) => match n.as_u64().and_then(|n| usize::try_from(n).ok()) {
+                    Some(n) if (lo..=hi).contains(&n) => Ok(n),
+                    _ => Err(Error::config(
+                        format!("stepscope.requests.{key}"),
+                        format!("must be an integer from {lo} to {hi}, not {n}"),
+                    )),
+                },
+            };
+            Ok(Some(RequestLogSize {
+                requests: size("requests", REQUEST_LOG_SIZE.requests)?,
+                steps: size("steps", REQUEST_LOG_SIZE.steps)?,
+            }))
+        }
+        Some(v) => Err(Error::config(
+            "stepscope.requests",
+            format!(
+                "must be true, false, or {{\"requests\": N, \"steps\": M}} with each from {lo} \
+                 to {hi}, not {v}"
+            ),
+        )),
     }
 }
 

@@ -124,6 +124,40 @@ pub struct StepscopeConfig {
     /// relaxed load.
     #[serde(serialize_with = "timeline")]
     pub timeline: Option<usize>,
+    /// The request log's sizes (`requests`: `true` for [`REQUEST_LOG_SIZE`], or
+    /// `{"requests": N, "steps": M}`): each request's lifecycle and the engine steps it
+    /// waited through, kept by the engine plugins' scheduler hooks; `None` (the default) keeps
+    /// none.
+    #[serde(serialize_with = "request_log")]
+    pub requests: Option<RequestLogSize>,
+}
+
+/// How many requests and engine steps a request log keeps (`stepscope.requests`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RequestLogSize {
+    /// Requests, the latest kept (rounded up to a power of two).
+    pub requests: usize,
+    /// Engine steps, the latest kept (rounded up to a power of two).
+    pub steps: usize,
+}
+
+/// The request log's size when `stepscope.requests` is `true`.
+pub const REQUEST_LOG_SIZE: RequestLogSize = RequestLogSize {
+    requests: 4096,
+    steps: 4096,
+};
+
+/// The fewest and most requests, or steps, a request log may keep.
+pub const REQUEST_LOG_RANGE: (usize, usize) = (16, 1 << 20);
+
+fn request_log<S: serde::Serializer>(
+    size: &Option<RequestLogSize>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match size {
+        None => s.serialize_bool(false),
+        Some(size) => size.serialize(s),
+    }
 }
 
 /// The timeline's size when `stepscope.timeline` is `true`.
@@ -354,6 +388,7 @@ impl Default for StepscopeConfig {
             torch_with_modules: false,
             request_ids: false,
             timeline: None,
+            requests: None,
             budget: CaptureBudget::default(),
             capture: CaptureControl {
                 repeat: 1,

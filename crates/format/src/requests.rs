@@ -1,0 +1,141 @@
+//! The request log's document (`stepscope.requests`): each request's lifecycle in an engine
+//! (queued, scheduled, its prefill chunks, first token, decode, preemptions, end) and the
+//! engine steps it lived through, as the library serves it (the vLLM plugin's
+//! `GET /stepscope/requests`) and `stepscope ctl requests` reads it. Times are ns since the
+//! Unix epoch on the engine process's clock; steps are that engine's step indices (the first
+//! step is 1).
+
+use serde::{Deserialize, Serialize};
+
+/// One engine step: what it scheduled, and how long it took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineStep {
+    /// The step's index (the first step is 1).
+    pub step: u64,
+    /// When the engine began scheduling it.
+    pub start_unix_ns: u64,
+    /// From the start of its scheduling to the end of its output's processing, ns.
+    pub duration_ns: u64,
+    /// Requests scheduled in prefill (a chunk of their prompt, or a recompute after a
+    /// preemption).
+    pub prefill_reqs: u32,
+    /// Tokens scheduled for requests in prefill.
+    pub prefill_tokens: u32,
+    /// Requests scheduled in decode.
+    pub decode_reqs: u32,
+    /// Tokens scheduled for requests in decode (more than one a request with speculative
+    /// decoding).
+    pub decode_tokens: u32,
+    /// Requests the step preempted.
+    pub preempted: u32,
+    /// Requests left waiting once the step was scheduled.
+    pub waiting: u32,
+    /// The largest prefill chunk it carried, tokens (0: none).
+    pub largest_prefill_tokens: u32,
+    /// The request of that chunk, while the log still holds it.
+    pub largest_prefill_request: Option<String>,
+}
+
+impl EngineStep {
+    /// Requests in the step, prefill and decode.
+    pub fn requests(&self) -> u32 {
+        self.prefill_reqs + self.decode_reqs
+    }
+
+    /// Tokens in the step, prefill and decode.
+    pub fn tokens(&self) -> u32 {
+        self.prefill_tokens + self.decode_tokens
+    }
+
+    /// When it ended, ns since the Unix epoch.
+    pub fn end_unix_ns(&self) -> u64 {
+        self.start_unix_ns + self.duration_ns
+    }
+}
+
+/// One request's lifecycle. A time or step is `None` until it happened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    /// The engine's id of the request (cut to [`ID_BYTES`] bytes when longer).
+    pub id: String,
+    /// Its prompt, tokens (0 when it was first seen scheduled, not arriving).
+    pub prompt_tokens: u32,
+    /// Tokens of its prompt the engine had at its first scheduling (prefix cache).
+    pub cached_tokens: u32,
+    /// Tokens it produced.
+    pub output_tokens: u32,
+    /// When it arrived at the engine's front door (vLLM: the API server), if the engine said:
+    /// on this document's clock, `queued_unix_ns` less the lead the wall clock gave when it
+    /// was queued.
+    pub arrival_unix_ns: Option<u64>,
+    /// When it reached the scheduler's queue; `None` when the log first saw it scheduled
+    /// (it arrived before the log was on, or was dropped from a full log).
+    pub queued_unix_ns: Option<u64>,
+    /// Steps begun before it was queued: it waited from within step `queued_after_step`
+    /// (or before step 1).
+    pub queued_after_step: u64,
+    /// The step that first scheduled it.
+    pub first_scheduled_step: Option<u64>,
+    /// When that step began.
+    pub first_scheduled_unix_ns: Option<u64>,
+    /// Steps that scheduled it in prefill (its chunks; recomputes after a preemption too).
+    pub prefill_steps: u32,
+    /// Tokens scheduled for it in prefill.
+    pub prefill_tokens: u32,
+    /// The step that produced its first token.
+    pub first_token_step: Option<u64>,
+    /// When that step ended.
+    pub first_token_unix_ns: Option<u64>,
+    /// Steps that scheduled it in decode.
+    pub decode_steps: u32,
+    /// When the step that produced its last token so far ended.
+    pub last_token_unix_ns: Option<u64>,
+    /// The last step that scheduled it.
+    pub last_step: Option<u64>,
+    /// The steps that preempted it, in order.
+    pub preempted_at: Vec<u64>,
+    /// The steps that scheduled it again after each preemption.
+    pub resumed_at: Vec<u64>,
+    /// The last step begun when it finished.
+    pub finished_step: Option<u64>,
+    /// When it finished.
+    pub finished_unix_ns: Option<u64>,
+    /// Why it finished: `stop`, `length`, `abort`, `error`, or `other`.
+    pub finish: Option<String>,
+}
+
+/// How many requests and steps a log keeps, or has recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// Requests.
+    pub requests: u64,
+    /// Engine steps.
+    pub steps: u64,
+}
+
+/// One engine's request log as the plugins serve it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestsDocument {
+    /// The engine process.
+    pub pid: u32,
+    /// The engine's steps begun so far: the next read's `since`.
+    pub step_index: u64,
+    /// The engine's clock when the document was made.
+    pub now_unix_ns: u64,
+    /// `tsc` (the CPU's time-stamp counter) or `monotonic`.
+    pub clock: String,
+    /// What the log keeps.
+    pub capacity: Counts,
+    /// What it has recorded in all.
+    pub recorded: Counts,
+    /// Requests dropped from the log while still running, to make room for new ones.
+    pub evicted_running: u64,
+    /// The ended steps above `since`, oldest first.
+    pub steps: Vec<EngineStep>,
+    /// The requests it holds that were running, or did something, after step `since`, in
+    /// the order they arrived.
+    pub requests: Vec<RequestRecord>,
+}
+
+/// The longest request id a log keeps whole, bytes.
+pub const ID_BYTES: usize = 64;

@@ -1,0 +1,883 @@
+//! The request log (`stepscope.requests`): each request's lifecycle in an engine and the
+//! engine steps it lived through, recorded by the engine's scheduler hooks, for
+//! `stepscope ctl requests` (which requests paid for a slow step, and why).
+//!
+//! # Calls, in an engine step's order
+//! [`arrived`](RequestLog::arrived) when a request reaches the scheduler;
+//! [`begin_step`](RequestLog::begin_step) when the engine begins scheduling a step, then
+//! [`scheduled`](RequestLog::scheduled) for each request it schedules and
+//! [`preempted`](RequestLog::preempted) for each it preempts;
+//! [`end_step`](RequestLog::end_step) when the step's output has been processed, then
+//! [`produced`](RequestLog::produced) for each request given tokens and
+//! [`finished`](RequestLog::finished) for each that ended (also between steps, for aborts).
+//! Steps may overlap (an engine that schedules step N+1 before N's output is back): every
+//! call names its step.
+//!
+//! # Layout and cost
+//! Three rings allocated once, sized by the config: requests (each slot holds the id inline,
+//! up to [`ID_BYTES`] bytes, and the lifecycle's counters and times), steps, and preemption
+//! events. Ids are found through an open-addressing table of slot indices (linear probing,
+//! deletion by backward shift) keyed by a per-log random SipHash of the id: no allocation and
+//! no lock on any recording call. A request's slot is reused once `requests` newer ones have
+//! arrived; one still running then is dropped and counted (`evicted_running`).
+//!
+//! # Threads
+//! Recording takes `&mut self` and reading `&self`: the engine's scheduler thread owns the log
+//! (vLLM answers its utility calls on that same thread, between steps), and a reader on
+//! another thread goes through whatever lock the owner keeps (Python's: the object's borrow).
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+
+use crate::clock::{Clock, Scale};
+use crate::config::{RequestLogSize, REQUEST_LOG_RANGE};
+
+pub use stepscope_format::requests::{
+    Counts, EngineStep, RequestRecord, RequestsDocument, ID_BYTES,
+};
+
+/// Why a request finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Finish {
+    /// A stop condition (EOS, a stop string or token).
+    Stop = 1,
+    /// Its length limit.
+    Length = 2,
+    /// Aborted (the client went away, or the engine was told to).
+    Abort = 3,
+    /// An error.
+    Error = 4,
+    /// Another reason the engine names.
+    Other = 5,
+}
+
+impl Finish {
+    /// The reason named `name` (an engine's, in any case; unknown names are `Other`).
+    pub fn from_name(name: &str) -> Finish {
+        match name.to_ascii_lowercase().as_str() {
+            "stop" | "eos" => Finish::Stop,
+            "length" => Finish::Length,
+            "abort" | "aborted" => Finish::Abort,
+            "error" => Finish::Error,
+            _ => Finish::Other,
+        }
+    }
+
+    fn name(code: u8) -> Option<&'static str> {
+        Some(match code {
+            1 => "stop",
+            2 => "length",
+            3 => "abort",
+            4 => "error",
+            5 => "other",
+            _ => return None,
+        })
+    }
+}
+
+/// No slot: an empty table entry, or a time not yet taken.
+const NONE: u32 = u32::MAX;
+
+/// One request's slot.
+#[derive(Clone, Copy)]
+struct Req {
+    /// Its arrival order, from 1; 0: the slot is empty.
+    seq: u64,
+    hash: u64,
+    /// The id's full length (only the first [`ID_BYTES`] are kept).
+    id_len: u32,
+    id: [u8; ID_BYTES],
+    prompt_tokens: u32,
+    cached_tokens: u32,
+    output_tokens: u32,
+    prefill_steps: u32,
+    prefill_tokens: u32,
+    decode_steps: u32,
+    /// Preempted, and not scheduled again yet.
+    out: bool,
+    finish: u8,
+    /// How long before it was queued it arrived at the engine's front door, ns (the engine's
+    /// wall clock against ours, read together: no drift between the two clocks enters it);
+    /// `None`: not said.
+    arrival_lead_ns: Option<u64>,
+    /// Clock ticks, 0: not seen.
+    queued: u64,
+    queued_after_step: u64,
+    /// Step indices, 0: not yet.
+    first_scheduled_step: u64,
+    first_token_step: u64,
+    last_step: u64,
+    finished_step: u64,
+    /// Clock ticks, 0: not yet.
+    first_scheduled: u64,
+    first_token: u64,
+    last_token: u64,
+    finished: u64,
+}
+
+impl Req {
+    const EMPTY: Req = Req {
+        seq: 0,
+        hash: 0,
+        id_len: 0,
+        id: [0; ID_BYTES],
+        prompt_tokens: 0,
+        cached_tokens: 0,
+        output_tokens: 0,
+        prefill_steps: 0,
+        prefill_tokens: 0,
+        decode_steps: 0,
+        out: false,
+        finish: 0,
+        arrival_lead_ns: None,
+        queued: 0,
+        queued_after_step: 0,
+        first_scheduled_step: 0,
+        first_token_step: 0,
+        last_step: 0,
+        finished_step: 0,
+        first_scheduled: 0,
+        first_token: 0,
+        last_token: 0,
+        finished: 0,
+    };
+
+    fn id_matches(&self, hash: u64, id: &[u8]) -> bool {
+        self.seq != 0
+            && self.hash == hash
+            && self.id_len as usize == id.len()
+            && self.id[..id.len().min(ID_BYTES)] == id[..id.len().min(ID_BYTES)]
+    }
+
+    fn id_str(&self) -> String {
+        let n = (self.id_len as usize).min(ID_BYTES);
+        String::from_utf8_lossy(&self.id[..n]).into_owned()
+    }
+
+    /// The last step it did something in.
+    fn last_activity(&self) -> u64 {
+        (self.queued_after_step + 1)
+            .max(self.last_step)
+            .max(self.finished_step)
+    }
+}
+
+/// One step's slot.
+#[derive(Clone, Copy, Default)]
+struct Step {
+    /// Its index, 0: empty.
+    step: u64,
+    begin: u64,
+    /// 0: not ended.
+    end: u64,
+    prefill_reqs: u32,
+    prefill_tokens: u32,
+    decode_reqs: u32,
+    decode_tokens: u32,
+    preempted: u32,
+    waiting: u32,
+    largest_prefill_tokens: u32,
+    /// The seq of that chunk's request, 0: none.
+    largest_prefill_seq: u64,
+}
+
+/// A preemption or a resumption.
+#[derive(Clone, Copy, Default)]
+struct Event {
+    seq: u64,
+    step: u64,
+    resumed: bool,
+}
+
+/// Each request's lifecycle and the engine's steps, in bounded rings (module docs).
+pub struct RequestLog {
+    clock: Clock,
+    hasher: RandomState,
+    requests: Box<[Req]>,
+    /// Open addressing over slot indices ([`NONE`]: empty), twice the requests' size.
+    table: Box<[u32]>,
+    steps: Box<[Step]>,
+    events: Box<[Event]>,
+    /// Requests seen in all; the next goes into slot `next_seq % requests`.
+    next_seq: u64,
+    /// Steps begun in all.
+    next_step: u64,
+    next_event: u64,
+    evicted_running: u64,
+}
+
+impl RequestLog {
+    /// A log keeping the last `size.requests` requests and `size.steps` steps (each rounded up
+    /// to a power of two within [`REQUEST_LOG_RANGE`]).
+    pub fn new(size: RequestLogSize) -> Self {
+        let round = |n: usize| {
+            n.clamp(REQUEST_LOG_RANGE.0, REQUEST_LOG_RANGE.1)
+                .next_power_of_two()
+        };
+        let requests = round(size.requests);
+        let steps = round(size.steps);
+        RequestLog {
+            clock: Clock::fastest(),
+            hasher: RandomState::new(),
+            requests: vec![Req::EMPTY; requests].into_boxed_slice(),
+            table: vec![NONE; requests * 2].into_boxed_slice(),
+            steps: vec![Step::default(); steps].into_boxed_slice(),
+            // Preemptions are rare; a quarter of the requests' size keeps many per request.
+            events: vec![Event::default(); (requests / 4).max(16)].into_boxed_slice(),
+            next_seq: 0,
+            next_step: 0,
+            next_event: 0,
+            evicted_running: 0,
+        }
+    }
+
+    /// What it keeps.
+    pub fn capacity(&self) -> Counts {
+        Counts {
+            requests: self.requests.len() as u64,
+            steps: self.steps.len() as u64,
+        }
+    }
+
+    /// Its memory, bytes: the rings and the table, allocated once.
+    pub fn memory_bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.requests)
+            + std::mem::size_of_val(&*self.table)
+            + std::mem::size_of_val(&*self.steps)
+            + std::mem::size_of_val(&*self.events)
+    }
+
+    /// Request `id` reached the scheduler's queue now, with a prompt of `prompt_tokens`
+    /// tokens; `arrival_unix_ns`: when the engine says it arrived at its front door. An id the
+    /// log already holds, still running, is left as it is.
+    pub fn arrived(&mut self, id: &str, prompt_tokens: u32, arrival_unix_ns: Option<u64>) {
+        let now = self.clock.ticks();
+        let lead = arrival_unix_ns.map(|t| unix_now_ns().saturating_sub(t));
+        let hash = self.hasher.hash_one(id.as_bytes());
+        if let Some(at) = self.find(hash, id.as_bytes()) {
+            if self.requests[at].finish == 0 {
+                return;
+            }
+            // The id again after its end (an engine reusing ids): a new request.
+            self.remove(at);
+        }
+        let at = self.insert(hash, id.as_bytes());
+        let after = self.next_step;
+        let r = &mut self.requests[at];
+        r.prompt_tokens = prompt_tokens;
+        r.arrival_lead_ns = lead;
+        r.queued = now.max(1);
+        r.queued_after_step = after;
+    }
+
+    /// The engine begins scheduling a step now, with `waiting` requests left in its queue
+    /// once scheduled (0 when unknown); returns the step's index.
+    pub fn begin_step(&mut self, waiting: u32) -> u64 {
+        let now = self.clock.ticks().max(1);
+        self.next_step += 1;
+        let step = self.next_step;
+        let mask = self.steps.len() - 1;
+        self.steps[(step as usize) & mask] = Step {
+            step,
+            begin: now,
+            waiting,
+            ..Step::default()
+        };
+        step
+    }
+
+    /// Step `step` scheduled `tokens` tokens of request `id`, whose first `computed_before`
+    /// tokens the engine had computed. Its role: prefill until it has produced a token, or
+    /// while recomputing what it had before a preemption; else decode.
+    pub fn scheduled(&mut self, step: u64, id: &str, tokens: u32, computed_before: u32) {
+        let Some(s) = self.step_slot(step) else {
+            return;
+        };
+        let begin = self.steps[s].begin;
+        let at = self.find_or_insert(id);
+        let next_event = self.next_event;
+        let r = &mut self.requests[at];
+        let seq = r.seq;
+        if r.first_scheduled_step == 0 {
+            r.first_scheduled_step = step;
+            r.first_scheduled = begin;
+            r.cached_tokens = computed_before;
+        }
+        let resumed = std::mem::take(&mut r.out);
+        let known = r.prompt_tokens.saturating_add(r.output_tokens);
+        let prefill = r.output_tokens == 0 || computed_before.saturating_add(1) < known;
+        if prefill {
+            r.prefill_steps += 1;
+            r.prefill_tokens = r.prefill_tokens.saturating_add(tokens);
+        } else {
+            r.decode_steps += 1;
+        }
+        r.last_step = step;
+        let st = &mut self.steps[s];
+        if prefill {
+            st.prefill_reqs += 1;
+            st.prefill_tokens = st.prefill_tokens.saturating_add(tokens);
+            if tokens > st.largest_prefill_tokens {
+                st.largest_prefill_tokens = tokens;
+                st.largest_prefill_seq = seq;
+            }
+        } else {
+            st.decode_reqs += 1;
+            st.decode_tokens = st.decode_tokens.saturating_add(tokens);
+        }
+        if resumed {
+            self.event(next_event, seq, step, true);
+        }
+    }
+
+    /// Step `step` preempted request `id` (it goes back to the queue).
+    pub fn preempted(&mut self, step: u64, id: &str) {
+        let at = self.find_or_insert(id);
+        let r = &mut self.requests[at];
+        r.out = true;
+        let seq = r.seq;
+        if let Some(s) = self.step_slot(step) {
+            self.steps[s].preempted += 1;
+        }
+        self.event(self.next_event, seq, step, false);
+    }
+
+    /// Step `step`'s output has been processed: it ends now.
+    pub fn end_step(&mut self, step: u64) {
+        let now = self.clock.ticks().max(1);
+        if let Some(s) = self.step_slot(step) {
+            self.steps[s].end = now;
+        }
+    }
+
+    /// Step `step` gave request `id` `tokens` tokens (its first: the first token).
+    pub fn produced(&mut self, step: u64, id: &str, tokens: u32) {
+        if tokens == 0 {
+            return;
+        }
+        let end = self.step_end_or_now(step);
+        let at = self.find_or_insert(id);
+        let r = &mut self.requests[at];
+        if r.first_token_step == 0 {
+            r.first_token_step = step;
+            r.first_token = end;
+        }
+        r.output_tokens = r.output_tokens.saturating_add(tokens);
+        r.last_token = end;
+    }
+
+    /// Request `id` finished for `reason`: at the end of step `step`, or now between steps
+    /// (`None`, an abort). An id the log does not hold is ignored.
+    pub fn finished(&mut self, step: Option<u64>, id: &str, reason: Finish) {
+        let (step, at_ticks) = match step {
+            Some(s) => (s, self.step_end_or_now(s)),
+            None => (self.next_step, self.clock.ticks().max(1)),
+        };
+        let hash = self.hasher.hash_one(id.as_bytes());
+        if let Some(at) = self.find(hash, id.as_bytes()) {
+            let r = &mut self.requests[at];
+            if r.finish == 0 {
+                r.finish = reason as u8;
+                r.finished_step = step;
+                r.finished = at_ticks;
+            }
+        }
+    }
+
+    /// The ended steps above `since` and the requests active after it (module docs of
+    /// [`RequestsDocument`]). Allocates: a reader's call, never the engine's step.
+    pub fn document(&self, since: u64) -> RequestsDocument {
+        let scale = self.clock.scale();
+        let mut steps: Vec<EngineStep> = self
+            .steps
+            .iter()
+            .filter(|s| s.step > since && s.end != 0)
+            .map(|s| self.engine_step(&scale, s))
+            .collect();
+        steps.sort_unstable_by_key(|s| s.step);
+        let mut requests: Vec<&Req> = self
+            .requests
+            .iter()
+            .filter(|r| r.seq != 0 && (r.finish == 0 || r.last_activity() > since))
+            .collect();
+        requests.sort_unstable_by_key(|r| r.seq);
+        let mut events: Vec<&Event> = self.events.iter().filter(|e| e.seq != 0).collect();
+        events.sort_unstable_by_key(|e| (e.seq, e.step, e.resumed));
+        let requests = requests
+            .into_iter()
+            .map(|r| record(&scale, r, &events))
+            .collect();
+        RequestsDocument {
+            pid: std::process::id(),
+            step_index: self.next_step,
+            now_unix_ns: scale.unix_ns(self.clock.ticks()),
+            clock: self.clock.name().to_string(),
+            capacity: self.capacity(),
+            recorded: Counts {
+                requests: self.next_seq,
+                steps: self.next_step,
+            },
+            evicted_running: self.evicted_running,
+            steps,
+            requests,
+        }
+    }
+
+    fn engine_step(&self, scale: &Scale, s: &Step) -> EngineStep {
+        let largest = (s.largest_prefill_seq != 0)
+            .then(|| self.by_seq(s.largest_prefill_seq))
+            .flatten()
+            .map(Req::id_str);
+        // Both ends converted alike, so that a step's end is the time its tokens are given.
+        let start_unix_ns = scale.unix_ns(s.begin);
+        EngineStep {
+            step: s.step,
+            start_unix_ns,
+            duration_ns: scale.unix_ns(s.end).saturating_sub(start_unix_ns),
+            prefill_reqs: s.prefill_reqs,
+            prefill_tokens: s.prefill_tokens,
+            decode_reqs: s.decode_reqs,
+            decode_tokens: s.decode_tokens,
+            preempted: s.preempted,
+            waiting: s.waiting,
+            largest_prefill_tokens: s.largest_prefill_tokens,
+            largest_prefill_request: largest,
+        }
+    }
+
+    fn by_seq(&self, seq: u64) -> Option<&Req> {
+        let r = &self.requests[self.seq_slot(seq)];
+        (r.seq == seq).then_some(r)
+    }
+
+    fn seq_slot(&self, seq: u64) -> usize {
+        ((seq - 1) as usize) & (self.requests.len() - 1)
+    }
+
+    fn step_slot(&self, step: u64) -> Option<usize> {
+        let s = (step as usize) & (self.steps.len() - 1);
+        (step != 0 && self.steps[s].step == step).then_some(s)
+    }
+
+    fn step_end_or_now(&self, step: u64) -> u64 {
+        match self.step_slot(step).map(|s| self.steps[s].end) {
+            Some(end) if end != 0 => end,
+            _ => self.clock.ticks().max(1),
+        }
+    }
+
+    fn event(&mut self, n: u64, seq: u64, step: u64, resumed: bool) {
+        let len = self.events.len();
+        self.events[(n as usize) % len] = Event { seq, step, resumed };
+        self.next_event = n + 1;
+    }
+
+    /// The slot of request `id`, which a log not holding it gets now, first seen scheduled.
+    fn find_or_insert(&mut self, id: &str) -> usize {
+        let hash = self.hasher.hash_one(id.as_bytes());
+        match self.find(hash, id.as_bytes()) {
+            Some(at) => at,
+            None => self.insert(hash, id.as_bytes()),
+        }
+    }
+
+    fn table_mask(&self) -> usize {
+        self.table.len() - 1
+    }
+
+    fn find(&self, hash: u64, id: &[u8]) -> Option<usize> {
+        let mask = self.table_mask();
+        let mut i = (hash as usize) & mask;
+        loop {
+            let at = self.table[i];
+            if at == NONE {
+                return None;
+            }
+            if self.requests[at as usize].id_matches(hash, id) {
+                return Some(at as usize);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// A new request in the next slot, evicting its occupant.
+    fn insert(&mut self, hash: u64, id: &[u8]) -> usize {
+        self.next_seq += 1;
+        let seq = self.next_seq;
+        let at = self.seq_slot(seq);
+        if self.requests[at].seq != 0 {
+            if self.requests[at].finish == 0 {
+                self.evicted_running += 1;
+            }
+            self.remove(at);
+        }
+        let mut r = Req::EMPTY;
+        r.seq = seq;
+        r.hash = hash;
+        r.id_len = u32::try_from(id.len()).unwrap_or(u32::MAX);
+        let n = id.len().min(ID_BYTES);
+        r.id[..n].copy_from_slice(&id[..n]);
+        self.requests[at] = r;
+        let mask = self.table_mask();
+        let mut i = (hash as usize) & mask;
+        while self.table[i] != NONE {
+            i = (i + 1) & mask;
+        }
+        self.table[i] = at as u32;
+        at
+    }
+
+    /// Empties slot `at` and takes it out of the table (backward-shift deletion: the entries
+    /// after it in its probe run move up, so that every lookup still finds its entry).
+    fn remove(&mut self, at: usize) {
+        let mask = self.table_mask();
+        let hash = self.requests[at].hash;
+        self.requests[at].seq = 0;
+        let mut i = (hash as usize) & mask;
+        while self.table[i] != at as u32 {
+            if self.table[i] == NONE {
+                return;
+            }
+            i = (i + 1) & mask;
+        }
+        let mut hole = i;
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            let e = self.table[j];
+            if e == NONE {
+                break;
+            }
+            let home = (self.requests[e as usize].hash as usize) & mask;
+            // Move e into the hole unless its home lies cyclically in (hole, j].
+            let stays = if hole <= j {
+                hole < home && home <= j
+            } else {
+                hole < home || home <= j
+            };
+            if !stays {
+                self.table[hole] = e;
+                hole = j;
+            }
+        }
+        self.table[hole] = NONE;
+    }
+}
+
+fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn record(scale: &Scale, r: &Req, events: &[&Event]) -> RequestRecord {
+    let time = |ticks: u64| (ticks != 0).then(|| scale.unix_ns(ticks));
+    let step = |s: u64| (s != 0).then_some(s);
+    let mine = events.iter().filter(|e| e.seq == r.seq);
+    RequestRecord {
+        id: r.id_str(),
+        prompt_tokens: r.prompt_tokens,
+        cached_tokens: r.cached_tokens,
+        output_tokens: r.output_tokens,
+        arrival_unix_ns: r
+            .arrival_lead_ns
+            .zip(time(r.queued))
+            .map(|(lead, queued)| queued.saturating_sub(lead)),
+        queued_unix_ns: time(r.queued),
+        queued_after_step: r.queued_after_step,
+        first_scheduled_step: step(r.first_scheduled_step),
+        first_scheduled_unix_ns: time(r.first_scheduled),
+        prefill_steps: r.prefill_steps,
+        prefill_tokens: r.prefill_tokens,
+        first_token_step: step(r.first_token_step),
+        first_token_unix_ns: time(r.first_token),
+        decode_steps: r.decode_steps,
+        last_token_unix_ns: time(r.last_token),
+        last_step: step(r.last_step),
+        preempted_at: mine
+            .clone()
+            .filter(|e| !e.resumed)
+            .map(|e| e.step)
+            .collect(),
+        resumed_at: mine.filter(|e| e.resumed).map(|e| e.step).collect(),
+        finished_step: step(r.finished_step),
+        finished_unix_ns: time(r.finished),
+        finish: Finish::name(r.finish).map(str::to_string),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn log(requests: usize, steps: usize) -> RequestLog {
+        RequestLog::new(RequestLogSize { requests, steps })
+    }
+
+    fn get<'a>(d: &'a RequestsDocument, id: &str) -> &'a RequestRecord {
+        d.requests.iter().find(|r| r.id == id).unwrap()
+    }
+
+    #[test]
+    fn a_chunked_prefill_then_decode_is_one_lifecycle_in_order() {
+        let mut l = log(64, 64);
+        // Arrived at the front door 2 ms before it was queued.
+        l.arrived("long", 600, Some(unix_now_ns() - 2_000_000));
+        // Chunks of 256, 256 and 88 tokens; the last gives the first token.
+        for (chunk, computed) in [(256, 0), (256, 256), (88, 512)] {
+            let s = l.begin_step(0);
+            l.scheduled(s, "long", chunk, computed);
+            l.end_step(s);
+            if computed + chunk == 600 {
+                l.produced(s, "long", 1);
+            }
+        }
+        l.arrived("short", 8, None);
+        for k in 0..2 {
+            let s = l.begin_step(0);
+            l.scheduled(s, "long", 1, 600 + k);
+            if k == 0 {
+                l.scheduled(s, "short", 8, 0);
+            } else {
+                l.scheduled(s, "short", 1, 8);
+            }
+            l.end_step(s);
+            l.produced(s, "long", 1);
+            l.produced(s, "short", 1);
+        }
+        l.finished(Some(5), "long", Finish::Length);
+        let d = l.document(0);
+        assert_eq!(d.step_index, 5);
+        assert_eq!(d.steps.len(), 5);
+        let long = get(&d, "long");
+        let lead = long.queued_unix_ns.unwrap() - long.arrival_unix_ns.unwrap();
+        // 2 ms, and the instants between the two clock reads.
+        assert!((2_000_000..1_000_000_000).contains(&lead), "{lead}");
+        assert_eq!(long.queued_after_step, 0);
+        assert_eq!((long.prefill_steps, long.prefill_tokens), (3, 600));
+        assert_eq!(long.first_scheduled_step, Some(1));
+        assert_eq!(long.first_token_step, Some(3));
+        assert_eq!((long.decode_steps, long.output_tokens), (2, 3));
+        assert_eq!(
+            (long.finished_step, long.finish.as_deref()),
+            (Some(5), Some("length"))
+        );
+        let q = long.queued_unix_ns.unwrap();
+        let sched = long.first_scheduled_unix_ns.unwrap();
+        let first = long.first_token_unix_ns.unwrap();
+        let last = long.last_token_unix_ns.unwrap();
+        assert!(q <= sched && sched <= first && first <= last, "{long:?}");
+        assert_eq!(first, d.steps[2].end_unix_ns());
+        assert_eq!(sched, d.steps[0].start_unix_ns);
+
+        let short = get(&d, "short");
+        assert_eq!(short.queued_after_step, 3);
+        assert_eq!((short.prefill_steps, short.decode_steps), (1, 1));
+        assert_eq!(short.first_token_step, Some(4));
+        assert_eq!(short.finish, None);
+
+        let s4 = &d.steps[3];
+        assert_eq!(
+            (
+                s4.prefill_reqs,
+                s4.prefill_tokens,
+                s4.decode_reqs,
+                s4.decode_tokens
+            ),
+            (1, 8, 1, 1)
+        );
+        assert_eq!(s4.largest_prefill_request.as_deref(), Some("short"));
+        assert_eq!(d.steps[0].largest_prefill_tokens, 256);
+        assert_eq!(d.steps[0].largest_prefill_request.as_deref(), Some("long"));
+        // Readers ask for what is new: long finished at 5, short is running.
+        let later = l.document(5);
+        assert!(later.steps.is_empty());
+        assert_eq!(later.requests.len(), 1);
+        assert_eq!(later.requests[0].id, "short");
+    }
+
+    #[test]
+    fn a_preempted_request_recomputes_in_prefill_and_shows_both_events() {
+        let mut l = log(16, 16);
+        l.arrived("a", 4, None);
+        let s = l.begin_step(3);
+        l.scheduled(s, "a", 4, 0);
+        l.end_step(s);
+        l.produced(s, "a", 1);
+        let s = l.begin_step(0);
+        l.scheduled(s, "a", 1, 4);
+        l.end_step(s);
+        l.produced(s, "a", 1);
+        let s = l.begin_step(0);
+        l.preempted(s, "a");
+        l.end_step(s);
+        // Back: prompt and outputs (6 tokens) computed again from the prefix cache's 4.
+        let s = l.begin_step(0);
+        l.scheduled(s, "a", 2, 4);
+        l.end_step(s);
+        l.produced(s, "a", 1);
+        let s = l.begin_step(0);
+        l.scheduled(s, "a", 1, 6);
+        l.end_step(s);
+        let d = l.document(0);
+        let a = get(&d, "a");
+        assert_eq!(
+            (a.preempted_at.clone(), a.resumed_at.clone()),
+            (vec![3], vec![4])
+        );
+        assert_eq!((a.prefill_steps, a.decode_steps), (2, 2));
+        assert_eq!(a.first_token_step, Some(1));
+        assert_eq!(a.arrival_unix_ns, None);
+        assert_eq!(d.steps[2].preempted, 1);
+        assert_eq!(d.steps[0].waiting, 3);
+    }
+
+    #[test]
+    fn requests_first_seen_scheduled_or_unknown_are_kept_or_ignored() {
+        let mut l = log(16, 16);
+        let s = l.begin_step(0);
+        l.scheduled(s, "before-the-log", 1, 9);
+        l.end_step(s);
+        l.finished(Some(s), "never-seen", Finish::Abort);
+        let d = l.document(0);
+        assert_eq!(d.requests.len(), 1);
+        let r = &d.requests[0];
+        assert_eq!((r.queued_unix_ns, r.first_scheduled_step), (None, Some(1)));
+        // A step that was never begun, or has left the ring, records nothing.
+        l.scheduled(99, "x", 1, 0);
+        assert_eq!(l.document(0).requests.len(), 1);
+        // An abort between steps.
+        l.finished(None, "before-the-log", Finish::from_name("ABORT"));
+        let d = l.document(0);
+        assert_eq!(d.requests[0].finish.as_deref(), Some("abort"));
+        assert_eq!(d.requests[0].finished_step, Some(1));
+    }
+
+    #[test]
+    fn long_ids_are_kept_to_their_first_bytes_and_still_told_apart() {
+        let mut l = log(16, 16);
+        let a = "x".repeat(100);
+        let b = format!("{}y", "x".repeat(99));
+        l.arrived(&a, 1, None);
+        l.arrived(&b, 2, None);
+        let s = l.begin_step(0);
+        l.scheduled(s, &b, 2, 0);
+        l.end_step(s);
+        let d = l.document(0);
+        assert_eq!(d.requests.len(), 2);
+        assert!(d.requests.iter().all(|r| r.id.len() == ID_BYTES));
+        assert_eq!(d.requests[0].first_scheduled_step, None);
+        assert_eq!(d.requests[1].first_scheduled_step, Some(1));
+    }
+
+    #[test]
+    fn the_rings_keep_the_latest_and_count_running_requests_dropped() {
+        let mut l = log(16, 16);
+        for i in 0..40 {
+            l.arrived(&format!("r{i}"), 1, None);
+            if i < 30 {
+                l.finished(None, &format!("r{i}"), Finish::Stop);
+            }
+        }
+        // r0..r23 finished before their slots were taken: nothing running was dropped.
+        assert_eq!(l.document(0).evicted_running, 0);
+        let d = l.document(0);
+        let ids: Vec<&str> = d.requests.iter().map(|r| r.id.as_str()).collect();
+        let want: Vec<String> = (24..40).map(|i| format!("r{i}")).collect();
+        assert_eq!(ids, want);
+        for i in 40..56 {
+            l.arrived(&format!("r{i}"), 1, None);
+        }
+        // The slots of r24..r39 are taken: r30..r39 were running.
+        assert_eq!(l.document(0).evicted_running, 10);
+        for i in 0..20 {
+            let s = l.begin_step(0);
+            l.end_step(s);
+            assert_eq!(s, i + 1);
+        }
+        let d = l.document(0);
+        assert_eq!(d.steps.first().map(|s| s.step), Some(5));
+        assert_eq!(d.steps.len(), 16);
+        assert_eq!(
+            d.recorded,
+            Counts {
+                requests: 56,
+                steps: 20
+            }
+        );
+        assert!(l.memory_bytes() > 16 * ID_BYTES);
+    }
+
+    #[test]
+    fn the_id_table_finds_every_request_the_ring_holds_through_any_churn() {
+        // A model: the last 32 arrivals are findable, older ones are not.
+        let mut l = log(32, 16);
+        let mut seqs: HashMap<String, u64> = HashMap::new();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for n in 1..=5_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Ids repeat (a reused id after its end), so the table sees deletions anywhere.
+            let id = format!("req-{}", x % 97);
+            let held = seqs.get(&id).is_some_and(|&s| s + 32 > l.next_seq);
+            if held {
+                l.finished(None, &id, Finish::Stop);
+            }
+            l.arrived(&id, 1, None);
+            seqs.insert(id, l.next_seq);
+            assert_eq!(l.next_seq, n);
+            for (id, &seq) in &seqs {
+                let hash = l.hasher.hash_one(id.as_bytes());
+                let found = l.find(hash, id.as_bytes()).map(|at| l.requests[at].seq);
+                let want = (seq + 32 > l.next_seq).then_some(seq);
+                assert_eq!(found, want, "{id} at arrival {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_config_takes_true_false_or_sizes_and_names_a_bad_one() {
+        use crate::config::{ProfilerConfig, REQUEST_LOG_SIZE};
+        let size = |requests, steps| Some(RequestLogSize { requests, steps });
+        for (json, want) in [
+            (
+                r#"{"stepscope": {"requests": true}}"#,
+                Some(REQUEST_LOG_SIZE),
+            ),
+            (r#"{"stepscope": {"requests": false}}"#, None),
+            (r#"{"stepscope": {}}"#, None),
+            (
+                r#"{"stepscope": {"requests": {"steps": 100}}}"#,
+                size(4096, 100),
+            ),
+            (
+                r#"{"stepscope": {"requests": {"requests": 64, "steps": 32}}}"#,
+                size(64, 32),
+            ),
+        ] {
+            let cfg = ProfilerConfig::from_json_str(json).unwrap();
+            assert_eq!(cfg.stepscope.requests, want, "{json}");
+        }
+        for (bad, field) in [
+            (r#"{"stepscope": {"requests": 5}}"#, "stepscope.requests"),
+            (
+                r#"{"stepscope": {"requests": {"steps": 8}}}"#,
+                "stepscope.requests.steps",
+            ),
+            (
+                r#"{"stepscope": {"requests": {"requests": -1}}}"#,
+                "stepscope.requests.requests",
+            ),
+            (
+                r#"{"stepscope": {"requests": {"step": 100}}}"#,
+                "stepscope.requests.step",
+            ),
+        ] {
+            let e = ProfilerConfig::from_json_str(bad).unwrap_err();
+            assert_eq!(e.field(), Some(field), "{bad}: {e}");
+        }
+    }
+}
