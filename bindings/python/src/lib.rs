@@ -12,6 +12,8 @@
 //! `shutdown` never raise into the engine loop (vLLM's behaviour): the library logs them, and
 //! Rust's `log` records reach Python's `logging` under the `stepscope` logger.
 
+mod requests;
+
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -678,6 +680,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add_class::<PyWorkerProfiler>()?;
     m.add_class::<PyIteration>()?;
+    m.add_class::<requests::PyRequestLog>()?;
     m.add_function(wrap_pyfunction!(_add_kineto_glue_dir, m)?)?;
     m.add_function(wrap_pyfunction!(kineto_glue, m)?)?;
     m.add_function(wrap_pyfunction!(_read_manifest_json, m)?)?;

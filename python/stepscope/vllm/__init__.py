@@ -25,7 +25,9 @@ engine worker's :meth:`stepscope.WorkerProfiler.status`, which ``stepscope ctl s
 and ``GET /stepscope/timeline?since=N`` with every worker's step timeline (``"stepscope":
 {"timeline": true}`` in ``STEPSCOPE_CONFIG``; the worker's profiler is then made at its first
 step so that every step is timed), which ``stepscope ctl top`` and ``stepscope ctl timeline``
-read.
+read. With ``"stepscope": {"requests": true}`` too, each engine core's scheduler records every
+request's lifecycle (``lifecycles``), which ``GET /stepscope/requests?since=N`` serves and
+``stepscope ctl requests`` reads.
 
 If vLLM's names differ from what the plugin knows (another vLLM version), it logs one warning
 and leaves vLLM untouched. :func:`register` is idempotent.
@@ -35,8 +37,8 @@ lines), ``interfaces`` (vLLM's modules and signatures the plugin knows), ``confi
 config as stepscope's, and the profiler made from it), ``factory`` (vLLM's profiler factories,
 replaced), ``frontend`` (the API server's profiler), ``stop`` (a stop returns with its traces
 on disk; a refused start is an error), ``worker`` (``annotate_profile``, the status
-RPC and endpoint), ``shutdown`` (process managers wait for traces being written), ``__main__``
-(``python -m stepscope.vllm --check``). What the SGLang plugin shares with this one is in
+RPC and endpoint), ``lifecycles`` (the request log in the engine core), ``shutdown`` (process
+managers wait for traces being written), ``__main__`` (``python -m stepscope.vllm --check``). What the SGLang plugin shares with this one is in
 ``stepscope._plugin``; the import hook in ``stepscope._imports``.
 """
 
@@ -52,6 +54,7 @@ from stepscope.vllm import (
     factory,
     frontend,
     interfaces,
+    lifecycles,
     shutdown,
     stop,
     worker,
@@ -88,6 +91,7 @@ __all__ = [
     "frontend",
     "interfaces",
     "iteration_of",
+    "lifecycles",
     "make_with_known_fields",
     "rank_of",
     "register",
@@ -103,6 +107,9 @@ __all__ = [
 
 #: What stays in place when a patch fails.
 _FALLBACK = "vLLM's own profiler stays in place"
+
+#: What a failed request-log patch leaves.
+_NO_LOG = "the request log is off"
 
 _lock = threading.Lock()
 _registered = False
@@ -135,3 +142,6 @@ def register() -> None:
     when_imported(
         interfaces.MULTIPROC_EXECUTOR, shutdown._patch_multiproc_executor, logger, _FALLBACK
     )
+    when_imported(interfaces.ENGINE_CORE, lifecycles._patch_engine_core, logger, _NO_LOG)
+    if lifecycles.requests_wanted():
+        when_imported(interfaces.SCHEDULER, lifecycles._patch_scheduler, logger, _NO_LOG)

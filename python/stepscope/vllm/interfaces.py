@@ -17,6 +17,8 @@ PROFILE_ROUTER = "vllm.entrypoints.serve.profile.api_router"
 ENGINE_UTILS = "vllm.v1.engine.utils"
 V1_UTILS = "vllm.v1.utils"
 MULTIPROC_EXECUTOR = "vllm.v1.executor.multiproc_executor"
+SCHEDULER = "vllm.v1.core.sched.scheduler"
+ENGINE_CORE = "vllm.v1.engine.core"
 #: The attribute a replacement carries: the callable it replaced.
 PATCHED_MARK = "__stepscope_original__"
 

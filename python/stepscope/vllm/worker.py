@@ -1,7 +1,8 @@
 """The engine worker: ``Worker.annotate_profile`` hands each iteration's counts (and request
 ids) to stepscope's profiler; ``Worker.stepscope_status`` and ``Worker.stepscope_timeline``
 answer ``collective_rpc``; and the API server's ``GET /stepscope/status`` and
-``GET /stepscope/timeline?since=N`` routes (:class:`StatusEndpoint`) ask every worker."""
+``GET /stepscope/timeline?since=N`` routes (:class:`StatusEndpoint`) ask every worker, its
+``GET /stepscope/requests?since=N`` every engine core (``stepscope.vllm.lifecycles``)."""
 
 from __future__ import annotations
 
@@ -297,12 +298,42 @@ class StatusEndpoint:
                 )
             return JSONResponse({"workers": list(workers)})
 
+        async def stepscope_requests(request):  # type: ignore[no-untyped-def]
+            if (denied := refused(request)) is not None:
+                return denied
+            engine = getattr(request.app.state, "stepscope_engine_client", None)
+            core = getattr(engine, "engine_core", None)
+            if core is None:
+                return JSONResponse({"error": "this server has no engine core"}, status_code=503)
+            try:
+                since = int(request.query_params.get("since", "0"))
+                if since < 0:
+                    raise ValueError
+            except ValueError:
+                return JSONResponse(
+                    {"error": "since must be a step index (an integer >= 0)"}, status_code=400
+                )
+            try:
+                every = getattr(core, "call_utility_all_async", None)
+                if every is not None:
+                    answers = await every("stepscope_requests", since)
+                else:
+                    answers = [await core.call_utility_async("stepscope_requests", since)]
+                engines = [json.loads(a) for a in answers]
+            except Exception as e:  # noqa: BLE001 - reported to the caller, not raised
+                return JSONResponse(
+                    {"error": f"the engine core's stepscope_requests failed: {e}"},
+                    status_code=500,
+                )
+            return JSONResponse({"engines": engines})
+
         # Real classes, not the strings this module's annotations become: FastAPI reads them
         # to pass the request in.
-        for route in (stepscope_status, stepscope_timeline):
+        for route in (stepscope_status, stepscope_timeline, stepscope_requests):
             route.__annotations__ = {"request": Request, "return": JSONResponse}
         app.add_api_route("/stepscope/status", stepscope_status, methods=["GET"])
         app.add_api_route("/stepscope/timeline", stepscope_timeline, methods=["GET"])
+        app.add_api_route("/stepscope/requests", stepscope_requests, methods=["GET"])
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
         state.stepscope_engine_client = engine_client

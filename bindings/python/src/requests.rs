@@ -1,0 +1,176 @@
+//! `stepscope.RequestLog`: the request log (`stepscope.requests`) for Python engines' scheduler
+//! hooks. Each call records one step's requests in one crossing (sequences of ids and counts,
+//! read in place: no list is copied).
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+use stepscope::config::{RequestLogSize, REQUEST_LOG_SIZE};
+use stepscope::requests::{Finish, RequestLog};
+
+use crate::parse_config;
+
+/// Each request's lifecycle in the engine (queued, scheduled, prefill chunks, first token,
+/// decode, preemptions, end) and the engine steps it lived through, in rings allocated once:
+/// the last ``requests`` requests and ``steps`` steps (each rounded up to a power of two).
+/// Recording never allocates. ``document_json(since)`` is what ``GET /stepscope/requests``
+/// serves and ``stepscope ctl requests`` reads.
+#[pyclass(module = "stepscope", name = "RequestLog")]
+pub struct PyRequestLog {
+    log: RequestLog,
+}
+
+/// The items of a sequence, each read by `each` in place; the error names the argument.
+fn each<'py>(
+    seq: &Bound<'py, PyAny>,
+    name: &str,
+    mut f: impl FnMut(Bound<'py, PyAny>) -> PyResult<()>,
+) -> PyResult<()> {
+    for item in seq
+        .try_iter()
+        .map_err(|_| PyValueError::new_err(format!("{name} must be a sequence")))?
+    {
+        f(item?)?;
+    }
+    Ok(())
+}
+
+fn id_of<'a>(item: &'a Bound<'_, PyAny>) -> PyResult<&'a str> {
+    item.cast::<PyString>()
+        .map_err(|_| PyValueError::new_err("request ids must be str"))?
+        .to_str()
+}
+
+fn count(item: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
+    item.extract::<u32>()
+        .map_err(|_| PyValueError::new_err(format!("{name} must be integers from 0 to 2^32-1")))
+}
+
+#[pymethods]
+impl PyRequestLog {
+    #[new]
+    #[pyo3(signature = (requests = REQUEST_LOG_SIZE.requests, steps = REQUEST_LOG_SIZE.steps))]
+    fn new(requests: usize, steps: usize) -> Self {
+        PyRequestLog {
+            log: RequestLog::new(RequestLogSize { requests, steps }),
+        }
+    }
+
+    /// The log a profiler config asks for (``"stepscope": {"requests": ...}``; a dict, JSON
+    /// text or a path), or ``None`` when it asks for none. Raises ``ConfigError`` naming a bad
+    /// field.
+    #[staticmethod]
+    fn from_config(config: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
+        let config = parse_config(config)?;
+        Ok(config.stepscope.requests.map(|size| PyRequestLog {
+            log: RequestLog::new(size),
+        }))
+    }
+
+    /// ``{"requests": N, "steps": M}``: what it keeps.
+    #[getter]
+    fn capacity(&self) -> (u64, u64) {
+        let c = self.log.capacity();
+        (c.requests, c.steps)
+    }
+
+    /// Its memory in bytes, allocated once.
+    #[getter]
+    fn memory_bytes(&self) -> usize {
+        self.log.memory_bytes()
+    }
+
+    /// Request ``id`` reached the scheduler's queue now with ``prompt_tokens`` tokens;
+    /// ``arrival_time``: when it arrived at the engine's front door, seconds since the Unix
+    /// epoch (vLLM's ``Request.arrival_time``), if known.
+    #[pyo3(signature = (id, prompt_tokens, arrival_time = None))]
+    fn arrived(&mut self, id: &str, prompt_tokens: u32, arrival_time: Option<f64>) {
+        let arrival = arrival_time
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .map(|t| (t * 1e9) as u64);
+        self.log.arrived(id, prompt_tokens, arrival);
+    }
+
+    /// The engine begins scheduling a step now (``waiting``: requests left in its queue once
+    /// scheduled); returns the step's index, which the step's other calls name.
+    #[pyo3(signature = (waiting = 0))]
+    fn begin_step(&mut self, waiting: u32) -> u64 {
+        self.log.begin_step(waiting)
+    }
+
+    /// Step ``step`` scheduled ``tokens[i]`` tokens of request ``ids[i]``, of which the engine
+    /// had computed ``computed[i]`` before (three sequences of one length).
+    fn scheduled(
+        &mut self,
+        step: u64,
+        ids: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        computed: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let mut t = tokens.try_iter()?;
+        let mut c = computed.try_iter()?;
+        let short = || PyValueError::new_err("ids, tokens and computed must have one length");
+        each(ids, "ids", |item| {
+            let n = count(&t.next().ok_or_else(short)??, "tokens")?;
+            let before = count(&c.next().ok_or_else(short)??, "computed")?;
+            self.log.scheduled(step, id_of(&item)?, n, before);
+            Ok(())
+        })?;
+        if t.next().is_some() || c.next().is_some() {
+            return Err(short());
+        }
+        Ok(())
+    }
+
+    /// Step ``step`` preempted the requests ``ids``.
+    fn preempted(&mut self, step: u64, ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        each(ids, "ids", |item| {
+            self.log.preempted(step, id_of(&item)?);
+            Ok(())
+        })
+    }
+
+    /// Step ``step``'s output has been processed: it ends now.
+    fn end_step(&mut self, step: u64) {
+        self.log.end_step(step);
+    }
+
+    /// Step ``step`` gave request ``ids[i]`` ``tokens[i]`` tokens.
+    fn produced(
+        &mut self,
+        step: u64,
+        ids: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let mut t = tokens.try_iter()?;
+        let short = || PyValueError::new_err("ids and tokens must have one length");
+        each(ids, "ids", |item| {
+            let n = count(&t.next().ok_or_else(short)??, "tokens")?;
+            self.log.produced(step, id_of(&item)?, n);
+            Ok(())
+        })?;
+        if t.next().is_some() {
+            return Err(short());
+        }
+        Ok(())
+    }
+
+    /// Request ``id`` finished for ``reason`` (``stop``, ``length``, ``abort``, ``error``; any
+    /// other is ``other``) at the end of step ``step``, or now between steps (``None``).
+    fn finished(&mut self, step: Option<u64>, id: &str, reason: &str) {
+        self.log.finished(step, id, Finish::from_name(reason));
+    }
+
+    /// The steps above ``since`` and the requests active after it, as JSON text:
+    /// ``{"pid", "step_index", "now_unix_ns", "clock", "capacity", "recorded",
+    /// "evicted_running", "steps": [...], "requests": [...]}``.
+    #[pyo3(signature = (since = 0))]
+    fn document_json(&self, since: u64) -> String {
+        serde_json::to_string(&self.log.document(since)).unwrap_or_default()
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.log.capacity();
+        format!("RequestLog(requests={}, steps={})", c.requests, c.steps)
+    }
+}
