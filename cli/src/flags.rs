@@ -252,6 +252,60 @@ pub enum CtlCommand {
     #[command(after_help = "Example:\n  \
         stepscope ctl timeline --router-url http://router:8000 --output steps.html")]
     Timeline(TimelineArgs),
+    /// The slowest requests of each engine with what cost them: queue wait, prefill chunks,
+    /// decode steps, preemptions, and the steps that cost them most with what those carried
+    /// (vLLM: GET /stepscope/requests, with "stepscope": {"requests": true} in
+    /// STEPSCOPE_CONFIG and VLLM_PLUGINS naming stepscope)
+    #[command(after_help = "Examples:\n  \
+        stepscope ctl requests --router-url http://router:8000 --by ttft\n  \
+        stepscope ctl requests --worker http://w0:8000 --request cmpl-3f2a... --json\n\n\
+        Each engine keeps its last requests and steps in a ring (stepscope.requests: 4096 of \
+        each by default). A request's times are its engine's: queue is from reaching the \
+        scheduler to the start of the step that first scheduled it, prefill from there to the \
+        end of the step that gave its first token, decode from there to its last token; TTFT \
+        and e2e begin at its arrival at the API server. The steps that cost it most are the \
+        longest steps it lived through (queued, prefill or decode; for --by itl, its decode \
+        steps), with their batch and their largest prefill chunk and its request.\n\n\
+        Exit status: 0 when every server answered with a request log, 1 when some did not or \
+        none keeps one, 2 on bad flags or targets.")]
+    Requests(RequestsArgs),
+}
+
+/// What `ctl requests` ranks requests by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RankBy {
+    /// Time to first token: arrival to the end of the step that gave it
+    Ttft,
+    /// End to end: arrival to the end
+    E2e,
+    /// The longest gap between two of its tokens
+    Itl,
+    /// Queue wait: reaching the scheduler to its first scheduling (the wait others' steps
+    /// cause)
+    Queue,
+}
+
+#[derive(Args)]
+pub struct RequestsArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// What the slowest requests are ranked by
+    #[arg(long, value_enum, default_value = "ttft")]
+    pub by: RankBy,
+    /// Requests listed (0: all)
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top: usize,
+    /// The steps listed per request as what cost it most
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub steps: usize,
+    /// Only this request (its id, or the start of it), with every step it lived through
+    #[arg(long, value_name = "ID")]
+    pub request: Option<String>,
+    /// Only requests active after this step index (e.g. the step_index a previous run's JSON
+    /// gave)
+    #[arg(long, value_name = "N")]
+    pub since_step: Option<u64>,
 }
 
 #[derive(Args)]

@@ -12,7 +12,8 @@
 //! - `render`: the table and the `--json` document;
 //! - `stop_wait`: `ctl stop --wait`, until every engine worker's traces are written;
 //! - `top`: `ctl top` and `ctl timeline`, from each server's step timeline; `page`: the
-//!   timeline's HTML page.
+//!   timeline's HTML page;
+//! - `requests`: `ctl requests`, from each engine's request log.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -29,6 +30,7 @@ mod fleet;
 mod http;
 mod page;
 mod render;
+mod requests;
 mod stop_wait;
 mod top;
 
@@ -99,6 +101,7 @@ pub fn command(c: &CtlCommand) -> Result<ExitCode, Error> {
         CtlCommand::Status(c) => run(Action::Status, c, None),
         CtlCommand::Top(a) => top::top(a),
         CtlCommand::Timeline(a) => page::command(a),
+        CtlCommand::Requests(a) => requests::command(a),
     }
 }
 

@@ -1,0 +1,510 @@
+//! One request's breakdown from its engine's request log: where its time went (queue, prefill,
+//! decode, preemptions) and the steps that cost it most, with what they carried. No I/O.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use stepscope_format::requests::{EngineStep, RequestRecord, RequestsDocument};
+
+use crate::flags::RankBy;
+
+/// A stretch of a request's life: how many engine steps, and how long.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Stretch {
+    pub steps: u32,
+    pub ms: f64,
+}
+
+/// What a request did in one step it lived through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// It waited in the queue through it.
+    Queued,
+    /// It was scheduled in prefill (a chunk of its prompt).
+    Prefill,
+    /// It was scheduled in decode.
+    Decode,
+    /// It was preempted, waiting to be scheduled again.
+    Preempted,
+}
+
+/// One step a request lived through, with what the step carried.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepCost {
+    pub step: u64,
+    pub role: Role,
+    pub ms: f64,
+    pub requests: u32,
+    pub tokens: u32,
+    pub prefill_reqs: u32,
+    pub prefill_tokens: u32,
+    pub decode_reqs: u32,
+    pub largest_prefill_tokens: u32,
+    pub largest_prefill_request: Option<String>,
+    /// The largest prefill chunk is this request's own.
+    pub own_prefill: bool,
+}
+
+/// A request's breakdown.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Breakdown {
+    /// The server it ran on.
+    pub server: String,
+    pub id: String,
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    pub output_tokens: u32,
+    /// Arrival at the API server (else the scheduler's queue) to its first token.
+    pub ttft_ms: Option<f64>,
+    /// Arrival to its end (finished requests).
+    pub e2e_ms: Option<f64>,
+    /// Its queue wait: reaching the scheduler to the start of the step that first scheduled
+    /// it; the steps are those it waited through.
+    pub queue: Option<Stretch>,
+    /// First scheduled to the end of the step that gave its first token; the steps are its
+    /// prefill chunks.
+    pub prefill: Option<Stretch>,
+    /// Its first token to its last; the steps are its decode steps.
+    pub decode: Option<Stretch>,
+    /// Its decode steps' mean and longest duration.
+    pub decode_step_mean_ms: Option<f64>,
+    pub decode_step_max_ms: Option<f64>,
+    /// The longest gap between two of its tokens (the ends of the steps that gave them).
+    pub itl_max_ms: Option<f64>,
+    /// The steps that preempted it and those that scheduled it again.
+    pub preempted_at: Vec<u64>,
+    pub resumed_at: Vec<u64>,
+    /// Why it finished; `None` while it runs.
+    pub finish: Option<String>,
+    /// The steps that cost it most, longest first: for `--by itl` its decode steps, else every
+    /// step from its arrival to its first token (`ttft`, `queue`) or its end (`e2e`).
+    pub costliest: Vec<StepCost>,
+    /// Its steps the log no longer holds (it lived longer than the ring keeps steps).
+    pub steps_missing: u64,
+}
+
+impl Breakdown {
+    /// The figure `by` ranks by.
+    pub fn key(&self, by: RankBy) -> Option<f64> {
+        match by {
+            RankBy::Ttft => self.ttft_ms,
+            RankBy::E2e => self.e2e_ms,
+            RankBy::Itl => self.itl_max_ms,
+            RankBy::Queue => self.queue.map(|q| q.ms),
+        }
+    }
+}
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+fn span_ms(from: Option<u64>, to: Option<u64>) -> Option<f64> {
+    Some(ms(to?.saturating_sub(from?)))
+}
+
+/// The breakdowns of `doc`'s requests (from server `server`), each with up to `keep` of its
+/// costliest steps for `by` (every step it lived through when `keep` is 0).
+pub fn breakdowns(server: &str, doc: &RequestsDocument, by: RankBy, keep: usize) -> Vec<Breakdown> {
+    let steps: HashMap<u64, &EngineStep> = doc.steps.iter().map(|s| (s.step, s)).collect();
+    doc.requests
+        .iter()
+        .map(|r| breakdown(server, r, doc, &steps, by, keep))
+        .collect()
+}
+
+fn breakdown(
+    server: &str,
+    r: &RequestRecord,
+    doc: &RequestsDocument,
+    steps: &HashMap<u64, &EngineStep>,
+    by: RankBy,
+    keep: usize,
+) -> Breakdown {
+    let start = r.arrival_unix_ns.or(r.queued_unix_ns);
+    let end = r.finished_unix_ns.filter(|_| r.finish.is_some());
+    let role = |s: u64| role_in(r, s);
+    // The steps it lived through, from the first it waited in to its last.
+    let first = r.queued_after_step.max(1);
+    let last = r
+        .finished_step
+        .or(r.last_step)
+        .unwrap_or(doc.step_index)
+        .max(first);
+    // The step running when it was queued counts only if it ended after that.
+    let waited_in = |s: u64| {
+        s != r.queued_after_step
+            || steps
+                .get(&s)
+                .zip(r.queued_unix_ns)
+                .is_some_and(|(st, q)| st.end_unix_ns() > q)
+    };
+    let lived: Vec<(u64, Role)> = (first..=last)
+        .filter_map(|s| role(s).map(|k| (s, k)))
+        .filter(|&(s, k)| k != Role::Queued || waited_in(s))
+        .collect();
+    let held = |s: &u64| steps.contains_key(s);
+    let steps_missing = lived.iter().filter(|(s, _)| !held(s)).count() as u64;
+    let durations = |k: Role| -> Vec<f64> {
+        lived
+            .iter()
+            .filter(|(_, role)| *role == k)
+            .filter_map(|(s, _)| steps.get(s))
+            .map(|s| ms(s.duration_ns))
+            .collect()
+    };
+    let queued_steps = lived.iter().filter(|(_, k)| *k == Role::Queued).count() as u32;
+    let queue = r
+        .first_scheduled_unix_ns
+        .and(r.queued_unix_ns)
+        .map(|_| Stretch {
+            steps: queued_steps,
+            ms: span_ms(r.queued_unix_ns, r.first_scheduled_unix_ns).unwrap_or(0.0),
+        });
+    let prefill = r
+        .first_token_unix_ns
+        .and(r.first_scheduled_unix_ns)
+        .map(|_| Stretch {
+            steps: r.prefill_steps,
+            ms: span_ms(r.first_scheduled_unix_ns, r.first_token_unix_ns).unwrap_or(0.0),
+        });
+    let decode = r.first_token_unix_ns.map(|_| Stretch {
+        steps: r.decode_steps,
+        ms: span_ms(r.first_token_unix_ns, r.last_token_unix_ns).unwrap_or(0.0),
+    });
+    let decoding = durations(Role::Decode);
+    let decode_step_mean_ms =
+        (!decoding.is_empty()).then(|| decoding.iter().sum::<f64>() / decoding.len() as f64);
+    let decode_step_max_ms = decoding.iter().copied().reduce(f64::max);
+    // Token times: the ends of the step of its first token and of its decode steps.
+    let mut token_ends: Vec<u64> = r
+        .first_token_step
+        .into_iter()
+        .chain(
+            lived
+                .iter()
+                .filter(|(_, k)| *k == Role::Decode)
+                .map(|(s, _)| *s),
+        )
+        .filter_map(|s| steps.get(&s).map(|st| st.end_unix_ns()))
+        .collect();
+    token_ends.sort_unstable();
+    let itl_max_ms = token_ends
+        .windows(2)
+        .map(|w| ms(w[1] - w[0]))
+        .reduce(f64::max);
+
+    // The steps that cost it most for `by`.
+    let until = match by {
+        RankBy::Ttft | RankBy::Queue => r.first_token_step.unwrap_or(last),
+        RankBy::E2e | RankBy::Itl => last,
+    };
+    let mut costs: Vec<StepCost> = lived
+        .iter()
+        .filter(|(s, k)| *s <= until && (by != RankBy::Itl || *k == Role::Decode))
+        .filter_map(|(s, k)| steps.get(s).map(|st| cost(st, *k, &r.id)))
+        .collect();
+    if keep > 0 {
+        costs.sort_by(|a, b| b.ms.total_cmp(&a.ms).then(a.step.cmp(&b.step)));
+        costs.truncate(keep);
+    }
+    Breakdown {
+        server: server.to_string(),
+        id: r.id.clone(),
+        prompt_tokens: r.prompt_tokens,
+        cached_tokens: r.cached_tokens,
+        output_tokens: r.output_tokens,
+        ttft_ms: span_ms(start, r.first_token_unix_ns),
+        e2e_ms: span_ms(start, end),
+        queue,
+        prefill,
+        decode,
+        decode_step_mean_ms,
+        decode_step_max_ms,
+        itl_max_ms,
+        preempted_at: r.preempted_at.clone(),
+        resumed_at: r.resumed_at.clone(),
+        finish: r.finish.clone(),
+        costliest: costs,
+        steps_missing,
+    }
+}
+
+/// What request `r` did in step `s`, `None` when it was not there (before it was queued,
+/// after it ended).
+fn role_in(r: &RequestRecord, s: u64) -> Option<Role> {
+    let first_sched = r.first_scheduled_step.unwrap_or(u64::MAX);
+    if s < first_sched {
+        // Waiting: from the step it arrived during (its queued_after_step, when one was
+        // running) until its first scheduling. Unknown arrival: not counted.
+        let from = r.queued_unix_ns.map(|_| r.queued_after_step.max(1))?;
+        return (s >= from).then_some(Role::Queued);
+    }
+    if r.finished_step.is_some_and(|f| s > f) {
+        return None;
+    }
+    // Out between a preemption and the step that scheduled it again.
+    let out = r.preempted_at.iter().enumerate().any(|(i, &p)| {
+        let back = r.resumed_at.get(i).copied().unwrap_or(u64::MAX);
+        s >= p && s < back
+    });
+    if out {
+        return Some(Role::Preempted);
+    }
+    if r.last_step.is_some_and(|l| s > l) {
+        // Past its last scheduling and not finished: nothing known of it.
+        return None;
+    }
+    match r.first_token_step {
+        Some(t) if s > t => Some(Role::Decode),
+        _ => Some(Role::Prefill),
+    }
+}
+
+fn cost(s: &EngineStep, role: Role, id: &str) -> StepCost {
+    StepCost {
+        step: s.step,
+        role,
+        ms: ms(s.duration_ns),
+        requests: s.requests(),
+        tokens: s.tokens(),
+        prefill_reqs: s.prefill_reqs,
+        prefill_tokens: s.prefill_tokens,
+        decode_reqs: s.decode_reqs,
+        largest_prefill_tokens: s.largest_prefill_tokens,
+        own_prefill: s.largest_prefill_request.as_deref() == Some(id),
+        largest_prefill_request: s.largest_prefill_request.clone(),
+    }
+}
+
+/// `all` ranked by `by`, slowest first (those without the figure last, in arrival order).
+pub fn rank(mut all: Vec<Breakdown>, by: RankBy) -> Vec<Breakdown> {
+    all.sort_by(|a, b| match (a.key(by), b.key(by)) {
+        (Some(x), Some(y)) => y.total_cmp(&x),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => std::cmp::Ordering::Equal,
+    });
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stepscope_format::requests::Counts;
+
+    const MS: u64 = 1_000_000;
+
+    /// Steps 1..=n, back to back from t=0, `durations` ms each, with (prefill tokens, of
+    /// request) and decode requests per step.
+    fn step(n: u64, start: u64, ms: u64, prefill: Option<(u32, &str)>, decode: u32) -> EngineStep {
+        EngineStep {
+            step: n,
+            start_unix_ns: start,
+            duration_ns: ms * MS,
+            prefill_reqs: u32::from(prefill.is_some()),
+            prefill_tokens: prefill.map_or(0, |p| p.0),
+            decode_reqs: decode,
+            decode_tokens: decode,
+            preempted: 0,
+            waiting: 0,
+            largest_prefill_tokens: prefill.map_or(0, |p| p.0),
+            largest_prefill_request: prefill.map(|p| p.1.to_string()),
+        }
+    }
+
+    fn request(id: &str) -> RequestRecord {
+        RequestRecord {
+            id: id.into(),
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            output_tokens: 0,
+            arrival_unix_ns: None,
+            queued_unix_ns: None,
+            queued_after_step: 0,
+            first_scheduled_step: None,
+            first_scheduled_unix_ns: None,
+            prefill_steps: 0,
+            prefill_tokens: 0,
+            first_token_step: None,
+            first_token_unix_ns: None,
+            decode_steps: 0,
+            last_token_unix_ns: None,
+            last_step: None,
+            preempted_at: vec![],
+            resumed_at: vec![],
+            finished_step: None,
+            finished_unix_ns: None,
+            finish: None,
+        }
+    }
+
+    /// A long prompt in three 100 ms chunks (steps 1-3), a short one queued during step 1,
+    /// prefilled in step 4 (10 ms), decoding in 5-6 (10 ms each).
+    fn doc() -> RequestsDocument {
+        let steps = vec![
+            step(1, 0, 100, Some((256, "long")), 0),
+            step(2, 100 * MS, 100, Some((256, "long")), 0),
+            step(3, 200 * MS, 100, Some((88, "long")), 0),
+            step(4, 300 * MS, 10, Some((8, "short")), 1),
+            step(5, 310 * MS, 10, None, 2),
+            step(6, 320 * MS, 10, None, 2),
+        ];
+        let long = RequestRecord {
+            prompt_tokens: 600,
+            output_tokens: 4,
+            arrival_unix_ns: Some(0),
+            queued_unix_ns: Some(0),
+            first_scheduled_step: Some(1),
+            first_scheduled_unix_ns: Some(0),
+            prefill_steps: 3,
+            prefill_tokens: 600,
+            first_token_step: Some(3),
+            first_token_unix_ns: Some(300 * MS),
+            decode_steps: 3,
+            last_token_unix_ns: Some(330 * MS),
+            last_step: Some(6),
+            finished_step: Some(6),
+            finished_unix_ns: Some(330 * MS),
+            finish: Some("length".into()),
+            ..request("long")
+        };
+        let short = RequestRecord {
+            prompt_tokens: 8,
+            output_tokens: 3,
+            arrival_unix_ns: Some(49 * MS),
+            queued_unix_ns: Some(50 * MS),
+            queued_after_step: 1,
+            first_scheduled_step: Some(4),
+            first_scheduled_unix_ns: Some(300 * MS),
+            prefill_steps: 1,
+            prefill_tokens: 8,
+            first_token_step: Some(4),
+            first_token_unix_ns: Some(310 * MS),
+            decode_steps: 2,
+            last_token_unix_ns: Some(330 * MS),
+            last_step: Some(6),
+            finished_step: Some(6),
+            finished_unix_ns: Some(330 * MS),
+            finish: Some("length".into()),
+            ..request("short")
+        };
+        RequestsDocument {
+            pid: 1,
+            step_index: 6,
+            now_unix_ns: 400 * MS,
+            clock: "tsc".into(),
+            capacity: Counts {
+                requests: 16,
+                steps: 16,
+            },
+            recorded: Counts {
+                requests: 2,
+                steps: 6,
+            },
+            evicted_running: 0,
+            steps,
+            requests: vec![long, short],
+        }
+    }
+
+    #[test]
+    fn a_short_request_queued_behind_a_long_prefill_is_charged_its_chunks() {
+        let all = breakdowns("http://h:1", &doc(), RankBy::Ttft, 3);
+        let short = all.iter().find(|b| b.id == "short").unwrap();
+        assert_eq!(short.ttft_ms, Some(261.0));
+        assert_eq!(
+            short.queue,
+            Some(Stretch {
+                steps: 3,
+                ms: 250.0
+            })
+        );
+        assert_eq!(short.prefill, Some(Stretch { steps: 1, ms: 10.0 }));
+        assert_eq!(short.decode, Some(Stretch { steps: 2, ms: 20.0 }));
+        let costly: Vec<(u64, Role, bool)> = short
+            .costliest
+            .iter()
+            .map(|c| {
+                (
+                    c.step,
+                    c.role,
+                    c.largest_prefill_request.as_deref() == Some("long"),
+                )
+            })
+            .collect();
+        assert_eq!(
+            costly,
+            [
+                (1, Role::Queued, true),
+                (2, Role::Queued, true),
+                (3, Role::Queued, true)
+            ]
+        );
+        let long = all.iter().find(|b| b.id == "long").unwrap();
+        assert_eq!(long.queue, Some(Stretch { steps: 0, ms: 0.0 }));
+        assert!(long
+            .costliest
+            .iter()
+            .all(|c| c.own_prefill && c.role == Role::Prefill));
+        assert_eq!(
+            (long.decode_step_mean_ms, long.itl_max_ms),
+            (Some(10.0), Some(10.0))
+        );
+
+        // Ranked by queue wait, the short request is first; by TTFT the long one (its own
+        // prefill is longer than the wait it caused).
+        let by_queue = rank(breakdowns("s", &doc(), RankBy::Queue, 3), RankBy::Queue);
+        assert_eq!(by_queue[0].id, "short");
+        let by_ttft = rank(breakdowns("s", &doc(), RankBy::Ttft, 3), RankBy::Ttft);
+        assert_eq!(by_ttft[0].id, "long");
+        // By ITL only decode steps count.
+        let by_itl = breakdowns("s", &doc(), RankBy::Itl, 0);
+        assert!(by_itl
+            .iter()
+            .all(|b| b.costliest.iter().all(|c| c.role == Role::Decode)));
+    }
+
+    #[test]
+    fn a_step_that_ended_before_the_request_arrived_is_not_waited_through() {
+        let mut d = doc();
+        // The short request arrives after step 1 ended (at 150 ms, during step 2).
+        let short = d.requests.iter_mut().find(|r| r.id == "short").unwrap();
+        short.queued_unix_ns = Some(150 * MS);
+        short.arrival_unix_ns = Some(150 * MS);
+        short.queued_after_step = 2;
+        let all = breakdowns("s", &d, RankBy::Queue, 0);
+        let b = all.iter().find(|b| b.id == "short").unwrap();
+        assert_eq!(b.queue.unwrap().steps, 2);
+        // Step 1 ended before it arrived; had step 2 ended too, it would not count either.
+        d.requests[1].queued_unix_ns = Some(200 * MS);
+        let all = breakdowns("s", &d, RankBy::Queue, 0);
+        assert_eq!(all[1].queue.unwrap().steps, 1);
+    }
+
+    #[test]
+    fn a_preempted_request_is_out_from_its_preemption_to_its_return() {
+        let mut d = doc();
+        let short = d.requests.iter_mut().find(|r| r.id == "short").unwrap();
+        short.preempted_at = vec![5];
+        short.resumed_at = vec![6];
+        let b = breakdowns("s", &d, RankBy::E2e, 0)
+            .into_iter()
+            .find(|b| b.id == "short")
+            .unwrap();
+        let roles: Vec<(u64, Role)> = b.costliest.iter().map(|c| (c.step, c.role)).collect();
+        assert_eq!(
+            roles,
+            [
+                (1, Role::Queued),
+                (2, Role::Queued),
+                (3, Role::Queued),
+                (4, Role::Prefill),
+                (5, Role::Preempted),
+                (6, Role::Decode)
+            ]
+        );
+        assert_eq!(b.e2e_ms, Some(281.0));
+    }
+}

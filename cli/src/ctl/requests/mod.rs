@@ -1,0 +1,207 @@
+//! `stepscope ctl requests`: which requests were slowest, and what cost them, from each
+//! engine's request log (`"stepscope": {"requests": ...}`), read from each vLLM server's
+//! `GET /stepscope/requests`.
+//!
+//! - `breakdown`: one request's stretches and costliest steps, and the ranking (no I/O);
+//! - `render`: the text; this module: the command, the servers' answers, `--json`.
+
+use std::process::ExitCode;
+
+use serde::Serialize;
+use serde_json::Value;
+use stepscope_format::requests::RequestsDocument;
+
+use super::answers::excerpt;
+use super::discovery::servers;
+use super::http::{after_tries, agent, explain_transport, get, retrying};
+use super::top::Failure;
+use crate::error::{partial, Error};
+use crate::flags::{Engine, RequestsArgs};
+use crate::par::par_map;
+
+mod breakdown;
+mod render;
+
+pub use breakdown::{breakdowns, rank, Breakdown};
+
+/// One engine's log as a server sent it.
+pub struct EngineLog {
+    pub server: String,
+    pub doc: RequestsDocument,
+}
+
+/// `stepscope ctl requests`.
+pub fn command(a: &RequestsArgs) -> Result<ExitCode, Error> {
+    if a.common.engine == Engine::Sglang {
+        return Err(Error::Usage(
+            "ctl requests reads vLLM's GET /stepscope/requests; stepscope's SGLang plugin keeps \
+             no request log yet (docs/fleet.md)"
+                .into(),
+        ));
+    }
+    let agent = agent(a.common.timeout_for(false), a.common.api_key.as_deref());
+    let servers = servers(&a.common, &agent)?;
+    let since = a.since_step.unwrap_or(0);
+    let answers = par_map(&servers, a.common.concurrency_for(servers.len()), |w| {
+        fetch(&agent, &w.url, since, a.common.retries)
+    });
+    let mut logs = Vec::new();
+    let mut failures = Vec::new();
+    let mut off = 0;
+    for (w, answer) in servers.iter().zip(answers) {
+        match answer.unwrap_or_else(|| Err("internal error: no result recorded".into())) {
+            Ok((docs, without)) => {
+                off += without;
+                logs.extend(docs.into_iter().map(|doc| EngineLog {
+                    server: w.url.clone(),
+                    doc,
+                }));
+            }
+            Err(error) => failures.push(Failure {
+                url: w.url.clone(),
+                error,
+            }),
+        }
+    }
+    let mut all: Vec<Breakdown> = logs
+        .iter()
+        .flat_map(|l| {
+            breakdowns(
+                &l.server,
+                &l.doc,
+                a.by,
+                if a.request.is_some() { 0 } else { a.steps },
+            )
+        })
+        .collect();
+    if let Some(id) = &a.request {
+        all.retain(|b| b.id.starts_with(id.as_str()));
+    }
+    let total = all.len();
+    let mut ranked = rank(all, a.by);
+    if a.top > 0 && a.request.is_none() {
+        ranked.truncate(a.top);
+    }
+    if a.common.json {
+        let doc = Report {
+            by: a.by,
+            since_step: a.since_step,
+            requests_seen: total,
+            engines: logs.iter().map(EngineSummary::of).collect(),
+            engines_without_log: off,
+            requests: &ranked,
+            errors: &failures,
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc)
+                .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+        );
+    } else {
+        print!(
+            "{}",
+            render::render(&ranked, total, &logs, off, &failures, a)
+        );
+    }
+    let none = logs.is_empty();
+    if a.request.is_some() && ranked.is_empty() && !none {
+        eprintln!(
+            "stepscope: no request whose id starts with {:?} in the logs read",
+            a.request.as_deref().unwrap_or_default()
+        );
+        return Ok(partial(true));
+    }
+    Ok(partial(!failures.is_empty() || none))
+}
+
+/// `--json`'s document.
+#[derive(Serialize)]
+struct Report<'a> {
+    by: crate::flags::RankBy,
+    since_step: Option<u64>,
+    requests_seen: usize,
+    engines: Vec<EngineSummary>,
+    engines_without_log: usize,
+    requests: &'a [Breakdown],
+    errors: &'a [Failure],
+}
+
+/// What one engine's log covers.
+#[derive(Serialize)]
+pub struct EngineSummary {
+    pub server: String,
+    pub pid: u32,
+    pub step_index: u64,
+    pub first_step: Option<u64>,
+    pub requests: usize,
+    pub evicted_running: u64,
+}
+
+impl EngineSummary {
+    fn of(l: &EngineLog) -> Self {
+        EngineSummary {
+            server: l.server.clone(),
+            pid: l.doc.pid,
+            step_index: l.doc.step_index,
+            first_step: l.doc.steps.first().map(|s| s.step),
+            requests: l.doc.requests.len(),
+            evicted_running: l.doc.evicted_running,
+        }
+    }
+}
+
+/// One server's engines' logs, and how many of its engines keep none.
+fn fetch(
+    agent: &ureq::Agent,
+    url: &str,
+    since: u64,
+    retries: u32,
+) -> Result<(Vec<RequestsDocument>, usize), String> {
+    let full = format!("{url}/stepscope/requests?since={since}");
+    let (answer, spent) = retrying(retries, || get(agent, &full));
+    match answer {
+        Ok((200, body)) => engine_logs(&body),
+        Ok((404, _)) => Err(format!(
+            "{url}/stepscope/requests: 404: the server has no stepscope requests route (start \
+             vLLM with stepscope installed and VLLM_PLUGINS naming stepscope; see docs/vllm.md)"
+        )),
+        Ok((401, _)) => Err(format!(
+            "{full}: 401: the server has an API key: pass the same key with --api-key or \
+             STEPSCOPE_API_KEY"
+        )),
+        Ok((s, body)) => Err(after_tries(
+            format!("{full}: HTTP {s}: {}", excerpt(&body)),
+            spent,
+        )),
+        Err(e) => Err(after_tries(explain_transport(&e, url), spent)),
+    }
+}
+
+/// `{"engines": [document, ...]}`: the documents of the engines that keep a log, and how many
+/// keep none (`"requests": null`).
+pub fn engine_logs(body: &str) -> Result<(Vec<RequestsDocument>, usize), String> {
+    let value: Value = serde_json::from_str(body)
+        .map_err(|e| format!("the answer is not JSON ({e}): {}", excerpt(body)))?;
+    let engines = value
+        .get("engines")
+        .and_then(Value::as_array)
+        .ok_or_else(|| {
+            format!(
+                "the answer is not {{\"engines\": [...]}}: {}",
+                excerpt(body)
+            )
+        })?;
+    let mut docs = Vec::new();
+    let mut off = 0;
+    for e in engines {
+        if e.get("requests").is_none_or(Value::is_null) {
+            off += 1;
+            continue;
+        }
+        docs.push(
+            serde_json::from_value(e.clone())
+                .map_err(|err| format!("an engine's request log is not in its form: {err}"))?,
+        );
+    }
+    Ok((docs, off))
+}
