@@ -3,7 +3,9 @@ vLLM's own ``LlamaForCausalLM`` whose forward pass sleeps once when a prompt's f
 ``MARK``; and ``DelayableLlama``, whose every forward pass sleeps, inside a ``record_function``
 range named ``DELAY_RANGE``, for ``DELAY_FACTOR`` times the median period of its forward passes
 before, while the file named by ``STEPSCOPE_TEST_DELAY_FILE`` exists (a regression switched on
-in a live server).
+in a live server); and ``TokenCostLlama``, whose every forward pass sleeps ``TOKEN_COST_S`` per
+token it computes (a step's time grows with its tokens by construction, for the request log's
+attribution test).
 
 The sleep is 100 times the median period of the forward passes before it, as this process
 measured them, so the marked request's prefill is a clear outlier whatever the CPU's speed
@@ -31,12 +33,16 @@ DELAY_RANGE = "stepscope_test_injected_delay"
 # The delay, in median periods of the forward passes before it: steps several times as long,
 # well beyond how far a run on a busy 2-core host wanders by itself (docs/diff.md).
 DELAY_FACTOR = 4
+TOKEN_COST_ARCH = "TokenCostLlama"
+# TokenCostLlama's sleep per token of a forward pass, s: a step's time grows with its tokens
+# by construction, beyond what the model computes (more, too, the more tokens).
+TOKEN_COST_S = 0.0005
 
 
 def register() -> None:
     from vllm import ModelRegistry
 
-    for arch in (ARCH, DELAYABLE_ARCH):
+    for arch in (ARCH, DELAYABLE_ARCH, TOKEN_COST_ARCH):
         if arch not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(arch, f"stepscope_slow_step:{arch}")
 
@@ -95,6 +101,19 @@ def _delayable_class():
     return DelayableLlama
 
 
+@functools.cache
+def _token_cost_class():
+    from vllm.model_executor.models.llama import LlamaForCausalLM
+
+    class TokenCostLlama(LlamaForCausalLM):
+        def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+            tokens = input_ids.numel() if input_ids is not None else positions.numel()
+            time.sleep(TOKEN_COST_S * tokens)
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    return TokenCostLlama
+
+
 def __getattr__(name: str):
     # vLLM imports the classes lazily ("stepscope_slow_step:SlowStepLlama"), after its own
     # modules are importable in that process.
@@ -102,4 +121,6 @@ def __getattr__(name: str):
         return _model_class()
     if name == DELAYABLE_ARCH:
         return _delayable_class()
+    if name == TOKEN_COST_ARCH:
+        return _token_cost_class()
     raise AttributeError(name)

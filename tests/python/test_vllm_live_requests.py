@@ -1,0 +1,295 @@
+"""The request log (`"stepscope": {"requests": true}`) in a live `vllm serve` (vLLM's CPU build),
+read through `GET /stepscope/requests` and `stepscope ctl requests`:
+
+- against vLLM's own numbers: requests sent one at a time, each one's queue, prefill and decode
+  times, TTFT and end-to-end time equal the deltas of vLLM's own histograms' sums on `/metrics`
+  within a step;
+- attribution: a long prompt prefilled in chunks while short requests arrive; `ctl requests`
+  ranks the short requests first by queue wait with the long prefill's steps, and its id, as
+  what cost them most;
+- preemption: with a KV cache too small for three long requests at once, a preempted request
+  shows its preemption and its return.
+
+The model is `TokenCostLlama` (tests/python/vllm_slow_step): every forward pass sleeps in
+proportion to its tokens, so a step of a 128-token chunk is slower than one of a few decode
+tokens by construction, on any CPU; no time is compared with a threshold. Chunked prefill runs
+with a budget of 128 tokens a step, and the KV cache holds 1536 tokens (12 blocks of 128).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from live_vllm import VllmServer, cpu_build_missing
+from test_vllm_live import stepscope_cli
+
+pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing()))
+
+PLUGIN_DIR = Path(__file__).parent / "vllm_slow_step"
+BUDGET = 128
+# KV cache blocks (of 128 tokens on the CPU build): 1536 tokens.
+KV_BLOCKS = 12
+MAX_MODEL_LEN = 1024
+# vLLM's histograms and the stretch of a request each measures.
+METRICS = {
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "decode": "vllm:request_decode_time_seconds",
+    "ttft": "vllm:time_to_first_token_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("vllm-live-requests")
+    srv = VllmServer(
+        workdir,
+        {"profiler": "torch", "torch_profiler_dir": str(workdir / "traces")},
+        env={
+            "VLLM_PLUGINS": "stepscope,slow_step",
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(PLUGIN_DIR), os.environ.get("PYTHONPATH")])
+            ),
+            "STEPSCOPE_CONFIG": json.dumps({"stepscope": {"requests": True}}),
+        },
+        model_config={"architectures": ["TokenCostLlama"]},
+        max_model_len=MAX_MODEL_LEN,
+        args=[
+            "--enforce-eager",
+            "--enable-chunked-prefill",
+            "--max-num-batched-tokens", str(BUDGET),
+            "--max-num-seqs", "8",
+            # The CPU build sizes its cache from VLLM_CPU_KVCACHE_SPACE (GiB), not
+            # --kv-cache-memory-bytes: the block count is forced instead.
+            "--num-gpu-blocks-override", str(KV_BLOCKS),
+        ],
+    )  # fmt: skip
+    try:
+        yield srv.start()
+    finally:
+        srv.stop()
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return [3 + (seed * 131 + k * 7) % 500 for k in range(n)]
+
+
+def log(server: VllmServer, since: int = 0) -> dict:
+    status, answer, _ = server.get(f"/stepscope/requests?since={since}")
+    assert status == 200, answer
+    engines = answer["engines"]
+    assert len(engines) == 1, answer
+    return engines[0]
+
+
+def metric_sums(server: VllmServer) -> dict[str, tuple[float, float]]:
+    """Each of METRICS' (sum, count) on /metrics now."""
+    status, text, _ = server.get("/metrics")
+    assert status == 200
+    out = {}
+    for key, name in METRICS.items():
+        total = count = 0.0
+        for line in text.splitlines():
+            if line.startswith(f"{name}_sum"):
+                total += float(line.rsplit(" ", 1)[1])
+            elif line.startswith(f"{name}_count"):
+                count += float(line.rsplit(" ", 1)[1])
+        out[key] = (total, count)
+    return out
+
+
+def settled_sums(server: VllmServer, count: float) -> dict[str, tuple[float, float]]:
+    """The sums once vLLM has recorded `count` requests (its frontend records a request's
+    stats as it processes the last output, which can come after the response)."""
+    for _ in range(100):
+        sums = metric_sums(server)
+        if all(c >= count for _, c in sums.values()):
+            return sums
+        time.sleep(0.1)
+    raise AssertionError(f"vLLM's histograms did not reach {count} requests: {sums}")
+
+
+def ctl_requests(server: VllmServer, *args: str) -> dict:
+    out = subprocess.run(
+        [stepscope_cli(), "ctl", "requests", "--worker", f"http://127.0.0.1:{server.port}",
+         "--json", *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
+def ms(ns_from: int, ns_to: int) -> float:
+    return (ns_to - ns_from) / 1e6
+
+
+def test_each_requests_times_equal_vllms_own_within_a_step(server):
+    # Warm-up.
+    server.completion_of(prompt(8, 0), 4)
+    shapes = [(8, 6), (100, 12), (300, 4), (40, 20), (200, 9)]
+    base = settled_sums(server, 1)
+    since = log(server)["step_index"]
+    ids = []
+    vllm = []
+    for k, (prompt_len, max_tokens) in enumerate(shapes):
+        response_id, _ = server.completion_of(prompt(prompt_len, k + 1), max_tokens)
+        ids.append(response_id)
+        after = settled_sums(server, k + 2)
+        vllm.append({key: (after[key][0] - base[key][0]) * 1e3 for key in METRICS})
+        base = after
+    doc = log(server, since)
+    steps = {s["step"]: s for s in doc["steps"]}
+    ours = [r for r in doc["requests"] if r["first_scheduled_step"] and r["first_scheduled_step"] > since]
+    assert len(ours) == len(shapes), [r["id"] for r in doc["requests"]]
+    for (prompt_len, max_tokens), response_id, theirs, r in zip(shapes, ids, vllm, ours, strict=True):
+        # The engine's id is the response's, with vLLM's suffixes.
+        assert r["id"].startswith(response_id), (r["id"], response_id)
+        assert (r["prompt_tokens"], r["output_tokens"]) == (prompt_len, max_tokens), r
+        assert r["finish"] == "length", r
+        # Chunks of at most BUDGET tokens; then one decode step a token after the first.
+        assert r["prefill_steps"] == -(-prompt_len // BUDGET), r
+        assert r["decode_steps"] == max_tokens - 1, r
+        lived = [steps[s] for s in range(r["first_scheduled_step"], r["finished_step"] + 1)]
+        granularity = min(s["duration_ns"] for s in lived) / 1e6
+        mine = {
+            "queue": ms(r["queued_unix_ns"], r["first_scheduled_unix_ns"]),
+            "prefill": ms(r["first_scheduled_unix_ns"], r["first_token_unix_ns"]),
+            "decode": ms(r["first_token_unix_ns"], r["last_token_unix_ns"]),
+            "ttft": ms(r["arrival_unix_ns"], r["first_token_unix_ns"]),
+            "e2e": ms(r["arrival_unix_ns"], r["finished_unix_ns"]),
+        }
+        print(f"{r['id']}: step {granularity:.2f} ms; "
+              + ", ".join(f"{k} {mine[k]:.2f}/{theirs[k]:.2f}" for k in METRICS))  # fmt: skip
+        for key in METRICS:
+            assert abs(mine[key] - theirs[key]) <= granularity, (key, mine, theirs, granularity, r)
+        # The CLI's breakdown says the same.
+    table = ctl_requests(server, "--since-step", str(since), "--top", "0")
+    by_id = {b["id"]: b for b in table["requests"]}
+    for r in ours:
+        b = by_id[r["id"]]
+        assert b["prefill"]["steps"] == r["prefill_steps"]
+        assert b["decode"]["steps"] == r["decode_steps"]
+        assert b["queue"]["steps"] == 0, b
+        assert abs(b["ttft_ms"] - ms(r["arrival_unix_ns"], r["first_token_unix_ns"])) < 1e-3
+
+
+def wait_until(what, predicate, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (value := predicate()) is not None:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_short_requests_behind_a_long_chunked_prefill_are_charged_its_steps(server):
+    since = log(server)["step_index"]
+    long_len = 900
+    done: list[str] = []
+    errors: list[BaseException] = []
+
+    def send(p: list[int], n: int) -> None:
+        try:
+            done.append(server.completion_of(p, n)[0])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    long = threading.Thread(target=send, args=(prompt(long_len, 50), 4))
+    long.start()
+
+    def long_scheduled():
+        for r in log(server, since)["requests"]:
+            if r["prompt_tokens"] == long_len and r["first_scheduled_step"]:
+                return r
+        return None
+
+    # The short ones arrive while its first chunks run (7 of 8 take the whole budget).
+    long_record = wait_until("the long prefill's first chunk", long_scheduled)
+    shorts = [threading.Thread(target=send, args=(prompt(8, 60 + k), 4)) for k in range(3)]
+    for t in shorts:
+        t.start()
+    for t in [long, *shorts]:
+        t.join()
+    assert not errors, errors
+    long_id = long_record["id"]
+
+    table = ctl_requests(server, "--since-step", str(since), "--by", "queue", "--steps", "3")
+    ranked = table["requests"]
+    short_rows = [b for b in ranked if b["prompt_tokens"] == 8]
+    assert len(short_rows) == 3, ranked
+    # The short requests first: they waited; the long one did not.
+    assert {b["id"] for b in ranked[:3]} == {b["id"] for b in short_rows}, ranked
+    waited = [b for b in short_rows if b["queue"]["steps"] > 0]
+    assert waited, short_rows
+    for b in waited:
+        assert b["costliest"], b
+        for c in b["costliest"]:
+            # What cost them most: the long prefill's chunks, named by its id.
+            assert c["largest_prefill_request"] == long_id, (c, long_id)
+            assert c["largest_prefill_tokens"] == BUDGET, c
+            assert c["role"] == "queued", c
+    long_row = next(b for b in ranked if b["id"] == long_id)
+    assert long_row["prefill"]["steps"] == -(-long_len // BUDGET), long_row
+    assert long_row["queue"]["steps"] == 0, long_row
+    # By TTFT, the short requests' costliest steps are the long prefill's too, and its own
+    # are its own chunks.
+    by_ttft = ctl_requests(server, "--since-step", str(since), "--by", "ttft", "--steps", "3")
+    for b in by_ttft["requests"]:
+        if b["id"] in {w["id"] for w in waited}:
+            assert all(c["largest_prefill_request"] == long_id for c in b["costliest"]), b
+        if b["id"] == long_id:
+            assert all(c["own_prefill"] for c in b["costliest"]), b
+    # The text names the long request as what cost a short one.
+    text = subprocess.run(
+        [stepscope_cli(), "ctl", "requests", "--worker", f"http://127.0.0.1:{server.port}",
+         "--since-step", str(since), "--by", "queue", "--top", "1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert text.returncode == 0, text.stderr
+    assert "cost it most:" in text.stdout and f"largest prefill {BUDGET} tokens" in text.stdout, (
+        text.stdout
+    )
+
+
+def test_a_request_preempted_for_kv_cache_shows_its_preemption(server):
+    since = log(server)["step_index"]
+    # Three requests of 200 + 400 tokens: 15 blocks of 128 against 12.
+    threads = [
+        threading.Thread(target=server.completion_of, args=(prompt(200, 80 + k), 400))
+        for k in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    doc = log(server, since)
+    mine = [r for r in doc["requests"] if r["prompt_tokens"] == 200]
+    assert len(mine) == 3, doc["requests"]
+    preempted = [r for r in mine if r["preempted_at"]]
+    assert preempted, mine
+    steps = {s["step"]: s for s in doc["steps"]}
+    for r in preempted:
+        assert len(r["resumed_at"]) == len(r["preempted_at"]), r
+        for p, back in zip(r["preempted_at"], r["resumed_at"], strict=True):
+            assert p < back <= r["finished_step"], r
+            assert steps[p]["preempted"] >= 1, steps[p]
+        # A recompute is prefill again.
+        assert r["prefill_steps"] > -(-200 // BUDGET), r
+        assert r["output_tokens"] == 400 and r["finish"] == "length", r
+    # One request's every step: out from each preemption until its return.
+    r = preempted[0]
+    table = ctl_requests(server, "--since-step", str(since), "--by", "e2e", "--request", r["id"])
+    (b,) = table["requests"]
+    assert b["preempted_at"] == r["preempted_at"], b
+    roles = {c["step"]: c["role"] for c in b["costliest"]}
+    for p, back in zip(r["preempted_at"], r["resumed_at"], strict=True):
+        assert all(roles[s] == "preempted" for s in range(p, back) if s in steps), (p, back, roles)
+        assert roles[back] in ("prefill", "decode"), roles
