@@ -223,8 +223,8 @@ impl RequestLog {
             requests: vec![Req::EMPTY; requests].into_boxed_slice(),
             table: vec![NONE; requests * 2].into_boxed_slice(),
             steps: vec![Step::default(); steps].into_boxed_slice(),
-            // Preemptions are rare; a quarter of the requests' size keeps many per request.
-            events: vec![Event::default(); (requests / 4).max(16)].into_boxed_slice(),
+            // A preemption and its return for every request the ring holds.
+            events: vec![Event::default(); requests * 2].into_boxed_slice(),
             next_seq: 0,
             next_step: 0,
             next_event: 0,

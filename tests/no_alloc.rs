@@ -89,3 +89,43 @@ fn steps_do_not_allocate_with_the_timeline_on() {
     p.stop().unwrap();
     assert_eq!(p.timeline(0).map(|t| t.len()), Some(64));
 }
+
+#[test]
+fn the_request_log_records_without_allocating() {
+    use stepscope::config::RequestLogSize;
+    use stepscope::requests::{Finish, RequestLog};
+
+    let mut log = RequestLog::new(RequestLogSize {
+        requests: 64,
+        steps: 64,
+    });
+    // Ids made up front, as an engine holds them; 200 requests through a ring of 64.
+    let ids: Vec<String> = (0..200)
+        .map(|i| format!("cmpl-{i:032x}-0-abcdef01"))
+        .collect();
+    let before = allocations();
+    for (n, id) in ids.iter().enumerate() {
+        log.arrived(id, 300, Some(1));
+        let s = log.begin_step(3);
+        log.scheduled(s, id, 128, 0);
+        log.preempted(s, id);
+        log.end_step(s);
+        let s = log.begin_step(0);
+        log.scheduled(s, id, 172, 128);
+        log.end_step(s);
+        log.produced(s, id, 1);
+        if n % 2 == 0 {
+            log.finished(Some(s), id, Finish::Length);
+        } else {
+            log.finished(None, id, Finish::Abort);
+        }
+    }
+    assert_eq!(allocations() - before, 0);
+    // It recorded them: the last 64 requests, each preempted once and back.
+    let d = log.document(0);
+    assert_eq!(d.requests.len(), 64);
+    assert!(d
+        .requests
+        .iter()
+        .all(|r| r.preempted_at.len() == 1 && r.resumed_at.len() == 1));
+}
