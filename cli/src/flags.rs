@@ -260,12 +260,14 @@ pub enum CtlCommand {
         stepscope ctl requests --router-url http://router:8000 --by ttft\n  \
         stepscope ctl requests --worker http://w0:8000 --request cmpl-3f2a... --json\n\n\
         Each engine keeps its last requests and steps in a ring (stepscope.requests: 4096 of \
-        each by default). A request's times are its engine's: queue is from reaching the \
-        scheduler to the start of the step that first scheduled it, prefill from there to the \
-        end of the step that gave its first token, decode from there to its last token; TTFT \
-        and e2e begin at its arrival at the API server. The steps that cost it most are the \
-        longest steps it lived through (queued, prefill or decode; for --by itl, its decode \
-        steps), with their batch and their largest prefill chunk and its request.\n\n\
+        each by default). A request's times are its engine's: intake is from its arrival at the API server to \
+        reaching the scheduler (an engine takes new requests in between steps: one arriving \
+        during a step waits for its end), queue from there to the start of the step that \
+        first scheduled it, prefill from there to the end of the step that gave its first \
+        token, decode from there to its last token; TTFT and e2e begin at its arrival. The \
+        steps that cost it most are the longest steps it lived through (waiting, prefill, \
+        decode or preempted; for --by itl, its decode steps), with their batch and their \
+        largest prefill chunk and its request.\n\n\
         Exit status: 0 when every server answered with a request log, 1 when some did not or \
         none keeps one, 2 on bad flags or targets.")]
     Requests(RequestsArgs),

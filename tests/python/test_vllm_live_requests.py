@@ -47,10 +47,10 @@ METRICS = {
 }
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("vllm-live-requests")
-    srv = VllmServer(
+def token_cost_server(workdir: Path) -> VllmServer:
+    """A (not yet started) server of `TokenCostLlama` with stepscope's plugin and its request
+    log on: chunked prefill of BUDGET tokens a step, KV_BLOCKS blocks of KV cache."""
+    return VllmServer(
         workdir,
         {"profiler": "torch", "torch_profiler_dir": str(workdir / "traces")},
         env={
@@ -72,6 +72,11 @@ def server(tmp_path_factory):
             "--num-gpu-blocks-override", str(KV_BLOCKS),
         ],
     )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = token_cost_server(tmp_path_factory.mktemp("vllm-live-requests"))
     try:
         yield srv.start()
     finally:
@@ -190,28 +195,31 @@ def wait_until(what, predicate, timeout=120):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_short_requests_behind_a_long_chunked_prefill_are_charged_its_steps(server):
+LONG_LEN = 900
+
+
+def long_prefill_with_short_requests(server: VllmServer) -> tuple[int, str]:
+    """A prompt of LONG_LEN tokens, prefilled in chunks of BUDGET; three short requests sent
+    while its first chunks run (7 of its 8 take the whole budget). Returns the step index
+    before it and the long request's id."""
     since = log(server)["step_index"]
-    long_len = 900
-    done: list[str] = []
     errors: list[BaseException] = []
 
     def send(p: list[int], n: int) -> None:
         try:
-            done.append(server.completion_of(p, n)[0])
+            server.completion_of(p, n)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    long = threading.Thread(target=send, args=(prompt(long_len, 50), 4))
+    long = threading.Thread(target=send, args=(prompt(LONG_LEN, 50), 4))
     long.start()
 
     def long_scheduled():
         for r in log(server, since)["requests"]:
-            if r["prompt_tokens"] == long_len and r["first_scheduled_step"]:
+            if r["prompt_tokens"] == LONG_LEN and r["first_scheduled_step"]:
                 return r
         return None
 
-    # The short ones arrive while its first chunks run (7 of 8 take the whole budget).
     long_record = wait_until("the long prefill's first chunk", long_scheduled)
     shorts = [threading.Thread(target=send, args=(prompt(8, 60 + k), 4)) for k in range(3)]
     for t in shorts:
@@ -219,23 +227,29 @@ def test_short_requests_behind_a_long_chunked_prefill_are_charged_its_steps(serv
     for t in [long, *shorts]:
         t.join()
     assert not errors, errors
-    long_id = long_record["id"]
+    return since, long_record["id"]
 
+
+def test_short_requests_behind_a_long_chunked_prefill_are_charged_its_steps(server):
+    since, long_id = long_prefill_with_short_requests(server)
+    long_len = LONG_LEN
     table = ctl_requests(server, "--since-step", str(since), "--by", "queue", "--steps", "3")
     ranked = table["requests"]
     short_rows = [b for b in ranked if b["prompt_tokens"] == 8]
     assert len(short_rows) == 3, ranked
-    # The short requests first: they waited; the long one did not.
-    assert {b["id"] for b in ranked[:3]} == {b["id"] for b in short_rows}, ranked
+    # The short requests that waited behind it come first (all of them, unless one reached
+    # the queue only after the long prefill's 7 full chunks, 1.8 s of sleep); the long one did
+    # not wait.
     waited = [b for b in short_rows if b["queue"]["steps"] > 0]
     assert waited, short_rows
+    assert {b["id"] for b in ranked[: len(waited)]} == {b["id"] for b in waited}, ranked
     for b in waited:
         assert b["costliest"], b
         for c in b["costliest"]:
             # What cost them most: the long prefill's chunks, named by its id.
             assert c["largest_prefill_request"] == long_id, (c, long_id)
             assert c["largest_prefill_tokens"] == BUDGET, c
-            assert c["role"] == "queued", c
+            assert c["role"] == "waiting", c
     long_row = next(b for b in ranked if b["id"] == long_id)
     assert long_row["prefill"]["steps"] == -(-long_len // BUDGET), long_row
     assert long_row["queue"]["steps"] == 0, long_row

@@ -19,8 +19,8 @@ pub struct Stretch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
-    /// It waited in the queue through it.
-    Queued,
+    /// It waited through it, to reach the scheduler or in its queue.
+    Waiting,
     /// It was scheduled in prefill (a chunk of its prompt).
     Prefill,
     /// It was scheduled in decode.
@@ -59,6 +59,10 @@ pub struct Breakdown {
     pub ttft_ms: Option<f64>,
     /// Arrival to its end (finished requests).
     pub e2e_ms: Option<f64>,
+    /// Its arrival at the API server to reaching the scheduler's queue: an engine takes new
+    /// requests in between steps, so a request arriving during a step waits for its end; the
+    /// steps are those it waited through.
+    pub intake: Option<Stretch>,
     /// Its queue wait: reaching the scheduler to the start of the step that first scheduled
     /// it; the steps are those it waited through.
     pub queue: Option<Stretch>,
@@ -124,25 +128,25 @@ fn breakdown(
 ) -> Breakdown {
     let start = r.arrival_unix_ns.or(r.queued_unix_ns);
     let end = r.finished_unix_ns.filter(|_| r.finish.is_some());
-    let role = |s: u64| role_in(r, s);
-    // The steps it lived through, from the first it waited in to its last.
-    let first = r.queued_after_step.max(1);
+    // The steps it lived through, from the one in flight when it arrived (an engine takes new
+    // requests in between steps, so that step delays it too) to its last.
+    let ended_after = |s: u64, t: u64| steps.get(&s).is_some_and(|st| st.end_unix_ns() > t);
+    let mut first = r.queued_after_step.max(1);
+    if let Some(t) = start {
+        while first > 1 && ended_after(first - 1, t) {
+            first -= 1;
+        }
+        if first <= r.queued_after_step && !ended_after(first, t) {
+            first += 1;
+        }
+    }
     let last = r
         .finished_step
         .or(r.last_step)
         .unwrap_or(doc.step_index)
         .max(first);
-    // The step running when it was queued counts only if it ended after that.
-    let waited_in = |s: u64| {
-        s != r.queued_after_step
-            || steps
-                .get(&s)
-                .zip(r.queued_unix_ns)
-                .is_some_and(|(st, q)| st.end_unix_ns() > q)
-    };
     let lived: Vec<(u64, Role)> = (first..=last)
-        .filter_map(|s| role(s).map(|k| (s, k)))
-        .filter(|&(s, k)| k != Role::Queued || waited_in(s))
+        .filter_map(|s| role_in(r, s).map(|k| (s, k)))
         .collect();
     let held = |s: &u64| steps.contains_key(s);
     let steps_missing = lived.iter().filter(|(s, _)| !held(s)).count() as u64;
@@ -154,7 +158,22 @@ fn breakdown(
             .map(|s| ms(s.duration_ns))
             .collect()
     };
-    let queued_steps = lived.iter().filter(|(_, k)| *k == Role::Queued).count() as u32;
+    // Waiting: before it reached the scheduler (intake) and after (queue).
+    let began_before = |s: u64, t: Option<u64>| {
+        steps
+            .get(&s)
+            .zip(t)
+            .is_some_and(|(st, t)| st.start_unix_ns < t)
+    };
+    let waiting = || lived.iter().filter(|(_, k)| *k == Role::Waiting);
+    let intake_steps = waiting()
+        .filter(|(s, _)| began_before(*s, r.queued_unix_ns))
+        .count() as u32;
+    let queued_steps = waiting().count() as u32 - intake_steps;
+    let intake = r.arrival_unix_ns.and(r.queued_unix_ns).map(|_| Stretch {
+        steps: intake_steps,
+        ms: span_ms(r.arrival_unix_ns, r.queued_unix_ns).unwrap_or(0.0),
+    });
     let queue = r
         .first_scheduled_unix_ns
         .and(r.queued_unix_ns)
@@ -217,6 +236,7 @@ fn breakdown(
         output_tokens: r.output_tokens,
         ttft_ms: span_ms(start, r.first_token_unix_ns),
         e2e_ms: span_ms(start, end),
+        intake,
         queue,
         prefill,
         decode,
@@ -231,15 +251,15 @@ fn breakdown(
     }
 }
 
-/// What request `r` did in step `s`, `None` when it was not there (before it was queued,
-/// after it ended).
+/// What request `r` did in step `s` (one after it arrived), `None` when it was not there
+/// (after it ended).
 fn role_in(r: &RequestRecord, s: u64) -> Option<Role> {
     let first_sched = r.first_scheduled_step.unwrap_or(u64::MAX);
     if s < first_sched {
-        // Waiting: from the step it arrived during (its queued_after_step, when one was
-        // running) until its first scheduling. Unknown arrival: not counted.
-        let from = r.queued_unix_ns.map(|_| r.queued_after_step.max(1))?;
-        return (s >= from).then_some(Role::Queued);
+        // Waiting (the caller starts at the step in flight when it arrived). Unknown arrival:
+        // not counted.
+        let known = r.queued_unix_ns.is_some() || r.arrival_unix_ns.is_some();
+        return known.then_some(Role::Waiting);
     }
     if r.finished_step.is_some_and(|f| s > f) {
         return None;
@@ -414,10 +434,12 @@ mod tests {
         let all = breakdowns("http://h:1", &doc(), RankBy::Ttft, 3);
         let short = all.iter().find(|b| b.id == "short").unwrap();
         assert_eq!(short.ttft_ms, Some(261.0));
+        // It arrived during step 1 and reached the queue 1 ms later (step 1 still running).
+        assert_eq!(short.intake, Some(Stretch { steps: 1, ms: 1.0 }));
         assert_eq!(
             short.queue,
             Some(Stretch {
-                steps: 3,
+                steps: 2,
                 ms: 250.0
             })
         );
@@ -437,9 +459,9 @@ mod tests {
         assert_eq!(
             costly,
             [
-                (1, Role::Queued, true),
-                (2, Role::Queued, true),
-                (3, Role::Queued, true)
+                (1, Role::Waiting, true),
+                (2, Role::Waiting, true),
+                (3, Role::Waiting, true)
             ]
         );
         let long = all.iter().find(|b| b.id == "long").unwrap();
@@ -468,19 +490,26 @@ mod tests {
 
     #[test]
     fn a_step_that_ended_before_the_request_arrived_is_not_waited_through() {
-        let mut d = doc();
-        // The short request arrives after step 1 ended (at 150 ms, during step 2).
-        let short = d.requests.iter_mut().find(|r| r.id == "short").unwrap();
-        short.queued_unix_ns = Some(150 * MS);
-        short.arrival_unix_ns = Some(150 * MS);
-        short.queued_after_step = 2;
-        let all = breakdowns("s", &d, RankBy::Queue, 0);
-        let b = all.iter().find(|b| b.id == "short").unwrap();
-        assert_eq!(b.queue.unwrap().steps, 2);
-        // Step 1 ended before it arrived; had step 2 ended too, it would not count either.
-        d.requests[1].queued_unix_ns = Some(200 * MS);
-        let all = breakdowns("s", &d, RankBy::Queue, 0);
-        assert_eq!(all[1].queue.unwrap().steps, 1);
+        let waited = |arrival_ms: u64, queued_ms: u64, after: u64| {
+            let mut d = doc();
+            let short = d.requests.iter_mut().find(|r| r.id == "short").unwrap();
+            short.arrival_unix_ns = Some(arrival_ms * MS);
+            short.queued_unix_ns = Some(queued_ms * MS);
+            short.queued_after_step = after;
+            let b = breakdowns("s", &d, RankBy::Queue, 0)
+                .into_iter()
+                .find(|b| b.id == "short")
+                .unwrap();
+            let steps: Vec<u64> = b.costliest.iter().map(|c| c.step).collect();
+            (steps, b.intake.unwrap().steps, b.queue.unwrap().steps)
+        };
+        // Arrived during step 2, queued once it ended (as vLLM takes requests between steps):
+        // step 2 delayed its intake, step 3 its queue; step 1 had ended.
+        assert_eq!(waited(150, 200, 2), (vec![2, 3, 4], 1, 1));
+        // Arrived and queued during step 2 (an engine that takes requests at any time).
+        assert_eq!(waited(150, 150, 2), (vec![2, 3, 4], 1, 1));
+        // Arrived as step 2 ended: only step 3.
+        assert_eq!(waited(200, 200, 2), (vec![3, 4], 0, 1));
     }
 
     #[test]
@@ -497,9 +526,9 @@ mod tests {
         assert_eq!(
             roles,
             [
-                (1, Role::Queued),
-                (2, Role::Queued),
-                (3, Role::Queued),
+                (1, Role::Waiting),
+                (2, Role::Waiting),
+                (3, Role::Waiting),
                 (4, Role::Prefill),
                 (5, Role::Preempted),
                 (6, Role::Decode)

@@ -43,7 +43,7 @@ fn stretch(s: Option<Stretch>, unit: &str) -> String {
 
 fn role(r: Role) -> &'static str {
     match r {
-        Role::Queued => "queued",
+        Role::Waiting => "waiting",
         Role::Prefill => "prefill",
         Role::Decode => "decode",
         Role::Preempted => "preempted",
@@ -139,7 +139,8 @@ pub fn render(
         }
         let _ = writeln!(
             out,
-            "     queue {}   prefill {}   decode {}",
+            "     intake {}   queue {}   prefill {}   decode {}",
+            stretch(b.intake, "step"),
             stretch(b.queue, "step"),
             stretch(b.prefill, "chunk"),
             decode,
