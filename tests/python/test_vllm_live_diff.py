@@ -176,7 +176,7 @@ def status_of(url: str, authorization: str | None) -> int:
 
 def test_stepscope_routes_answer_only_with_the_servers_api_key(server):
     base = f"http://127.0.0.1:{server.port}"
-    for path in ("/stepscope/status", "/stepscope/timeline?since=0"):
+    for path in ("/stepscope/status", "/stepscope/timeline?since=0", "/stepscope/requests?since=0"):
         assert status_of(base + path, None) == 401, path
         assert status_of(base + path, "Bearer not-the-key") == 401, path
         assert status_of(base + path, f"Bearer {API_KEY}") == 200, path
@@ -196,6 +196,14 @@ def test_stepscope_routes_answer_only_with_the_servers_api_key(server):
         assert ok.returncode == 0, ok.stdout + ok.stderr
         (answer,) = json.loads(ok.stdout)["workers"]
         assert "phase" in answer["engine_workers"][0], answer
+
+    # This server keeps no request log (stepscope.requests is off): its engine core says so,
+    # and ctl requests says how to turn it on.
+    status, answer, _ = server.get("/stepscope/requests")
+    assert status == 200 and answer["engines"][0]["requests"] is None, answer
+    off = run([stepscope_cli(), "ctl", "requests", "--worker", base, f"--api-key={API_KEY}"], env=env)
+    assert off.returncode == 1, off.stdout + off.stderr
+    assert '"requests": true' in off.stdout, off.stdout
 
     # vLLM's own profile routes keep vLLM's rule (not guarded), under the plugin too.
     request = urllib.request.Request(base + "/start_profile", method="POST")

@@ -882,3 +882,30 @@ def test_the_routes_key_rule_is_vllms(monkeypatch):
     assert authorized(from_env, "Bearer from-env") and not authorized(from_env, "Bearer k1")
     monkeypatch.delenv("VLLM_API_KEY")
     assert api_tokens(SimpleNamespace()) == [] and authorized([], None)
+
+
+REQUEST_LOG_CHILD = """
+import json
+from vllm.v1.core.sched import scheduler
+from vllm.v1.engine import core, FinishReason
+from vllm.v1.request import RequestStatus
+from stepscope.vllm import lifecycles
+print("SCHEDULER", hasattr(scheduler.Scheduler.schedule, "__stepscope_original__"))
+answer = json.loads(core.EngineCore.stepscope_requests(None, 0))
+print("ANSWER", answer["requests"] is None, answer.get("capacity"))
+print("REASONS", [lifecycles._finish_name(r) for r in (FinishReason.STOP, FinishReason.LENGTH,
+      FinishReason.ABORT, RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_LENGTH_CAPPED)])
+"""
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_the_request_log_patches_the_scheduler_only_when_asked(child, on):
+    env = {"STEPSCOPE_CONFIG": json.dumps({"stepscope": {"requests": {"requests": 32}}})} if on else {}
+    proc = child(CHILD.format(before="", after=REQUEST_LOG_CHILD), env)
+    # Off (the default), vLLM's scheduler is untouched; the engine core still answers, saying so.
+    assert f"SCHEDULER {on}" in proc.stdout, proc.stdout + proc.stderr
+    if on:
+        assert "ANSWER False {'requests': 32, 'steps': 4096}" in proc.stdout, proc.stdout
+    else:
+        assert "ANSWER True None" in proc.stdout, proc.stdout
+    assert "REASONS ['stop', 'length', 'abort', 'abort', 'length']" in proc.stdout, proc.stdout

@@ -35,8 +35,9 @@ DELAY_RANGE = "stepscope_test_injected_delay"
 DELAY_FACTOR = 4
 TOKEN_COST_ARCH = "TokenCostLlama"
 # TokenCostLlama's sleep per token of a forward pass, s: a step's time grows with its tokens
-# by construction, beyond what the model computes (more, too, the more tokens).
-TOKEN_COST_S = 0.0005
+# by construction, beyond what the model computes (more, too, the more tokens). A chunk of 128
+# tokens sleeps 0.26 s, long enough for requests sent meanwhile to reach the queue.
+TOKEN_COST_S = 0.002
 
 
 def register() -> None:
