@@ -38,56 +38,62 @@ def per_call_us(fn, seconds: float = 1.0) -> float:
     return runs[2]
 
 
-def main() -> None:
+def measure(batch: int) -> tuple[float, float, float]:
+    """(log step, timeline step, compute_iteration_details), µs, for a batch of `batch`."""
     from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
     from vllm.v1.utils import compute_iteration_details
 
+    ids = [f"cmpl-{i * 0x9E3779B97F4A7C15 % (1 << 128):032x}-0-{i:08x}" for i in range(batch)]
+    log = stepscope.RequestLog()
+    for i in ids:
+        log.arrived(i, 100, time.time())
+    step = log.begin_step()
+    log.scheduled(step, ids, [100] * batch, [0] * batch)
+    log.end_step(step)
+    log.produced(step, ids, [1] * batch)
+    # Each step decodes one more token: the engine has computed all but the last.
+    computed = [100] * batch
+    cached = CachedRequestData(
+        req_ids=ids, resumed_req_ids=set(), new_token_ids=[], all_token_ids={},
+        new_block_ids=[None] * batch, num_computed_tokens=computed,
+        num_output_tokens=[1] * batch,
+    )  # fmt: skip
+    out = SchedulerOutput(
+        scheduled_new_reqs=[], scheduled_cached_reqs=cached,
+        num_scheduled_tokens=dict.fromkeys(ids, 1), total_num_scheduled_tokens=batch,
+        scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+        finished_req_ids=set(), free_encoder_mm_hashes=[], preempted_req_ids=set(),
+    )  # fmt: skip
+    outputs = {0: EngineCoreOutputs(outputs=[
+        EngineCoreOutput(request_id=i, new_token_ids=[7]) for i in ids])}  # fmt: skip
+
+    def log_step() -> None:
+        s = log.begin_step(0)
+        lifecycles._record_schedule(log, s, out)
+        lifecycles._record_outputs(log, s, outputs)
+        for k in range(batch):
+            computed[k] += 1
+
+    profiler = stepscope.WorkerProfiler({"stepscope": {"timeline": True}}, "bench")
+    it = stepscope.Iteration(0, 0, batch, batch)
+
+    def timeline_step() -> None:
+        profiler.step(it)
+        profiler.step_end()
+
+    return (
+        per_call_us(log_step),
+        per_call_us(timeline_step),
+        per_call_us(lambda: compute_iteration_details(out)),
+    )
+
+
+def main() -> None:
     print("B      log step (µs)  timeline step (µs)  compute_iteration_details (µs)")
     rows = {}
     for batch in (1, 64, 256):
-        ids = [f"cmpl-{i * 0x9E3779B97F4A7C15 % (1 << 128):032x}-0-{i:08x}" for i in range(batch)]
-        log = stepscope.RequestLog()
-        for i in ids:
-            log.arrived(i, 100, time.time())
-        step = log.begin_step()
-        log.scheduled(step, ids, [100] * batch, [0] * batch)
-        log.end_step(step)
-        log.produced(step, ids, [1] * batch)
-        computed = [100] * batch
-        cached = CachedRequestData(
-            req_ids=ids, resumed_req_ids=set(), new_token_ids=[], all_token_ids={},
-            new_block_ids=[None] * batch, num_computed_tokens=computed,
-            num_output_tokens=[1] * batch,
-        )  # fmt: skip
-        out = SchedulerOutput(
-            scheduled_new_reqs=[], scheduled_cached_reqs=cached,
-            num_scheduled_tokens=dict.fromkeys(ids, 1), total_num_scheduled_tokens=batch,
-            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
-            finished_req_ids=set(), free_encoder_mm_hashes=[], preempted_req_ids=set(),
-        )  # fmt: skip
-        outputs = {0: EngineCoreOutputs(outputs=[
-            EngineCoreOutput(request_id=i, new_token_ids=[7]) for i in ids])}  # fmt: skip
-
-        def log_step() -> None:
-            s = log.begin_step(0)
-            lifecycles._record_schedule(log, s, out)
-            lifecycles._record_outputs(log, s, outputs)
-            for k in range(batch):
-                computed[k] += 1
-
-        profiler = stepscope.WorkerProfiler({"stepscope": {"timeline": True}}, "bench")
-        it = stepscope.Iteration(0, 0, batch, batch)
-
-        def timeline_step() -> None:
-            profiler.step(it)
-            profiler.step_end()
-
-        rows[batch] = (
-            per_call_us(log_step),
-            per_call_us(timeline_step),
-            per_call_us(lambda: compute_iteration_details(out)),
-        )
+        rows[batch] = measure(batch)
         print(f"{batch:<6} {rows[batch][0]:>13.2f}  {rows[batch][1]:>18.2f}  {rows[batch][2]:>30.2f}")
     slope = (rows[256][0] - rows[1][0]) / 255
     print(f"per request in the batch: {slope * 1e3:.0f} ns (log); "
