@@ -298,7 +298,7 @@ pub struct RequestsArgs {
     /// Requests listed (0: all)
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
-    /// The steps listed per request as what cost it most
+    /// The steps listed per request as what cost it most (0: every one that counts for --by)
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub steps: usize,
     /// Only this request (its id, or the start of it), with every step it lived through

@@ -1163,3 +1163,150 @@ fn the_api_key_goes_with_every_request_by_flag_or_environment() {
     let text = String::from_utf8_lossy(&help.stdout);
     assert!(text.contains("--api-key") && !text.contains(key), "{text}");
 }
+
+/// One engine's request log as the vLLM plugin serves it: a long prompt's two chunks (steps 1
+/// and 2, 100 ms each) and a short request that waited through them (step 3, 10 ms).
+fn requests_answer() -> Value {
+    let ms = 1_000_000u64;
+    let step = |n: u64, start: u64, dur: u64, prefill: Option<(u32, &str)>, decode: u32| {
+        json!({
+            "step": n, "start_unix_ns": start * ms, "duration_ns": dur * ms,
+            "prefill_reqs": u32::from(prefill.is_some()),
+            "prefill_tokens": prefill.map_or(0, |p| p.0),
+            "decode_reqs": decode, "decode_tokens": decode, "preempted": 0, "waiting": 0,
+            "largest_prefill_tokens": prefill.map_or(0, |p| p.0),
+            "largest_prefill_request": prefill.map(|p| p.1),
+        })
+    };
+    let request = |id: &str, prompt: u32, arrival: u64, first: u64, token_step: u64, token: u64| {
+        json!({
+            "id": id, "prompt_tokens": prompt, "cached_tokens": 0, "output_tokens": 2,
+            "arrival_unix_ns": arrival * ms, "queued_unix_ns": arrival * ms,
+            "queued_after_step": 0, "first_scheduled_step": first,
+            "first_scheduled_unix_ns": (first - 1) * 100 * ms, "prefill_steps": 1,
+            "prefill_tokens": prompt, "first_token_step": token_step,
+            "first_token_unix_ns": token * ms, "decode_steps": 1,
+            "last_token_unix_ns": 230 * ms, "last_step": 4, "preempted_at": [],
+            "resumed_at": [], "finished_step": 4, "finished_unix_ns": 230 * ms,
+            "finish": "length",
+        })
+    };
+    json!({"engines": [{
+        "pid": 7, "step_index": 4, "now_unix_ns": 300 * ms, "clock": "tsc",
+        "capacity": {"requests": 4096, "steps": 4096}, "recorded": {"requests": 2, "steps": 4},
+        "evicted_running": 0,
+        "steps": [
+            step(1, 0, 100, Some((128, "long-1")), 0),
+            step(2, 100, 100, Some((72, "long-1")), 0),
+            step(3, 200, 10, Some((8, "short-2")), 1),
+            step(4, 210, 20, None, 2),
+        ],
+        "requests": [
+            request("long-1", 200, 0, 1, 2, 200),
+            request("short-2", 8, 1, 3, 3, 210),
+        ],
+    }]})
+}
+
+#[test]
+fn requests_ranks_each_engines_requests_and_says_why_a_server_gave_none() {
+    let with_log = Server::new(|req, _| {
+        if req.path.starts_with("/stepscope/requests?since=0") {
+            Reply::Json(200, requests_answer())
+        } else {
+            Reply::Json(404, json!({"detail": "Not Found"}))
+        }
+    });
+    let keyed = Server::new(|_, _| Reply::Json(401, json!({"error": "Unauthorized"})));
+    let old = Server::new(|_, _| Reply::Json(404, json!({"detail": "Not Found"})));
+    let off = Server::new(|_, _| {
+        Reply::Json(
+            200,
+            json!({"engines": [{"pid": 9, "requests": null, "steps": null}]}),
+        )
+    });
+    let (out, _) = ctl(&[
+        "requests",
+        "--worker",
+        &with_log.url,
+        "--worker",
+        &keyed.url,
+        "--worker",
+        &old.url,
+        "--worker",
+        &off.url,
+        "--by",
+        "queue",
+        "--json",
+    ]);
+    // Some servers gave no log: exit 1, with each one's reason; the log read is ranked.
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = json_of(&out);
+    let ids: Vec<&str> = doc["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["short-2", "long-1"]);
+    let short = &doc["requests"][0];
+    assert_eq!(short["queue"]["steps"], 2);
+    assert_eq!(short["costliest"][0]["largest_prefill_request"], "long-1");
+    assert_eq!(doc["engines_without_log"], 1);
+    let errors: Vec<(String, String)> = doc["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["url"].as_str().unwrap().into(),
+                e["error"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(errors
+        .iter()
+        .any(|(u, e)| *u == keyed.url && e.contains("--api-key")));
+    assert!(errors
+        .iter()
+        .any(|(u, e)| *u == old.url && e.contains("VLLM_PLUGINS")));
+
+    // The text says how to turn the log on where it is off.
+    let (out, _) = ctl(&["requests", "--worker", &off.url]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("\"requests\": true"), "{text}");
+
+    // One request by the start of its id: every step it lived through.
+    let (out, _) = ctl(&[
+        "requests",
+        "--worker",
+        &with_log.url,
+        "--request",
+        "short",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let doc = json_of(&out);
+    let steps: Vec<u64> = doc["requests"][0]["costliest"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [1, 2, 3, 4]);
+    // An id no log holds: exit 1, saying so.
+    let (out, _) = ctl(&["requests", "--worker", &with_log.url, "--request", "nope"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"nope\""));
+    // SGLang keeps no request log yet: a usage error that says so.
+    let (out, _) = ctl(&["requests", "--engine", "sglang", "--worker", &with_log.url]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SGLang"));
+}

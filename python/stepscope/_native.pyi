@@ -9,6 +9,7 @@ from typing_extensions import Self, disjoint_base, final
 __all__ = [
     "WorkerProfiler",
     "Iteration",
+    "RequestLog",
     "_add_kineto_glue_dir",
     "kineto_glue",
     "_read_manifest_json",

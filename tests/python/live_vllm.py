@@ -87,6 +87,22 @@ def live_env(ipc_dir: str) -> dict[str, str]:
     return env
 
 
+#: The test's vLLM general plugin of slow and delayable models (tests/python/vllm_slow_step).
+SLOW_STEP_DIR = Path(__file__).parent / "vllm_slow_step"
+
+
+def slow_step_env(**extra: str) -> dict[str, str]:
+    """A live server's environment with stepscope's plugin and the test models' (the directory
+    on ``PYTHONPATH``, ``slow_step`` in ``VLLM_PLUGINS``), and ``extra``."""
+    return {
+        "VLLM_PLUGINS": "stepscope,slow_step",
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(SLOW_STEP_DIR), os.environ.get("PYTHONPATH")])
+        ),
+        **extra,
+    }
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

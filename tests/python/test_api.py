@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import time
 
 import pytest
 
@@ -113,3 +114,31 @@ def test_the_package_ships_its_typing_and_version():
     assert (root / "py.typed").exists()
     assert (root / "_native.pyi").exists()
     assert stepscope.__version__.count(".") == 2
+
+
+def test_the_request_log_records_a_lifecycle_and_names_bad_arguments():
+    # Its default sizes are the config's `true`.
+    log = stepscope.RequestLog()
+    assert log.capacity == stepscope.RequestLog.from_config({"stepscope": {"requests": True}}).capacity
+    assert stepscope.RequestLog.from_config({"stepscope": {}}) is None
+    with pytest.raises(stepscope.ConfigError) as e:
+        stepscope.RequestLog.from_config({"stepscope": {"requests": {"steps": 1}}})
+    assert e.value.field == "stepscope.requests.steps"
+    log = stepscope.RequestLog(requests=16, steps=16)
+    log.arrived("a", 3, time.time() - 0.002)
+    step = log.begin_step(5)
+    log.scheduled(step, ["a"], [3], [0])
+    log.end_step(step)
+    log.produced(step, ["a"], [1])
+    log.finished(step, "a", "LENGTH")
+    doc = json.loads(log.document_json())
+    (r,) = doc["requests"]
+    assert (r["id"], r["prompt_tokens"], r["prefill_steps"], r["first_token_step"]) == ("a", 3, 1, 1)
+    assert r["finish"] == "length" and doc["steps"][0]["waiting"] == 5
+    # It arrived 2 ms before it was queued (its own clock and the wall clock, read together).
+    assert r["queued_unix_ns"] - r["arrival_unix_ns"] >= 2_000_000
+    for bad in (lambda: log.scheduled(step, ["a", "b"], [1], [0, 0]),
+                lambda: log.scheduled(step, [1], [1], [0]),
+                lambda: log.produced(step, ["a"], [-1])):  # fmt: skip
+        with pytest.raises(ValueError):
+            bad()

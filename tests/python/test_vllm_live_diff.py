@@ -27,12 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from live_vllm import VllmServer, cpu_build_missing
+from live_vllm import VllmServer, cpu_build_missing, slow_step_env
 from test_vllm_live import stepscope_cli
 
 pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing()))
 
-PLUGIN_DIR = Path(__file__).parent / "vllm_slow_step"
 from vllm_slow_step.stepscope_slow_step import DELAY_RANGE  # noqa: E402
 
 CAPTURES = 3
@@ -49,13 +48,7 @@ def delayable_server(workdir: Path, api_key: str | None = None) -> VllmServer:
     srv = VllmServer(
         workdir,
         {"profiler": "torch", "torch_profiler_dir": str(workdir / "traces")},
-        env={
-            "VLLM_PLUGINS": "stepscope,slow_step",
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(PLUGIN_DIR), os.environ.get("PYTHONPATH")])
-            ),
-            "STEPSCOPE_TEST_DELAY_FILE": str(workdir / "slower"),
-        },
+        env=slow_step_env(STEPSCOPE_TEST_DELAY_FILE=str(workdir / "slower")),
         model_config={"architectures": ["DelayableLlama"]},
         args=["--enforce-eager"],
         api_key=api_key,

@@ -19,7 +19,6 @@ with a budget of 128 tokens a step, and the KV cache holds 1536 tokens (12 block
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import time
@@ -27,12 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from live_vllm import VllmServer, cpu_build_missing
+from live_vllm import VllmServer, cpu_build_missing, slow_step_env
 from test_vllm_live import stepscope_cli
 
 pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing()))
 
-PLUGIN_DIR = Path(__file__).parent / "vllm_slow_step"
 BUDGET = 128
 # KV cache blocks (of 128 tokens on the CPU build): 1536 tokens.
 KV_BLOCKS = 12
@@ -53,13 +51,7 @@ def token_cost_server(workdir: Path) -> VllmServer:
     return VllmServer(
         workdir,
         {"profiler": "torch", "torch_profiler_dir": str(workdir / "traces")},
-        env={
-            "VLLM_PLUGINS": "stepscope,slow_step",
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(PLUGIN_DIR), os.environ.get("PYTHONPATH")])
-            ),
-            "STEPSCOPE_CONFIG": json.dumps({"stepscope": {"requests": True}}),
-        },
+        env=slow_step_env(STEPSCOPE_CONFIG=json.dumps({"stepscope": {"requests": True}})),
         model_config={"architectures": ["TokenCostLlama"]},
         max_model_len=MAX_MODEL_LEN,
         args=[

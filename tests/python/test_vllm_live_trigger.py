@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from live_vllm import VllmServer, cpu_build_missing
+from live_vllm import VllmServer, cpu_build_missing, slow_step_env
 
 pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing()))
 
-PLUGIN_DIR = Path(__file__).parent / "vllm_slow_step"
 # The plugin's marker token: a prompt beginning with it makes its prefill step slow.
 from vllm_slow_step.stepscope_slow_step import MARK  # noqa: E402
 
@@ -40,15 +38,11 @@ def server(tmp_path_factory):
     srv = VllmServer(
         workdir,
         {"profiler": "torch", "torch_profiler_dir": str(traces), "max_iterations": MAX_ITERATIONS},
-        env={
-            "VLLM_PLUGINS": "stepscope,slow_step",
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(PLUGIN_DIR), os.environ.get("PYTHONPATH")])
-            ),
-            "STEPSCOPE_CONFIG": json.dumps(
+        env=slow_step_env(
+            STEPSCOPE_CONFIG=json.dumps(
                 {"stepscope": {"slow_step_factor": FACTOR, "request_ids": True}}
-            ),
-        },
+            )
+        ),
         model_config={"architectures": ["SlowStepLlama"]},
         # The trigger reads step times, compiled or not; test_vllm_live.py's server runs
         # vLLM's default (compiled) model. Eager saves ~38 s of a core (the compile).

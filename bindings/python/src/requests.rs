@@ -5,7 +5,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
-use stepscope::config::{RequestLogSize, REQUEST_LOG_SIZE};
+use stepscope::config::RequestLogSize;
 use stepscope::requests::{Finish, RequestLog};
 
 use crate::parse_config;
@@ -49,7 +49,9 @@ fn count(item: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
 #[pymethods]
 impl PyRequestLog {
     #[new]
-    #[pyo3(signature = (requests = REQUEST_LOG_SIZE.requests, steps = REQUEST_LOG_SIZE.steps))]
+    // Literals, so that Python's signature shows them: the config's `true` sizes
+    // (REQUEST_LOG_SIZE; tests/python/test_api.py checks they agree).
+    #[pyo3(signature = (requests = 4096, steps = 4096))]
     fn new(requests: usize, steps: usize) -> Self {
         PyRequestLog {
             log: RequestLog::new(RequestLogSize { requests, steps }),

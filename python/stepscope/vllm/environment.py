@@ -37,6 +37,16 @@ def stepscope_keys() -> dict[str, Any]:
     return _stepscope_keys if _stepscope_keys is not None else stepscope_keys_from_env()
 
 
+def key_on(name: str) -> bool:
+    """``"stepscope": {name: ...}`` is set (and not false) in ``STEPSCOPE_CONFIG``; false too
+    when that is bad (reported where the profiler is made)."""
+    try:
+        value = stepscope_keys().get(name)
+    except ValueError:
+        return False
+    return value not in (None, False)
+
+
 #: The keys of the one-time info lines and warnings already logged.
 _informed: set[str] = set()
 _warned: set[str] = set()

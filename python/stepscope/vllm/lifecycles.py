@@ -27,7 +27,7 @@ import os
 from types import ModuleType
 from typing import Any, Callable
 
-from stepscope.vllm.environment import logger, stepscope_keys, warn_once
+from stepscope.vllm.environment import key_on, logger, stepscope_keys, warn_once
 from stepscope.vllm.interfaces import PATCHED_MARK, warn_unpatched
 
 #: The attribute a ``SchedulerOutput`` carries: the log's index of the step it scheduled.
@@ -39,11 +39,7 @@ _tried = False
 
 def requests_wanted() -> bool:
     """``"stepscope": {"requests": ...}`` is set (and not false) in ``STEPSCOPE_CONFIG``."""
-    try:
-        value = stepscope_keys().get("requests")
-    except ValueError:  # a bad STEPSCOPE_CONFIG: reported where the profiler is made
-        return False
-    return value not in (None, False)
+    return key_on("requests")
 
 
 def request_log() -> Any:

@@ -15,7 +15,7 @@ from contextlib import nullcontext
 from types import ModuleType
 from typing import Any, Callable
 
-from stepscope.vllm.environment import logger, stepscope_keys
+from stepscope.vllm.environment import key_on, logger
 from stepscope.vllm.factory import make_factory
 from stepscope.vllm.interfaces import PATCHED_MARK, WRAPPER, signature_known, warn_unpatched
 
@@ -104,11 +104,7 @@ def _make_annotate(
 
 def timeline_wanted() -> bool:
     """``"stepscope": {"timeline": ...}`` is set (and not false) in ``STEPSCOPE_CONFIG``."""
-    try:
-        value = stepscope_keys().get("timeline")
-    except ValueError:  # a bad STEPSCOPE_CONFIG: reported where the profiler is made
-        return False
-    return value not in (None, False)
+    return key_on("timeline")
 
 
 def _timeline_profiler(worker: Any, module: ModuleType) -> Any:
@@ -255,6 +251,18 @@ class StatusEndpoint:
         from fastapi import Request
         from fastapi.responses import JSONResponse
 
+        def since_of(request: Any) -> Any:
+            """The query's ``since`` step index, or a 400 answer saying what it must be."""
+            try:
+                since = int(request.query_params.get("since", "0"))
+                if since >= 0:
+                    return since
+            except ValueError:
+                pass
+            return JSONResponse(
+                {"error": "since must be a step index (an integer >= 0)"}, status_code=400
+            )
+
         def refused(request: Any) -> Any:
             """A 401 answer unless the request carries the server's key."""
             tokens = getattr(request.app.state, "stepscope_api_tokens", [])
@@ -282,14 +290,9 @@ class StatusEndpoint:
             engine = getattr(request.app.state, "stepscope_engine_client", None)
             if engine is None:
                 return JSONResponse({"error": "this server has no engine"}, status_code=503)
-            try:
-                since = int(request.query_params.get("since", "0"))
-                if since < 0:
-                    raise ValueError
-            except ValueError:
-                return JSONResponse(
-                    {"error": "since must be a step index (an integer >= 0)"}, status_code=400
-                )
+            since = since_of(request)
+            if isinstance(since, JSONResponse):
+                return since
             try:
                 workers = await engine.collective_rpc("stepscope_timeline", args=(since,))
             except Exception as e:  # noqa: BLE001 - reported to the caller, not raised
@@ -305,14 +308,9 @@ class StatusEndpoint:
             core = getattr(engine, "engine_core", None)
             if core is None:
                 return JSONResponse({"error": "this server has no engine core"}, status_code=503)
-            try:
-                since = int(request.query_params.get("since", "0"))
-                if since < 0:
-                    raise ValueError
-            except ValueError:
-                return JSONResponse(
-                    {"error": "since must be a step index (an integer >= 0)"}, status_code=400
-                )
+            since = since_of(request)
+            if isinstance(since, JSONResponse):
+                return since
             try:
                 every = getattr(core, "call_utility_all_async", None)
                 if every is not None:

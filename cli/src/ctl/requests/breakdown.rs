@@ -109,8 +109,14 @@ fn span_ms(from: Option<u64>, to: Option<u64>) -> Option<f64> {
 }
 
 /// The breakdowns of `doc`'s requests (from server `server`), each with up to `keep` of its
-/// costliest steps for `by` (every step it lived through when `keep` is 0).
-pub fn breakdowns(server: &str, doc: &RequestsDocument, by: RankBy, keep: usize) -> Vec<Breakdown> {
+/// costliest steps for `by` (`Some(0)`: all of them, in order; `None`: every step it lived
+/// through, in order, whatever `by`).
+pub fn breakdowns(
+    server: &str,
+    doc: &RequestsDocument,
+    by: RankBy,
+    keep: Option<usize>,
+) -> Vec<Breakdown> {
     let steps: HashMap<u64, &EngineStep> = doc.steps.iter().map(|s| (s.step, s)).collect();
     doc.requests
         .iter()
@@ -124,7 +130,7 @@ fn breakdown(
     doc: &RequestsDocument,
     steps: &HashMap<u64, &EngineStep>,
     by: RankBy,
-    keep: usize,
+    keep: Option<usize>,
 ) -> Breakdown {
     let start = r.arrival_unix_ns.or(r.queued_unix_ns);
     let end = r.finished_unix_ns.filter(|_| r.finish.is_some());
@@ -158,16 +164,17 @@ fn breakdown(
             .map(|s| ms(s.duration_ns))
             .collect()
     };
-    // Waiting: before it reached the scheduler (intake) and after (queue).
-    let began_before = |s: u64, t: Option<u64>| {
+    // Waiting: before it reached the scheduler (intake: the steps that ended by then) and
+    // after (queue).
+    let ended_by = |s: u64, t: Option<u64>| {
         steps
             .get(&s)
             .zip(t)
-            .is_some_and(|(st, t)| st.start_unix_ns < t)
+            .is_some_and(|(st, t)| st.end_unix_ns() <= t)
     };
     let waiting = || lived.iter().filter(|(_, k)| *k == Role::Waiting);
     let intake_steps = waiting()
-        .filter(|(s, _)| began_before(*s, r.queued_unix_ns))
+        .filter(|(s, _)| ended_by(*s, r.queued_unix_ns))
         .count() as u32;
     let queued_steps = waiting().count() as u32 - intake_steps;
     let intake = r.arrival_unix_ns.and(r.queued_unix_ns).map(|_| Stretch {
@@ -215,18 +222,19 @@ fn breakdown(
         .reduce(f64::max);
 
     // The steps that cost it most for `by`.
-    let until = match by {
-        RankBy::Ttft | RankBy::Queue => r.first_token_step.unwrap_or(last),
-        RankBy::E2e | RankBy::Itl => last,
+    let until = match (keep, by) {
+        (Some(_), RankBy::Ttft | RankBy::Queue) => r.first_token_step.unwrap_or(last),
+        _ => last,
     };
+    let counts = |k: Role| keep.is_none() || by != RankBy::Itl || k == Role::Decode;
     let mut costs: Vec<StepCost> = lived
         .iter()
-        .filter(|(s, k)| *s <= until && (by != RankBy::Itl || *k == Role::Decode))
+        .filter(|(s, k)| *s <= until && counts(*k))
         .filter_map(|(s, k)| steps.get(s).map(|st| cost(st, *k, &r.id)))
         .collect();
-    if keep > 0 {
+    if let Some(n) = keep.filter(|n| *n > 0) {
         costs.sort_by(|a, b| b.ms.total_cmp(&a.ms).then(a.step.cmp(&b.step)));
-        costs.truncate(keep);
+        costs.truncate(n);
     }
     Breakdown {
         server: server.to_string(),
@@ -431,15 +439,16 @@ mod tests {
 
     #[test]
     fn a_short_request_queued_behind_a_long_prefill_is_charged_its_chunks() {
-        let all = breakdowns("http://h:1", &doc(), RankBy::Ttft, 3);
+        let all = breakdowns("http://h:1", &doc(), RankBy::Ttft, Some(3));
         let short = all.iter().find(|b| b.id == "short").unwrap();
         assert_eq!(short.ttft_ms, Some(261.0));
-        // It arrived during step 1 and reached the queue 1 ms later (step 1 still running).
-        assert_eq!(short.intake, Some(Stretch { steps: 1, ms: 1.0 }));
+        // It arrived during step 1 and reached the queue 1 ms later, step 1 still running
+        // (an engine that takes requests at any time): it waited in the queue through it.
+        assert_eq!(short.intake, Some(Stretch { steps: 0, ms: 1.0 }));
         assert_eq!(
             short.queue,
             Some(Stretch {
-                steps: 2,
+                steps: 3,
                 ms: 250.0
             })
         );
@@ -477,12 +486,15 @@ mod tests {
 
         // Ranked by queue wait, the short request is first; by TTFT the long one (its own
         // prefill is longer than the wait it caused).
-        let by_queue = rank(breakdowns("s", &doc(), RankBy::Queue, 3), RankBy::Queue);
+        let by_queue = rank(
+            breakdowns("s", &doc(), RankBy::Queue, Some(3)),
+            RankBy::Queue,
+        );
         assert_eq!(by_queue[0].id, "short");
-        let by_ttft = rank(breakdowns("s", &doc(), RankBy::Ttft, 3), RankBy::Ttft);
+        let by_ttft = rank(breakdowns("s", &doc(), RankBy::Ttft, Some(3)), RankBy::Ttft);
         assert_eq!(by_ttft[0].id, "long");
         // By ITL only decode steps count.
-        let by_itl = breakdowns("s", &doc(), RankBy::Itl, 0);
+        let by_itl = breakdowns("s", &doc(), RankBy::Itl, Some(0));
         assert!(by_itl
             .iter()
             .all(|b| b.costliest.iter().all(|c| c.role == Role::Decode)));
@@ -496,7 +508,7 @@ mod tests {
             short.arrival_unix_ns = Some(arrival_ms * MS);
             short.queued_unix_ns = Some(queued_ms * MS);
             short.queued_after_step = after;
-            let b = breakdowns("s", &d, RankBy::Queue, 0)
+            let b = breakdowns("s", &d, RankBy::Queue, Some(0))
                 .into_iter()
                 .find(|b| b.id == "short")
                 .unwrap();
@@ -507,7 +519,7 @@ mod tests {
         // step 2 delayed its intake, step 3 its queue; step 1 had ended.
         assert_eq!(waited(150, 200, 2), (vec![2, 3, 4], 1, 1));
         // Arrived and queued during step 2 (an engine that takes requests at any time).
-        assert_eq!(waited(150, 150, 2), (vec![2, 3, 4], 1, 1));
+        assert_eq!(waited(150, 150, 2), (vec![2, 3, 4], 0, 2));
         // Arrived as step 2 ended: only step 3.
         assert_eq!(waited(200, 200, 2), (vec![3, 4], 0, 1));
     }
@@ -518,7 +530,7 @@ mod tests {
         let short = d.requests.iter_mut().find(|r| r.id == "short").unwrap();
         short.preempted_at = vec![5];
         short.resumed_at = vec![6];
-        let b = breakdowns("s", &d, RankBy::E2e, 0)
+        let b = breakdowns("s", &d, RankBy::E2e, Some(0))
             .into_iter()
             .find(|b| b.id == "short")
             .unwrap();

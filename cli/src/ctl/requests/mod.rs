@@ -70,7 +70,11 @@ pub fn command(a: &RequestsArgs) -> Result<ExitCode, Error> {
                 &l.server,
                 &l.doc,
                 a.by,
-                if a.request.is_some() { 0 } else { a.steps },
+                if a.request.is_some() {
+                    None
+                } else {
+                    Some(a.steps)
+                },
             )
         })
         .collect();
