@@ -884,28 +884,38 @@ def test_the_routes_key_rule_is_vllms(monkeypatch):
     assert api_tokens(SimpleNamespace()) == [] and authorized([], None)
 
 
-REQUEST_LOG_CHILD = """
-import json
-from vllm.v1.core.sched import scheduler
-from vllm.v1.engine import core, FinishReason
-from vllm.v1.request import RequestStatus
-from stepscope.vllm import lifecycles
-print("SCHEDULER", hasattr(scheduler.Scheduler.schedule, "__stepscope_original__"))
-answer = json.loads(core.EngineCore.stepscope_requests(None, 0))
-print("ANSWER", answer["requests"] is None, answer.get("capacity"))
-print("REASONS", [lifecycles._finish_name(r) for r in (FinishReason.STOP, FinishReason.LENGTH,
-      FinishReason.ABORT, RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_LENGTH_CAPPED)])
-"""
 
+def test_the_request_log_patches_vllms_scheduler_only_when_asked(vllm_loaded, monkeypatch):
+    from vllm.v1.core.sched import scheduler
+    from vllm.v1.engine import FinishReason, core
+    from vllm.v1.request import RequestStatus
 
-@pytest.mark.parametrize("on", [False, True])
-def test_the_request_log_patches_the_scheduler_only_when_asked(child, on):
-    env = {"STEPSCOPE_CONFIG": json.dumps({"stepscope": {"requests": {"requests": 32}}})} if on else {}
-    proc = child(CHILD.format(before="", after=REQUEST_LOG_CHILD), env)
-    # Off (the default), vLLM's scheduler is untouched; the engine core still answers, saying so.
-    assert f"SCHEDULER {on}" in proc.stdout, proc.stdout + proc.stderr
-    if on:
-        assert "ANSWER False {'requests': 32, 'steps': 4096}" in proc.stdout, proc.stdout
-    else:
-        assert "ANSWER True None" in proc.stdout, proc.stdout
-    assert "REASONS ['stop', 'length', 'abort', 'abort', 'length']" in proc.stdout, proc.stdout
+    from stepscope.vllm import lifecycles
+
+    mark = "__stepscope_original__"
+    # Off (the default: this process registered the plugin without it), vLLM's scheduler is
+    # untouched, and the engine core answers that it keeps no log.
+    assert not hasattr(scheduler.Scheduler.schedule, mark)
+    assert json.loads(core.EngineCore.stepscope_requests(None, 0))["requests"] is None
+    # The hooks wrap the four methods, each keeping vLLM's, once; undone after.
+    names = ("add_request", "schedule", "update_from_output", "finish_requests")
+    originals = {n: getattr(scheduler.Scheduler, n) for n in names}
+    try:
+        lifecycles._patch_scheduler(scheduler)
+        lifecycles._patch_scheduler(scheduler)
+        for n in names:
+            assert getattr(getattr(scheduler.Scheduler, n), mark) is originals[n], n
+    finally:
+        for n, f in originals.items():
+            setattr(scheduler.Scheduler, n, f)
+    # On, the engine core answers with its log, sized as the config says.
+    monkeypatch.setenv("STEPSCOPE_CONFIG", json.dumps({"stepscope": {"requests": {"requests": 32}}}))
+    monkeypatch.setattr(lifecycles, "_tried", False)
+    monkeypatch.setattr(lifecycles, "_log", None)
+    monkeypatch.setattr(plugin.environment, "_stepscope_keys", None)
+    answer = json.loads(core.EngineCore.stepscope_requests(None, 0))
+    assert answer["capacity"] == {"requests": 32, "steps": 4096}, answer
+    # vLLM's reasons, as the log names them.
+    reasons = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT,
+               RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_LENGTH_CAPPED)  # fmt: skip
+    assert [lifecycles._finish_name(r) for r in reasons] == ["stop", "length", "abort", "abort", "length"]
