@@ -343,6 +343,24 @@ impl RequestLog {
         self.event(self.next_event, seq, step, false);
     }
 
+    /// Step `step` scheduled nothing (an engine that polls its scheduler while it waits, as
+    /// vLLM's does for remote KV transfers, a millisecond apart): it is taken back, if it is
+    /// the last begun and recorded no request, so that such polls never push real steps out
+    /// of the ring. Returns whether it was.
+    pub fn discard_step(&mut self, step: u64) -> bool {
+        let Some(s) = self.step_slot(step) else {
+            return false;
+        };
+        let st = &self.steps[s];
+        let empty = st.prefill_reqs == 0 && st.decode_reqs == 0 && st.preempted == 0;
+        if step != self.next_step || !empty {
+            return false;
+        }
+        self.steps[s] = Step::default();
+        self.next_step -= 1;
+        true
+    }
+
     /// Step `step`'s output has been processed: it ends now.
     pub fn end_step(&mut self, step: u64) {
         let now = self.clock.ticks().max(1);
@@ -879,5 +897,30 @@ mod tests {
             let e = ProfilerConfig::from_json_str(bad).unwrap_err();
             assert_eq!(e.field(), Some(field), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn an_empty_step_is_taken_back_so_that_polls_keep_no_room() {
+        let mut l = log(16, 16);
+        l.arrived("a", 4, None);
+        let s = l.begin_step(1);
+        l.scheduled(s, "a", 4, 0);
+        l.end_step(s);
+        // A thousand polls that schedule nothing leave the ring as it was.
+        for _ in 0..1000 {
+            let e = l.begin_step(0);
+            assert!(l.discard_step(e));
+        }
+        let d = l.document(0);
+        assert_eq!((d.step_index, d.steps.len()), (1, 1));
+        // A step that scheduled someone, or is not the last begun, stays.
+        let kept = l.begin_step(0);
+        l.scheduled(kept, "a", 1, 4);
+        assert!(!l.discard_step(kept));
+        let older = l.begin_step(0);
+        let newer = l.begin_step(0);
+        assert!(!l.discard_step(older));
+        assert!(l.discard_step(newer));
+        assert_eq!(l.document(0).step_index, 3);
     }
 }

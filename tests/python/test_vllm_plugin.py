@@ -915,6 +915,19 @@ def test_the_request_log_patches_vllms_scheduler_only_when_asked(vllm_loaded, mo
     monkeypatch.setattr(plugin.environment, "_stepscope_keys", None)
     answer = json.loads(core.EngineCore.stepscope_requests(None, 0))
     assert answer["capacity"] == {"requests": 32, "steps": 4096}, answer
+    # A schedule that scheduled nothing (vLLM's loop polls while it waits) keeps no step;
+    # one that did is recorded and named on its output.
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    log = stepscope.RequestLog(requests=16, steps=16)
+    empty = SchedulerOutput.make_empty()
+    lifecycles._record_schedule(log, log.begin_step(), empty)
+    assert json.loads(log.document_json())["step_index"] == 0
+    assert not hasattr(empty, lifecycles.STEP_ATTR)
+    busy = scheduler_output()
+    lifecycles._record_schedule(log, log.begin_step(), busy)
+    assert getattr(busy, lifecycles.STEP_ATTR) == 1
+    assert len(json.loads(log.document_json())["requests"]) == len(busy.num_scheduled_tokens)
     # vLLM's reasons, as the log names them.
     reasons = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT,
                RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_LENGTH_CAPPED)  # fmt: skip

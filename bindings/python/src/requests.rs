@@ -132,6 +132,13 @@ impl PyRequestLog {
         })
     }
 
+    /// Step ``step`` scheduled nothing: taken back if it is the last begun and recorded no
+    /// request (an engine polling its scheduler keeps no room in the ring). Returns whether
+    /// it was.
+    fn discard_step(&mut self, step: u64) -> bool {
+        self.log.discard_step(step)
+    }
+
     /// Step ``step``'s output has been processed: it ends now.
     fn end_step(&mut self, step: u64) {
         self.log.end_step(step);

@@ -89,6 +89,11 @@ def _record_arrival(log: Any, request: Any) -> None:
 
 
 def _record_schedule(log: Any, step: int, out: Any) -> None:
+    preempted = getattr(out, "preempted_req_ids", None)
+    if not out.total_num_scheduled_tokens and not preempted and log.discard_step(step):
+        # A poll that scheduled nothing (vLLM's loop polls a millisecond apart while it
+        # waits, e.g. for remote KV transfers): no room in the ring.
+        return
     setattr(out, STEP_ATTR, step)
     tokens = out.num_scheduled_tokens
     new = out.scheduled_new_reqs
@@ -99,7 +104,6 @@ def _record_schedule(log: Any, step: int, out: Any) -> None:
     if cached.req_ids:
         log.scheduled(step, cached.req_ids, [tokens[i] for i in cached.req_ids],
                       cached.num_computed_tokens)  # fmt: skip
-    preempted = getattr(out, "preempted_req_ids", None)
     if preempted:
         log.preempted(step, preempted)
 
