@@ -138,14 +138,20 @@ def test_an_unchanged_server_shows_no_change_and_a_slower_model_its_slower_place
     for g in decode:
         after = by_group[g["group"]]
         assert after["verdict"] == "slower", after
-        top = after["names"][0]
-        assert (top["name"], top["category"], top["status"]) == (
-            DELAY_RANGE,
-            "annotation",
-            "added",
-        ), after["names"][:3]
+        names = after["names"]
+        injected = next((n for n in names if n["name"] == DELAY_RANGE), None)
+        assert injected is not None, names[:3]
+        assert (injected["category"], injected["status"]) == ("annotation", "added"), injected
         # One delay per forward pass, each step one forward pass.
-        assert top["after"]["count"] == 1.0, top
+        assert injected["after"]["count"] == 1.0, injected
+        # First, or behind only names that ran as often but slower: once, beside the other
+        # live servers of make test, aten::copy_ took +196 ms a step on the slower side alone,
+        # its 43 calls a step the same (our guess, not measured: the sleep lets vLLM's OpenMP
+        # threads park, and each parallel op after it waits for them on a busy core).
+        ahead = names[: names.index(injected)]
+        assert all(
+            n["status"] == "same" and n["before"]["count"] == n["after"]["count"] for n in ahead
+        ), ahead
     # The changed groups come first.
     assert changed["groups"][0]["verdict"] == "slower"
 
