@@ -40,9 +40,7 @@ impl Clock {
     }
 
     pub(crate) fn anchored(source: Source) -> Self {
-        let anchor_unix_ns = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let anchor_unix_ns = unix_now_ns();
         let mut clock = Clock {
             source,
             anchor: Instant::now(),
@@ -147,4 +145,11 @@ mod tsc {
     pub(super) fn read() -> u64 {
         0
     }
+}
+
+/// The wall clock now, ns since the Unix epoch (0 before it).
+pub(crate) fn unix_now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }

@@ -29,7 +29,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
-use crate::clock::{Clock, Scale};
+use crate::clock::{unix_now_ns, Clock, Scale};
 use crate::config::{RequestLogSize, REQUEST_LOG_RANGE};
 
 pub use stepscope_format::requests::{
@@ -271,14 +271,13 @@ impl RequestLog {
         r.queued_after_step = after;
     }
 
-    /// The engine begins scheduling a step now, with `waiting` requests left in its queue
-    /// once scheduled (0 when unknown); returns the step's index.
+    /// The engine begins scheduling a step now, with `waiting` requests in its queue (0 when
+    /// unknown); returns the step's index.
     pub fn begin_step(&mut self, waiting: u32) -> u64 {
         let now = self.clock.ticks().max(1);
         self.next_step += 1;
         let step = self.next_step;
-        let mask = self.steps.len() - 1;
-        self.steps[(step as usize) & mask] = Step {
+        self.steps[self.step_at(step)] = Step {
             step,
             begin: now,
             waiting,
@@ -296,7 +295,6 @@ impl RequestLog {
         };
         let begin = self.steps[s].begin;
         let at = self.find_or_insert(id);
-        let next_event = self.next_event;
         let r = &mut self.requests[at];
         let seq = r.seq;
         if r.first_scheduled_step == 0 {
@@ -327,7 +325,7 @@ impl RequestLog {
             st.decode_tokens = st.decode_tokens.saturating_add(tokens);
         }
         if resumed {
-            self.event(next_event, seq, step, true);
+            self.event(seq, step, true);
         }
     }
 
@@ -340,7 +338,7 @@ impl RequestLog {
         if let Some(s) = self.step_slot(step) {
             self.steps[s].preempted += 1;
         }
-        self.event(self.next_event, seq, step, false);
+        self.event(seq, step, false);
     }
 
     /// Step `step` scheduled nothing (an engine that polls its scheduler while it waits, as
@@ -392,8 +390,7 @@ impl RequestLog {
             Some(s) => (s, self.step_end_or_now(s)),
             None => (self.next_step, self.clock.ticks().max(1)),
         };
-        let hash = self.hasher.hash_one(id.as_bytes());
-        if let Some(at) = self.find(hash, id.as_bytes()) {
+        if let Some(at) = self.find(self.hasher.hash_one(id.as_bytes()), id.as_bytes()) {
             let r = &mut self.requests[at];
             if r.finish == 0 {
                 r.finish = reason as u8;
@@ -420,6 +417,8 @@ impl RequestLog {
             .filter(|r| r.seq != 0 && (r.finish == 0 || r.last_activity() > since))
             .collect();
         requests.sort_unstable_by_key(|r| r.seq);
+        // Sorted by request, so that each request's are found by a binary search: a reader in
+        // vLLM runs on the engine core's thread, between steps.
         let mut events: Vec<&Event> = self.events.iter().filter(|e| e.seq != 0).collect();
         events.sort_unstable_by_key(|e| (e.seq, e.step, e.resumed));
         let requests = requests
@@ -473,8 +472,15 @@ impl RequestLog {
         ((seq - 1) as usize) & (self.requests.len() - 1)
     }
 
+    /// Where step `step` goes in the ring.
+    fn step_at(&self, step: u64) -> usize {
+        // The length is a power of two: the mask is the modulo.
+        (step as usize) & (self.steps.len() - 1)
+    }
+
+    /// Where step `step` is, while the ring still holds it.
     fn step_slot(&self, step: u64) -> Option<usize> {
-        let s = (step as usize) & (self.steps.len() - 1);
+        let s = self.step_at(step);
         (step != 0 && self.steps[s].step == step).then_some(s)
     }
 
@@ -485,10 +491,10 @@ impl RequestLog {
         }
     }
 
-    fn event(&mut self, n: u64, seq: u64, step: u64, resumed: bool) {
+    fn event(&mut self, seq: u64, step: u64, resumed: bool) {
         let len = self.events.len();
-        self.events[(n as usize) % len] = Event { seq, step, resumed };
-        self.next_event = n + 1;
+        self.events[(self.next_event as usize) % len] = Event { seq, step, resumed };
+        self.next_event += 1;
     }
 
     /// The slot of request `id`, which a log not holding it gets now, first seen scheduled.
@@ -583,16 +589,13 @@ impl RequestLog {
     }
 }
 
-fn unix_now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
-
+/// Request `r` as the document gives it; `events` are sorted by request.
 fn record(scale: &Scale, r: &Req, events: &[&Event]) -> RequestRecord {
     let time = |ticks: u64| (ticks != 0).then(|| scale.unix_ns(ticks));
     let step = |s: u64| (s != 0).then_some(s);
-    let mine = events.iter().filter(|e| e.seq == r.seq);
+    let from = events.partition_point(|e| e.seq < r.seq);
+    let to = from + events[from..].partition_point(|e| e.seq == r.seq);
+    let mine = events[from..to].iter();
     RequestRecord {
         id: r.id_str(),
         prompt_tokens: r.prompt_tokens,

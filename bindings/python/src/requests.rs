@@ -93,8 +93,8 @@ impl PyRequestLog {
         self.log.arrived(id, prompt_tokens, arrival);
     }
 
-    /// The engine begins scheduling a step now (``waiting``: requests left in its queue once
-    /// scheduled); returns the step's index, which the step's other calls name.
+    /// The engine begins scheduling a step now (``waiting``: requests in its queue); returns
+    /// the step's index, which the step's other calls name.
     #[pyo3(signature = (waiting = 0))]
     fn begin_step(&mut self, waiting: u32) -> u64 {
         self.log.begin_step(waiting)

@@ -28,7 +28,7 @@ pub struct EngineStep {
     pub decode_tokens: u32,
     /// Requests the step preempted.
     pub preempted: u32,
-    /// Requests left waiting once the step was scheduled.
+    /// Requests waiting in the engine's queue when the step began.
     pub waiting: u32,
     /// The largest prefill chunk it carried, tokens (0: none).
     pub largest_prefill_tokens: u32,
