@@ -4,7 +4,9 @@ step's end and each request's token), on vLLM's own `SchedulerOutput` and `Engin
 classes, for B = 1, 64 and 256. Beside it, in the same run: the step timeline's cost from
 Python (`step(Iteration)` and `step_end()`, what the worker plugin runs per step with the
 timeline on) and vLLM's own `compute_iteration_details` on the same output (which that path
-calls). Per-request cost: the slope between B = 1 and 256.
+calls). Per-request cost: the slope between B = 1 and 256. Then what a captured iteration
+costs the worker plugin with `"request_ids": true`: its `Iteration` with the ids alone (before
+each request's tokens and phase were recorded) and with them.
 
     .venv/bin/python scripts/bench_requests.py
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import time
 
 import stepscope
-from stepscope.vllm import lifecycles
+from stepscope.vllm import lifecycles, worker
 
 
 def per_call_us(fn, seconds: float = 1.0) -> float:
@@ -38,8 +40,9 @@ def per_call_us(fn, seconds: float = 1.0) -> float:
     return runs[2]
 
 
-def measure(batch: int) -> tuple[float, float, float]:
-    """(log step, timeline step, compute_iteration_details), µs, for a batch of `batch`."""
+def measure(batch: int) -> tuple[float, float, float, float, float]:
+    """(log step, timeline step, compute_iteration_details, a captured iteration with ids,
+    with ids, tokens and phases), µs, for a batch of `batch`."""
     from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
     from vllm.v1.utils import compute_iteration_details
@@ -82,10 +85,18 @@ def measure(batch: int) -> tuple[float, float, float]:
         profiler.step(it)
         profiler.step_end()
 
+    def with_ids() -> None:
+        worker.iteration_of(out, compute_iteration_details, False, worker.request_ids_of(out))
+
+    def with_shares() -> None:
+        worker.iteration_of(out, compute_iteration_details, False, worker.requests_of(out))
+
     return (
         per_call_us(log_step),
         per_call_us(timeline_step),
         per_call_us(lambda: compute_iteration_details(out)),
+        per_call_us(with_ids),
+        per_call_us(with_shares),
     )
 
 
@@ -98,6 +109,9 @@ def main() -> None:
     slope = (rows[256][0] - rows[1][0]) / 255
     print(f"per request in the batch: {slope * 1e3:.0f} ns (log); "
           f"compute_iteration_details: {(rows[256][2] - rows[1][2]) / 255 * 1e3:.0f} ns")
+    print("B      captured Iteration: ids (µs)  ids, tokens, phases (µs)")
+    for batch, r in rows.items():
+        print(f"{batch:<6} {r[3]:>27.2f}  {r[4]:>24.2f}")
     log = stepscope.RequestLog()
     print(f"memory at the default sizes (4096 requests, 4096 steps): {log.memory_bytes / 1e6:.2f} MB")
 

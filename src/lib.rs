@@ -50,7 +50,9 @@ pub use stepscope_format::{manifest, trace};
 pub use config::ProfilerConfig;
 pub use error::{Error, IoSource, Result};
 pub use flush::TraceWrite;
-pub use iteration::{IterationDetail, IterationInfo, PhaseSums, RequestIds, Stage};
+pub use iteration::{
+    IterationDetail, IterationInfo, PhaseSums, RequestIds, RequestShare, ScheduledRequests, Stage,
+};
 pub use profiler::{
     IterationGuard, StartOutcome, Status, StepTime, StopOutcome, WorkerProfiler, Writes,
 };

@@ -66,11 +66,20 @@ class Iteration:
         gen_qq_compute: int | None = None,
         gen_qk_compute: int | None = None,
         request_ids: list[str] | None = None,
+        request_tokens: list[int] | None = None,
+        request_prefill: list[bool] | None = None,
     ) -> Self: ...
     @property
     def request_ids(self) -> list[str] | None:
         """The ids of the requests this iteration serves, if given: recorded for captured
         iterations with ``"stepscope": {"request_ids": true}``."""
+    @property
+    def request_tokens(self) -> list[int] | None:
+        """The tokens scheduled for each request, in the order of ``request_ids``, if given."""
+    @property
+    def request_prefill(self) -> list[bool] | None:
+        """Whether each request is in prefill (else decode), in the order of ``request_ids``,
+        if given."""
     @property
     def num_ctx_reqs(self) -> int: ...
     @property

@@ -574,9 +574,19 @@ impl Backend for TorchBackend {
         if let Some(s) = self.session.as_mut() {
             let mut ids = Vec::with_capacity(requests.count());
             requests.for_each_id(&mut |id| ids.push(id.to_string()));
+            let (mut tokens, mut prefill) = (Vec::new(), Vec::new());
+            if !requests.for_each_share(&mut |share| {
+                tokens.push(share.tokens);
+                prefill.push(share.prefill);
+            }) || tokens.len() != ids.len()
+            {
+                (tokens, prefill) = (Vec::new(), Vec::new());
+            }
             s.steps.push(StepRequests {
                 step,
                 requests: ids,
+                tokens,
+                prefill,
             });
         }
     }

@@ -143,10 +143,12 @@ mod tests {
             StepRequests {
                 step: 4,
                 requests: vec!["a".into(), "b\"q".into()],
+                ..StepRequests::default()
             },
             StepRequests {
                 step: 5,
                 requests: vec!["c".into()],
+                ..StepRequests::default()
             },
         ]
     }

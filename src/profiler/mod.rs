@@ -41,7 +41,7 @@ use crate::backend::{self, Backend};
 use crate::config::ProfilerConfig;
 use crate::error::{Error, Result};
 use crate::flush::PendingWrites;
-use crate::iteration::{IterationInfo, RequestIds};
+use crate::iteration::{IterationInfo, RequestIds, RequestShare};
 use crate::schedule::{Phase, StartOptions};
 use crate::timeline::{Timeline, TimelineDocument, TimelineStep};
 
@@ -176,6 +176,8 @@ impl WorkerProfiler {
     /// annotation and header, the manifest, and an NVTX marker inside the iteration's range).
     /// The ids are read only when the iteration is captured; pass them only while
     /// [`WorkerProfiler::wants_request_ids`] is true, which spares the engine collecting them.
+    /// With each request's tokens and phase ([`crate::ScheduledRequests`]), the header and
+    /// manifest list those too, for `stepscope analyze --requests`.
     ///
     /// ```
     /// use stepscope::{IterationInfo, ProfilerConfig, WorkerProfiler};
@@ -552,6 +554,10 @@ impl<R: RequestIds + ?Sized> RequestIds for SizedIds<'_, R> {
 
     fn for_each_id(&self, f: &mut dyn FnMut(&str)) {
         self.0.for_each_id(f);
+    }
+
+    fn for_each_share(&self, f: &mut dyn FnMut(RequestShare)) -> bool {
+        self.0.for_each_share(f)
     }
 }
 

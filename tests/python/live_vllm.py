@@ -103,6 +103,17 @@ def slow_step_env(**extra: str) -> dict[str, str]:
     }
 
 
+def iteration_name(step: dict) -> str:
+    """The annotation name vLLM gives an iteration (``execute_context_N(T)_generation_M(U)``),
+    from a captured step's requests, tokens and phases as stepscope's header lists them."""
+    shares = list(zip(step.get("tokens", []), step.get("prefill", []), strict=True))
+    ctx = [t for t, p in shares if p]
+    gen = [t for t, p in shares if not p]
+    return (
+        f"execute_context_{len(ctx)}({sum(ctx)})_generation_{len(gen)}({sum(gen)})"
+    )
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -139,11 +139,17 @@ class Scheduler:
         ``rid`` s are ``f"{forward count}.{i}"``."""
         self.forward_ct += 1
         tokens = 100 + self.forward_ct if tokens is None else tokens
+        members = [SimpleNamespace(rid=f"{self.forward_ct}.{i}") for i in range(reqs)]
+        # As ScheduleBatch lays an extend batch out: a length per request, a mixed batch's
+        # decoding requests (one token each) last (mix_with_running).
+        new = reqs - decoding
+        lens = [(tokens - decoding) // new + (i < (tokens - decoding) % new) for i in range(new)]
         batch = SimpleNamespace(
             forward_mode=mode,
-            reqs=[SimpleNamespace(rid=f"{self.forward_ct}.{i}") for i in range(reqs)],
+            reqs=members,
             extend_num_tokens=tokens if mode.is_extend() else None,
-            decoding_reqs=[object()] * decoding if decoding else None,
+            extend_lens=lens + [1] * decoding if mode.is_extend() else None,
+            decoding_reqs=members[new:] if decoding else None,
             batch_size=lambda: reqs,
         )
         self.manager._profile_batch_predicate(batch)

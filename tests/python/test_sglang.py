@@ -115,10 +115,30 @@ def test_with_request_ids_each_captured_batch_names_its_rids(tmp_path, monkeypat
     m = wait_complete(tmp_path / "rids-TP-0.stepscope.json")
     # Steps count from the profiler's creation at the request; the rids are forward pass 2's
     # and 3's.
+    # With each one's tokens (its extend length; one in decode) and phase.
     assert m["steps"] == [
-        {"step": 1, "requests": ["2.0", "2.1"]},
-        {"step": 2, "requests": ["3.0", "3.1", "3.2"]},
-    ]
+        {"step": 1, "requests": ["2.0", "2.1"], "tokens": [51, 51], "prefill": [True, True]},
+        {"step": 2, "requests": ["3.0", "3.1", "3.2"], "tokens": [1, 1, 1],
+         "prefill": [False, False, False]},
+    ]  # fmt: skip
+
+
+def test_a_mixed_batch_tells_its_decoding_requests_from_its_extends(monkeypatch):
+    batch = SimpleNamespace(
+        forward_mode=M,
+        reqs=[SimpleNamespace(rid=r) for r in ("new", "old1", "old2")],
+        extend_num_tokens=42,
+        extend_lens=[40, 1, 1],
+        decoding_reqs=None,
+    )
+    batch.decoding_reqs = batch.reqs[1:]
+    it = plugin.iteration_of(batch, ["new", "old1", "old2"])
+    assert (it.request_tokens, it.request_prefill) == ([40, 1, 1], [True, False, False])
+    assert it.name() == stepscope.Iteration(1, 40, 2, 2).name()
+    # Lengths that do not match the requests are left out, the ids kept.
+    batch.extend_lens = [42]
+    it = plugin.iteration_of(batch, ["new", "old1", "old2"])
+    assert it.request_ids == ["new", "old1", "old2"] and it.request_tokens is None
 
 
 def test_a_start_step_already_passed_begins_in_the_next_forward_pass_as_sglangs_does(

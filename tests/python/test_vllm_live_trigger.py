@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from live_vllm import VllmServer, cpu_build_missing, slow_step_env
+from live_vllm import VllmServer, cpu_build_missing, iteration_name, slow_step_env
 
 pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing()))
 
@@ -136,7 +136,17 @@ def test_a_long_prompt_among_decodes_triggers_a_capture_naming_its_requests(serv
         for e in doc["traceEvents"]
         if e.get("cat") == "user_annotation" and e.get("name", "").startswith("execute_")
     ]
-    assert annotated == steps
+    assert annotated == [{"step": s["step"], "requests": s["requests"]} for s in steps]
+    # With each request's tokens and phase (the header's only), summing to vLLM's own counts
+    # in the iteration's name.
+    names = {
+        e["args"]["Record function id"]: e["name"]
+        for e in doc["traceEvents"]
+        if e.get("cat") == "user_annotation" and e.get("name", "").startswith("execute_")
+    }
+    for s in steps:
+        assert len(s["tokens"]) == len(s["prefill"]) == len(s["requests"]), s
+        assert names[s["step"]] == iteration_name(s), (names[s["step"]], s)
 
     # The session ended by itself after its window (the frontend profile runs until stopped).
     status, answer, _ = server.get("/stepscope/status")

@@ -599,7 +599,11 @@ def test_captured_iterations_name_the_scheduler_outputs_requests(
     assert worker.profiler.flush(120)
     (manifest,) = tmp_path.glob("rank3.*.stepscope.json")
     m = json.loads(manifest.read_text())
-    assert m["steps"] == [{"step": 1, "requests": ["a", "c", "b"]}]
+    # Each request with its tokens and phase as vLLM counts them (SIMPLE: its own counts).
+    assert m["steps"] == [
+        {"step": 1, "requests": ["a", "c", "b"], "tokens": [5, 4, 1],
+         "prefill": [True, True, False]}
+    ]  # fmt: skip
     (trace,) = tmp_path.glob("rank3.*.pt.trace.json.gz")
     with gzip.open(trace, "rt") as f:
         doc = json.load(f)

@@ -23,7 +23,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use stepscope::timeline::StepTuple;
 use stepscope::{
-    Error, IterationDetail, IterationInfo, PhaseSums, ProfilerConfig, StartOptions, WorkerProfiler,
+    Error, IterationDetail, IterationInfo, PhaseSums, ProfilerConfig, RequestShare,
+    ScheduledRequests, StartOptions, WorkerProfiler,
 };
 
 pyo3::create_exception!(
@@ -157,6 +158,47 @@ struct PyIteration {
     info: IterationInfo,
     /// The ids of the requests the iteration serves (`stepscope.request_ids`).
     request_ids: Option<Vec<String>>,
+    /// Each request's tokens and phase, in the order of `request_ids`, when given.
+    shares: Vec<RequestShare>,
+}
+
+/// Each request's part of the iteration from `request_tokens` and `request_prefill`: both or
+/// neither, one per id, tokens not negative.
+fn shares_of(
+    ids: Option<&Vec<String>>,
+    tokens: Option<Vec<i64>>,
+    prefill: Option<Vec<bool>>,
+) -> PyResult<Vec<RequestShare>> {
+    let (tokens, prefill) = match (tokens, prefill) {
+        (None, None) => return Ok(Vec::new()),
+        (Some(t), Some(p)) => (t, p),
+        _ => {
+            return Err(PyValueError::new_err(
+                "request_tokens and request_prefill go together: give both or neither",
+            ))
+        }
+    };
+    let n = ids.map_or(0, Vec::len);
+    for (name, len) in [
+        ("request_tokens", tokens.len()),
+        ("request_prefill", prefill.len()),
+    ] {
+        if len != n {
+            return Err(PyValueError::new_err(format!(
+                "{name} must have one entry per request id ({n}), got {len}"
+            )));
+        }
+    }
+    tokens
+        .into_iter()
+        .zip(prefill)
+        .map(|(t, prefill)| {
+            Ok(RequestShare {
+                tokens: count("request_tokens", t)?,
+                prefill,
+            })
+        })
+        .collect()
 }
 
 #[pymethods]
@@ -166,7 +208,7 @@ impl PyIteration {
         num_ctx_reqs = 0, num_ctx_tokens = 0, num_gen_reqs = 0, num_gen_tokens = 0, *,
         ctx_seq_len_sum = None, ctx_qq_compute = None, ctx_qk_compute = None,
         gen_seq_len_sum = None, gen_qq_compute = None, gen_qk_compute = None,
-        request_ids = None,
+        request_ids = None, request_tokens = None, request_prefill = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -181,7 +223,10 @@ impl PyIteration {
         gen_qq_compute: Option<i64>,
         gen_qk_compute: Option<i64>,
         request_ids: Option<Vec<String>>,
+        request_tokens: Option<Vec<i64>>,
+        request_prefill: Option<Vec<bool>>,
     ) -> PyResult<Self> {
+        let shares = shares_of(request_ids.as_ref(), request_tokens, request_prefill)?;
         let mut info = IterationInfo::new(
             count("num_ctx_reqs", num_ctx_reqs)?,
             count("num_ctx_tokens", num_ctx_tokens)?,
@@ -210,7 +255,11 @@ impl PyIteration {
                 },
             });
         }
-        Ok(PyIteration { info, request_ids })
+        Ok(PyIteration {
+            info,
+            request_ids,
+            shares,
+        })
     }
 
     /// The ids of the requests this iteration serves, if given: recorded for captured
@@ -218,6 +267,19 @@ impl PyIteration {
     #[getter]
     fn request_ids(&self) -> Option<Vec<String>> {
         self.request_ids.clone()
+    }
+
+    /// The tokens scheduled for each request, in the order of `request_ids`, if given.
+    #[getter]
+    fn request_tokens(&self) -> Option<Vec<u32>> {
+        (!self.shares.is_empty()).then(|| self.shares.iter().map(|s| s.tokens).collect())
+    }
+
+    /// Whether each request is in prefill (else decode), in the order of `request_ids`, if
+    /// given.
+    #[getter]
+    fn request_prefill(&self) -> Option<Vec<bool>> {
+        (!self.shares.is_empty()).then(|| self.shares.iter().map(|s| s.prefill).collect())
     }
 
     #[getter]
@@ -358,11 +420,16 @@ impl PyWorkerProfiler {
             return;
         }
         let info = iteration.as_ref().map(|i| i.info).unwrap_or_default();
-        let requests = iteration.as_ref().and_then(|i| i.request_ids.as_ref());
+        let requests = iteration.as_ref().and_then(|i| {
+            i.request_ids.as_ref().map(|ids| ScheduledRequests {
+                ids: ids.as_slice(),
+                shares: i.shares.as_slice(),
+            })
+        });
         py.detach(|| {
             // The annotation outlives this call: step_end() or the next step() closes it.
             match requests {
-                Some(ids) => std::mem::forget(p.step_with_requests(&info, ids)),
+                Some(r) => std::mem::forget(p.step_with_requests(&info, &r)),
                 None => std::mem::forget(p.step(&info)),
             }
             // Already logged by the library; the engine loop goes on.

@@ -158,6 +158,51 @@ pub trait RequestIds {
 
     /// Calls `f` with each id, in order.
     fn for_each_id(&self, f: &mut dyn FnMut(&str));
+
+    /// Calls `f` with each request's part of the iteration, in id order, and returns true,
+    /// when the engine gave them (one per id); returns false without calling `f` otherwise
+    /// (the default).
+    fn for_each_share(&self, _f: &mut dyn FnMut(RequestShare)) -> bool {
+        false
+    }
+}
+
+/// One request's part of an iteration: the tokens scheduled for it, and whether it is in its
+/// context (prefill) phase, as the engine counts it in [`IterationInfo`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RequestShare {
+    /// Tokens scheduled for the request this iteration.
+    pub tokens: u32,
+    /// The request is in prefill (a chunk of its prompt), not decode.
+    pub prefill: bool,
+}
+
+/// Request ids with each one's [`RequestShare`]: what an engine passes when it knows how many
+/// tokens each request got. Shares are reported only when there is one per id.
+#[derive(Debug, Clone, Copy)]
+pub struct ScheduledRequests<'a, S> {
+    /// The requests' ids.
+    pub ids: &'a [S],
+    /// Each request's part, in the order of `ids`.
+    pub shares: &'a [RequestShare],
+}
+
+impl<S: AsRef<str>> RequestIds for ScheduledRequests<'_, S> {
+    fn count(&self) -> usize {
+        self.ids.len()
+    }
+
+    fn for_each_id(&self, f: &mut dyn FnMut(&str)) {
+        self.ids.for_each_id(f);
+    }
+
+    fn for_each_share(&self, f: &mut dyn FnMut(RequestShare)) -> bool {
+        if self.shares.len() != self.ids.len() {
+            return false;
+        }
+        self.shares.iter().for_each(|s| f(*s));
+        true
+    }
 }
 
 impl<S: AsRef<str>> RequestIds for [S] {

@@ -61,24 +61,46 @@ def stage_of(forward_mode: Any) -> str | None:
 def iteration_of(batch: Any, request_ids: list[str] | None = None) -> Any:
     """The batch's counts as a :class:`stepscope.Iteration`: extend requests and tokens as the
     context part, decoding requests (one token each) as the generation part; a mixed batch has
-    both; with the requests' ``rid`` s when given. None for a batch with no model forward."""
+    both; with the requests' ``rid`` s when given, and then each one's tokens (its
+    ``extend_lens`` entry, one in decode) and phase. None for a batch with no model forward."""
     import stepscope
 
     mode = batch.forward_mode
     reqs = len(batch.reqs)
     if mode.is_decode():
-        return stepscope.Iteration(num_gen_reqs=reqs, num_gen_tokens=reqs, request_ids=request_ids)
+        shares = _shares(request_ids, [1] * reqs, [False] * reqs)
+        return stepscope.Iteration(num_gen_reqs=reqs, num_gen_tokens=reqs, **shares)
     if not mode.is_extend():
         return None
-    decoding = len(batch.decoding_reqs or ()) if mode.is_mixed() else 0
+    running = (batch.decoding_reqs or ()) if mode.is_mixed() else ()
+    decoding = len(running)
     tokens = int(batch.extend_num_tokens or 0)
+    lens = list(getattr(batch, "extend_lens", None) or ())
+    # A mixed batch's decoding requests are its last ones, one token each (mix_with_running).
+    in_decode = {id(r) for r in running}
+    prefill = [id(r) not in in_decode for r in batch.reqs]
+    shares = _shares(request_ids, lens, prefill)
     return stepscope.Iteration(
         num_ctx_reqs=reqs - decoding,
         num_ctx_tokens=max(tokens - decoding, 0),
         num_gen_reqs=decoding,
         num_gen_tokens=decoding,
-        request_ids=request_ids,
+        **shares,
     )
+
+
+def _shares(request_ids: list[str] | None, tokens: list[int], prefill: list[bool]) -> dict:
+    """``Iteration`` keywords for the requests: their ids, and each one's tokens and phase
+    when there is one of each per id (else the ids alone)."""
+    if request_ids is None:
+        return {}
+    if len(tokens) != len(request_ids) or len(prefill) != len(request_ids):
+        return {"request_ids": request_ids}
+    return {
+        "request_ids": request_ids,
+        "request_tokens": [int(t) for t in tokens],
+        "request_prefill": prefill,
+    }
 
 
 def worker_name() -> str:

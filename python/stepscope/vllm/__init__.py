@@ -70,9 +70,11 @@ from stepscope.vllm.environment import (
 from stepscope.vllm.frontend import FrontendProfiler
 from stepscope.vllm.shutdown import wait_for_flushes
 from stepscope.vllm.worker import (
+    Requests,
     StatusEndpoint,
     iteration_of,
     request_ids_of,
+    requests_of,
     worker_status,
     worker_timeline,
 )
@@ -81,6 +83,7 @@ __all__ = [
     "CONFIG_ENV",
     "SWITCH_ENV",
     "FrontendProfiler",
+    "Requests",
     "StatusEndpoint",
     "build_profiler",
     "config",
@@ -96,6 +99,7 @@ __all__ = [
     "rank_of",
     "register",
     "request_ids_of",
+    "requests_of",
     "shutdown",
     "stepscope_keys_from_env",
     "stop",

@@ -13,7 +13,7 @@ import secrets
 import sys
 from contextlib import nullcontext
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from stepscope.vllm.environment import key_on, logger
 from stepscope.vllm.factory import make_factory
@@ -90,9 +90,11 @@ def _make_annotate(
             profiler.step(iteration_of(scheduler_output, compute_iteration_details, False))
             return _IterationScope(profiler)
         detailed = bool(getattr(self.vllm_config.profiler_config, "detailed_trace_annotation", False))
-        # Request ids are read only when stepscope.request_ids asks for them.
-        ids = request_ids_of(scheduler_output) if profiler.wants_request_ids else None
-        profiler.step(iteration_of(scheduler_output, compute_iteration_details, detailed, ids))
+        # Requests are read only when stepscope.request_ids asks for them.
+        requests = requests_of(scheduler_output) if profiler.wants_request_ids else None
+        profiler.step(
+            iteration_of(scheduler_output, compute_iteration_details, detailed, requests)
+        )
         return _IterationScope(profiler)
 
     annotate_profile.__doc__ = original.__doc__
@@ -365,15 +367,38 @@ def request_ids_of(scheduler_output: Any) -> list[str]:
     return [str(r) for r in scheduler_output.num_scheduled_tokens]
 
 
+class Requests(NamedTuple):
+    """The requests one ``SchedulerOutput`` schedules, in its order: their ids, the tokens
+    scheduled for each, and whether each is in its context phase (prefill) as vLLM's
+    ``compute_iteration_details`` counts it (a new request, or a cached one still in it)."""
+
+    ids: list[str]
+    tokens: list[int]
+    prefill: list[bool]
+
+
+def requests_of(scheduler_output: Any) -> Requests:
+    """The :class:`Requests` of one ``SchedulerOutput``."""
+    new_ids = {r.req_id for r in scheduler_output.scheduled_new_reqs}
+    in_context = scheduler_output.scheduled_cached_reqs.is_context_phase
+    scheduled = scheduler_output.num_scheduled_tokens
+    return Requests(
+        ids=[str(r) for r in scheduled],
+        tokens=[int(n) for n in scheduled.values()],
+        prefill=[r in new_ids or bool(in_context(r)) for r in scheduled],
+    )
+
+
 def iteration_of(
     scheduler_output: Any,
     compute_iteration_details: Any,
     detailed: bool,
-    request_ids: list[str] | None = None,
+    requests: Requests | list[str] | None = None,
 ) -> Any:
     """The :class:`stepscope.Iteration` of one ``SchedulerOutput``: vLLM's own
     ``compute_iteration_details`` counts (context = a new request or one still in its context
-    phase), with ``detailed`` vLLM's per-phase roofline sums, and the request ids if given."""
+    phase), with ``detailed`` vLLM's per-phase roofline sums, and the requests if given (their
+    ids alone, or a :class:`Requests` with each one's tokens and phase)."""
     import stepscope
 
     d = compute_iteration_details(scheduler_output)
@@ -383,8 +408,17 @@ def iteration_of(
         d.num_generation_requests,
         d.num_generation_tokens,
     )
+    given: dict[str, Any] = {}
+    if isinstance(requests, Requests):
+        given = {
+            "request_ids": requests.ids,
+            "request_tokens": requests.tokens,
+            "request_prefill": requests.prefill,
+        }
+    elif requests is not None:
+        given = {"request_ids": requests}
     if not detailed:
-        return stepscope.Iteration(*counts, request_ids=request_ids)
+        return stepscope.Iteration(*counts, **given)
     new_ids = {r.req_id for r in scheduler_output.scheduled_new_reqs}
     computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
     cached = scheduler_output.scheduled_cached_reqs
@@ -405,5 +439,5 @@ def iteration_of(
         gen_seq_len_sum=gen[0],
         gen_qq_compute=gen[1],
         gen_qk_compute=gen[2],
-        request_ids=request_ids,
+        **given,
     )

@@ -65,6 +65,14 @@ pub struct StepRequests {
     /// The ids of the requests it served.
     #[serde(default)]
     pub requests: Vec<String>,
+    /// The tokens scheduled for each request, in the order of `requests`, when the engine
+    /// gave them (else empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<u32>,
+    /// Whether each request was in prefill (else decode), in the order of `requests`, when
+    /// the engine gave it (else empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefill: Vec<bool>,
 }
 
 /// What started a capture, as the trace header and the manifest record it:
@@ -100,6 +108,8 @@ mod tests {
             steps: vec![StepRequests {
                 step: 3,
                 requests: vec!["r".into()],
+                tokens: vec![7],
+                prefill: vec![true],
             }],
             ..TraceHeader::default()
         };

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::event::{DeviceProperties, Event, Id, Meta};
-use super::header::Trigger;
+use super::header::{StepRequests, Trigger};
 use super::stream::EventSink;
 
 /// What a device event's time counts as, as Holistic Trace Analysis classifies kernels.
@@ -127,6 +127,14 @@ pub struct Step {
     /// The ids of the requests the iteration served (stepscope's `request_ids`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requests: Vec<String>,
+    /// The tokens scheduled for each request, in the order of `requests`, when the engine
+    /// gave them (from stepscope's header; else empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<u32>,
+    /// Whether each request was in prefill, in the order of `requests`, when the engine gave
+    /// it (else empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefill: Vec<bool>,
     /// Start, µs from the trace's start.
     pub start_us: f64,
     /// Wall time, µs.
@@ -560,21 +568,36 @@ impl Summarizer {
         annots.sort_by(|a, b| a.ts.total_cmp(&b.ts));
         // Requests from the header, for annotations whose args lack them (Kineto writes an
         // annotation's requests only when the capture records shapes).
-        let header: HashMap<u64, &Vec<String>> = meta
-            .stepscope
-            .steps
-            .iter()
-            .map(|s| (s.step, &s.requests))
-            .collect();
+        // Each request's tokens and phase are in the header only.
+        let header: HashMap<u64, &StepRequests> =
+            meta.stepscope.steps.iter().map(|s| (s.step, s)).collect();
         let mut steps: Vec<Step> = annots
             .iter_mut()
-            .map(|a| Step {
+            .map(|a| {
+                let listed = a.step.and_then(|i| header.get(&i));
+                let requests = match (a.requests.is_empty(), listed) {
+                    (true, Some(s)) => s.requests.clone(),
+                    _ => std::mem::take(&mut a.requests),
+                };
+                // Shares apply only to the ids they were given with.
+                let (tokens, prefill) = match listed {
+                    Some(s)
+                        if s.requests == requests
+                            && s.tokens.len() == requests.len()
+                            && s.prefill.len() == requests.len() =>
+                    {
+                        (s.tokens.clone(), s.prefill.clone())
+                    }
+                    _ => (Vec::new(), Vec::new()),
+                };
+                (a, requests, tokens, prefill)
+            })
+            .map(|(a, requests, tokens, prefill)| Step {
                 name: std::mem::take(&mut a.name),
                 step: a.step,
-                requests: match (a.requests.is_empty(), a.step) {
-                    (true, Some(i)) => header.get(&i).map(|r| r.to_vec()).unwrap_or_default(),
-                    _ => std::mem::take(&mut a.requests),
-                },
+                requests,
+                tokens,
+                prefill,
                 start_us: a.ts - first,
                 dur_us: a.end - a.ts,
                 cpu_op_us: 0.0,
