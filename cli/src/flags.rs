@@ -98,6 +98,22 @@ pub struct AnalyzeArgs {
     /// Only the trace of this rank
     #[arg(long, value_name = "R")]
     pub rank: Option<i64>,
+    /// Per trace, its requests (captured with "stepscope": {"request_ids": true}): the N
+    /// (--requests=N; default 10, 0: all) that spent longest in captured iterations, each with its prefill
+    /// chunks and decode steps, its share of the iterations' CPU and GPU time (by tokens when
+    /// the engine gave them), and the iterations that cost it most with what they carried.
+    /// With --json, every request, as "requests" per trace
+    #[arg(
+        long,
+        value_name = "N",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "10"
+    )]
+    pub requests: Option<usize>,
+    /// One request's captured iterations, in order, each with its role and what it carried
+    #[arg(long, value_name = "ID", conflicts_with = "requests")]
+    pub request: Option<String>,
 }
 
 const DIFF_HELP: &str = "\

@@ -1,14 +1,15 @@
 //! `stepscope report`: a self-contained HTML page (inline SVG charts, no network) of one trace
 //! or of every rank of a run: time per step per rank, top kernels, the
-//! computation/communication/memory split, utilization.
+//! computation/communication/memory split, utilization, and the captured requests' waterfall.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use crate::analyze::ranks;
+use crate::analyze::requests::{self, Role, TraceRequest};
 use crate::text::{esc, short};
 use crate::trace::TraceError;
-use crate::trace_report::TraceReport;
+use crate::trace_report::{Step, TraceReport};
 
 /// The page around the charts: style, an explanation, the table sorter. `{{traces}}` and
 /// `{{body}}` are filled in.
@@ -188,6 +189,164 @@ fn split_chart(reports: &[TraceReport]) -> String {
     s
 }
 
+/// Requests drawn in the waterfall at most (the first seen).
+const WATERFALL_ROWS: usize = 200;
+
+/// The requests of the first trace whose iterations name them (every rank of a step serves
+/// the same requests): a table, and a waterfall with one row per request and a bar per
+/// captured iteration it was in (prefill, decode), its span drawn through the iterations that
+/// left it out. Clicking a row (or opening the page at `#req-N`) shows that request's
+/// iterations. Empty when no trace names requests.
+fn requests_section(reports: &[TraceReport]) -> String {
+    let Some((ri, r)) = reports
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.steps.iter().any(|s| !s.requests.is_empty()))
+    else {
+        return String::new();
+    };
+    let mut all = requests::requests(&r.steps, None);
+    // First seen first: the waterfall's order.
+    all.sort_by_key(|q| q.costliest.first().map_or(usize::MAX, |s| s.index));
+    let rows = &all[..all.len().min(WATERFALL_ROWS)];
+    let mut o = format!(
+        "<h2>Requests</h2><p class=\"note\">{} request(s) in the captured iterations of {} ({}){}. A bar per iteration a request was in: <span class=\"key prefill\">prefill</span> <span class=\"key decode\">decode</span> <span class=\"key scheduled\">phase not recorded</span>; a thin line where it was left out. Shares of CPU and GPU time are by tokens when the engine gave them. Queue wait and time to first token are not in a trace: <code>stepscope ctl requests</code> reads them from the engine's request log. Click a request to see its iterations.</p>",
+        all.len(),
+        esc(&rank_label(r, ri)),
+        esc(&r.file),
+        if all.len() > rows.len() {
+            format!("; the first {} shown", rows.len())
+        } else {
+            String::new()
+        }
+    );
+    o.push_str(&waterfall(&r.steps, rows));
+    o.push_str("<table class=\"sortable\"><thead><tr><th>#</th><th>iterations</th><th>prefill chunks</th><th>prefill tokens</th><th>decode steps</th><th>wall (ms)</th><th>CPU share (ms)</th><th>GPU share (ms)</th><th>request</th></tr></thead><tbody>");
+    for (k, q) in rows.iter().enumerate() {
+        let _ = write!(
+            o,
+            "<tr data-req=\"{k}\"><td>{k}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td></tr>",
+            q.steps,
+            q.prefill.map_or(0, |p| p.steps),
+            q.prefill.map_or(0, |p| p.tokens),
+            q.decode.map_or(0, |d| d.steps),
+            q.wall_ms,
+            q.cpu_ms,
+            q.gpu_ms,
+            esc(&q.id)
+        );
+    }
+    o.push_str("</tbody></table>");
+    for (k, q) in rows.iter().enumerate() {
+        let _ = write!(
+            o,
+            "<div class=\"req-steps\" id=\"req-{k}\" hidden><h3>{}</h3><table><thead><tr><th>step</th><th>start (ms)</th><th>wall (ms)</th><th>role</th><th>its tokens</th><th>share (%)</th><th>requests</th><th>tokens</th><th>largest prefill</th></tr></thead><tbody>",
+            esc(&q.id)
+        );
+        for s in &q.costliest {
+            let start = r.steps.get(s.index).map_or(0.0, |st| st.start_us / 1e3);
+            let largest = match (&s.largest_prefill_request, s.own_prefill) {
+                (Some(_), true) => format!("{} tokens (its own)", s.largest_prefill_tokens),
+                (Some(id), false) => format!("{} tokens of {}", s.largest_prefill_tokens, esc(id)),
+                (None, _) => "-".into(),
+            };
+            let _ = write!(
+                o,
+                "<tr><td>{}</td><td>{start:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{largest}</td></tr>",
+                s.step.map_or_else(|| format!("#{}", s.index + 1), |i| i.to_string()),
+                s.ms,
+                role_name(s.role),
+                s.own_tokens.map_or_else(|| "-".into(), |t| t.to_string()),
+                100.0 * s.share,
+                s.requests,
+                s.tokens.map_or_else(|| "-".into(), |t| t.to_string()),
+            );
+        }
+        o.push_str("</tbody></table></div>");
+    }
+    o
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Prefill => "prefill",
+        Role::Decode => "decode",
+        Role::Scheduled => "scheduled",
+    }
+}
+
+/// The waterfall: time across (the captured iterations' span), one row per request.
+fn waterfall(steps: &[Step], rows: &[TraceRequest]) -> String {
+    let (label_w, plot_w, row_h, top) = (260.0, 740.0, 14.0, 16.0);
+    let t0 = steps
+        .iter()
+        .map(|s| s.start_us)
+        .fold(f64::INFINITY, f64::min);
+    let t1 = steps
+        .iter()
+        .map(|s| s.start_us + s.dur_us)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let span = (t1 - t0).max(f64::MIN_POSITIVE);
+    let x = |t: f64| label_w + plot_w * (t - t0) / span;
+    let h = top + row_h * rows.len() as f64 + 20.0;
+    let w = label_w + plot_w + 10.0;
+    let mut s = format!(
+        "<figure><figcaption>Request waterfall ({:.3} ms of captured iterations)</figcaption><svg class=\"chart waterfall\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" role=\"img\">",
+        span / 1e3
+    );
+    for (k, q) in rows.iter().enumerate() {
+        let y = top + row_h * k as f64;
+        let _ = write!(
+            s,
+            "<g class=\"req\" data-req=\"{k}\"><text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"lbl\">{}</text>",
+            label_w - 6.0,
+            y + 10.0,
+            esc(&short(&q.id, 36))
+        );
+        let at = |i: usize| steps.get(i);
+        if let (Some(a), Some(b)) = (
+            q.costliest.first().and_then(|f| at(f.index)),
+            q.costliest.last().and_then(|l| at(l.index)),
+        ) {
+            let _ = write!(
+                s,
+                "<line x1=\"{:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" class=\"span\"/>",
+                x(a.start_us),
+                y + 6.0,
+                x(b.start_us + b.dur_us),
+                y + 6.0
+            );
+        }
+        for it in &q.costliest {
+            let Some(st) = at(it.index) else { continue };
+            let _ = write!(
+                s,
+                "<rect x=\"{:.2}\" y=\"{:.1}\" width=\"{:.2}\" height=\"{}\" class=\"{}\"><title>{}: step {} — {} {:.3} ms, {:.1}% of it</title></rect>",
+                x(st.start_us),
+                y + 1.0,
+                (x(st.start_us + st.dur_us) - x(st.start_us)).max(0.5),
+                row_h - 3.0,
+                role_name(it.role),
+                esc(&q.id),
+                it.step.map_or_else(|| "?".into(), |i| i.to_string()),
+                role_name(it.role),
+                it.ms,
+                100.0 * it.share
+            );
+        }
+        s.push_str("</g>");
+    }
+    let _ = write!(
+        s,
+        "<text x=\"{label_w}\" y=\"{:.1}\" class=\"val\">0</text><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" class=\"val\">{:.3} ms</text></svg></figure>",
+        h - 4.0,
+        label_w + plot_w,
+        h - 4.0,
+        span / 1e3
+    );
+    s
+}
+
 /// The page.
 pub fn render(reports: &[TraceReport], errors: &[TraceError]) -> String {
     let mut body = String::new();
@@ -262,6 +421,7 @@ pub fn render(reports: &[TraceReport], errors: &[TraceError]) -> String {
         &util,
         Some(100.0),
     ));
+    body.push_str(&requests_section(reports));
     if !errors.is_empty() {
         body.push_str("<h2>Not analyzed</h2><ul class=\"errors\">");
         for e in errors {
@@ -292,4 +452,42 @@ pub fn command(r: &crate::flags::ReportArgs) -> Result<std::process::ExitCode, c
         loaded.reports.len()
     );
     Ok(crate::error::partial(!loaded.errors.is_empty()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(i: u64, start_ms: f64, reqs: &[(&str, u32, bool)]) -> Step {
+        Step {
+            name: format!("execute_{i}"),
+            step: Some(i),
+            requests: reqs.iter().map(|r| r.0.to_string()).collect(),
+            tokens: reqs.iter().map(|r| r.1).collect(),
+            prefill: reqs.iter().map(|r| r.2).collect(),
+            start_us: start_ms * 1e3,
+            dur_us: 9e3,
+            cpu_op_us: 0.0,
+            kernel_us: 0.0,
+            kernel_count: 0,
+        }
+    }
+
+    #[test]
+    fn the_waterfall_draws_a_row_per_request_and_a_bar_per_iteration_it_was_in() {
+        let steps = vec![
+            step(1, 0.0, &[("<long>", 128, true)]),
+            step(2, 10.0, &[("<long>", 2, true), ("short", 1, false)]),
+            step(3, 20.0, &[("short", 1, false)]),
+            step(4, 30.0, &[("<long>", 1, false), ("short", 1, false)]),
+        ];
+        let rows = requests::requests(&steps, None);
+        let svg = waterfall(&steps, &rows);
+        assert_eq!(svg.matches("<g class=\"req\"").count(), 2);
+        assert_eq!(svg.matches("class=\"prefill\"").count(), 2);
+        assert_eq!(svg.matches("class=\"decode\"").count(), 4);
+        // Ids are escaped; a request's span runs across the iteration that left it out.
+        assert!(svg.contains("&lt;long&gt;") && !svg.contains("<long>"));
+        assert_eq!(svg.matches("class=\"span\"").count(), 2);
+    }
 }

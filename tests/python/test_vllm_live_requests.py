@@ -8,7 +8,11 @@ read through `GET /stepscope/requests` and `stepscope ctl requests`:
   ranks the short requests first by queue wait with the long prefill's steps, and its id, as
   what cost them most;
 - preemption: with a KV cache too small for three long requests at once, a preempted request
-  shows its preemption and its return.
+  shows its preemption and its return;
+- in a capture (`"request_ids": true`): each captured iteration's requests with their tokens
+  and phases sum to vLLM's own counts (the iteration's name); `stepscope analyze --requests`
+  of the trace gives each request the prefill chunks, tokens and decode steps the request log
+  recorded for it, and shares every iteration's CPU time out whole.
 
 The model is `TokenCostLlama` (tests/python/vllm_slow_step): every forward pass sleeps in
 proportion to its tokens, so a step of a 128-token chunk is slower than one of a few decode
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from live_vllm import VllmServer, cpu_build_missing, slow_step_env
+from live_vllm import VllmServer, cpu_build_missing, iteration_name, slow_step_env
 from test_vllm_live import stepscope_cli
 
 pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing()))
@@ -51,7 +55,9 @@ def token_cost_server(workdir: Path) -> VllmServer:
     return VllmServer(
         workdir,
         {"profiler": "torch", "torch_profiler_dir": str(workdir / "traces")},
-        env=slow_step_env(STEPSCOPE_CONFIG=json.dumps({"stepscope": {"requests": True}})),
+        env=slow_step_env(
+            STEPSCOPE_CONFIG=json.dumps({"stepscope": {"requests": True, "request_ids": True}})
+        ),
         model_config={"architectures": ["TokenCostLlama"]},
         max_model_len=MAX_MODEL_LEN,
         args=[
@@ -190,10 +196,11 @@ def wait_until(what, predicate, timeout=120):
 LONG_LEN = 900
 
 
-def long_prefill_with_short_requests(server: VllmServer) -> tuple[int, str]:
+def long_prefill_with_short_requests(server: VllmServer, seed: int = 50) -> tuple[int, str]:
     """A prompt of LONG_LEN tokens, prefilled in chunks of BUDGET; three short requests sent
-    while its first chunks run (7 of its 8 take the whole budget). Returns the step index
-    before it and the long request's id."""
+    while its first chunks run (7 of its 8 take the whole budget). Prompts differ by `seed`
+    (none of another call's in the prefix cache). Returns the step index before it and the
+    long request's id."""
     since = log(server)["step_index"]
     errors: list[BaseException] = []
 
@@ -203,7 +210,7 @@ def long_prefill_with_short_requests(server: VllmServer) -> tuple[int, str]:
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    long = threading.Thread(target=send, args=(prompt(LONG_LEN, 50), 4))
+    long = threading.Thread(target=send, args=(prompt(LONG_LEN, seed), 4))
     long.start()
 
     def long_scheduled():
@@ -213,7 +220,9 @@ def long_prefill_with_short_requests(server: VllmServer) -> tuple[int, str]:
         return None
 
     long_record = wait_until("the long prefill's first chunk", long_scheduled)
-    shorts = [threading.Thread(target=send, args=(prompt(8, 60 + k), 4)) for k in range(3)]
+    shorts = [
+        threading.Thread(target=send, args=(prompt(8, seed + 10 + k), 4)) for k in range(3)
+    ]
     for t in shorts:
         t.start()
     for t in [long, *shorts]:
@@ -299,3 +308,108 @@ def test_a_request_preempted_for_kv_cache_shows_its_preemption(server):
     for p, back in zip(r["preempted_at"], r["resumed_at"], strict=True):
         assert all(roles[s] == "preempted" for s in range(p, back) if s in steps), (p, back, roles)
         assert roles[back] in ("prefill", "decode"), roles
+
+
+def test_a_captured_long_prefill_and_its_requests_agree_with_the_request_log(server):
+    traces = Path(server.workdir) / "traces"
+    before = set(traces.glob("*.stepscope.json")) if traces.exists() else set()
+    status, answer, _ = server.post("/start_profile")
+    assert status == 200, answer
+    try:
+        since, long_id = long_prefill_with_short_requests(server, seed=150)
+    finally:
+        status, answer, _ = server.post("/stop_profile")
+    assert status == 200, answer
+    # The stop returned: the worker's trace is on disk, as its manifest says.
+    (manifest,) = [
+        json.loads(p.read_text())
+        for p in set(traces.glob("rank0*.stepscope.json")) - before
+    ]
+    assert manifest["status"] == "complete", manifest
+    trace = traces / manifest["trace_file"]
+
+    # Each captured iteration's requests come with their tokens and phases (an iteration that
+    # scheduled nothing has none of the three).
+    for s in manifest["steps"]:
+        assert len(s.get("tokens", [])) == len(s.get("prefill", [])) == len(s["requests"]), s
+    out = subprocess.run(
+        [stepscope_cli(), "analyze", "--json", "--requests=0", str(trace)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    ((report,), (listed,)) = (doc["traces"], doc["requests"])
+    # They sum to vLLM's own counts: the iteration's name.
+    annotated = [st for st in report["steps"] if st.get("requests")]
+    assert len(annotated) >= -(-LONG_LEN // BUDGET), report["steps"]
+    for st in annotated:
+        assert st["name"] == iteration_name(st), st
+
+    # Per request, what the trace shows equals what the engine's request log recorded: every
+    # request of the capture lived inside it (sent after the start, finished before the stop).
+    recorded = {r["id"]: r for r in log(server, since)["requests"]}
+    by_id = {r["id"]: r for r in listed["requests"]}
+    assert set(by_id) == set(recorded), (set(by_id), set(recorded))
+    for rid, r in by_id.items():
+        rec = recorded[rid]
+        assert r["prefill"]["steps"] == rec["prefill_steps"], (r, rec)
+        assert r["prefill"]["tokens"] == rec["prefill_tokens"], (r, rec)
+        assert rec["prefill_tokens"] == rec["prompt_tokens"] - rec["cached_tokens"], rec
+        assert (r["decode"] or {"steps": 0})["steps"] == rec["decode_steps"], (r, rec)
+        assert r["share_by"] == "tokens", r
+    long = by_id[long_id]
+    assert (long["prefill"]["steps"], long["prefill"]["tokens"]) == (
+        -(-LONG_LEN // BUDGET),
+        LONG_LEN,
+    ), long
+    # The long prefill's chunks cost most, by construction of the model: it ranks first.
+    assert listed["requests"][0]["id"] == long_id, listed["requests"][0]
+    assert all(c["own_prefill"] for c in long["costliest"]), long
+
+    # Shares by tokens give each iteration's CPU time out whole.
+    shared = sum(r["cpu_ms"] for r in listed["requests"])
+    whole = sum(st["cpu_op_us"] for st in annotated) / 1e3
+    assert abs(shared - whole) <= 1e-6 * max(whole, 1.0), (shared, whole)
+
+    # One request by id: every captured iteration it was in, in order.
+    one = subprocess.run(
+        [stepscope_cli(), "analyze", "--request", long_id, str(trace)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr
+    assert f"request {long_id}:" in one.stdout and "prefill 128 tok" in one.stdout, one.stdout
+
+    # The HTML report's waterfall: a row per request, the long one's iterations shown when the
+    # page is opened at its row, in a real browser, without a script error.
+    page = Path(server.workdir) / "report.html"
+    made = subprocess.run(
+        [stepscope_cli(), "report", str(trace), "-o", str(page)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    html = page.read_text()
+    assert html.count('<g class="req" data-req=') == len(listed["requests"]), html[:2000]
+    row = next(
+        k
+        for k, r in enumerate(sorted(listed["requests"], key=lambda r: r["first_step"]))
+        if r["id"] == long_id
+    )
+    dom, console = render_in_chromium(page, f"req-{row}", Path(server.workdir) / "chromium")
+    assert not console, console
+    assert f'data-shown-request="{row}"' in dom and 'data-ready="1"' in dom, dom[-2000:]
+
+
+def render_in_chromium(page: Path, fragment: str, profile: Path) -> tuple[str, list[str]]:
+    """The DOM headless Chromium renders for `page#fragment` once its scripts ran, and the
+    console lines (errors) it printed."""
+    out = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=2000",
+         f"--user-data-dir={profile}", "--dump-dom", f"file://{page}#{fragment}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    console = [
+        line for line in out.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line
+    ]
+    return out.stdout, console

@@ -1,4 +1,7 @@
-//! `stepscope analyze`: what a trace's GPU did, per kernel, per iteration, per rank.
+//! `stepscope analyze`: what a trace's GPU did, per kernel, per iteration, per rank, and with
+//! `--requests` per request ([`requests`]).
+
+pub mod requests;
 
 use serde::Serialize;
 
@@ -240,18 +243,61 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
         }
     }
     let rows = ranks(&reports);
+    // Per trace, its requests: every one (--json), or one by id.
+    let wanted = a.requests.is_some() || a.request.is_some();
+    let keep = if a.request.is_some() {
+        None
+    } else {
+        Some(requests::COSTLIEST)
+    };
+    let mut per_trace: Vec<Vec<requests::TraceRequest>> = reports
+        .iter()
+        .map(|r| {
+            if wanted {
+                requests::requests(&r.steps, keep)
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
+    if let Some(id) = &a.request {
+        for list in &mut per_trace {
+            list.retain(|r| &r.id == id);
+        }
+        if per_trace.iter().all(Vec::is_empty) && !reports.is_empty() {
+            return Err(crate::Error::Usage(format!(
+                "no captured iteration of the traces served request {id:?} (its ids are \
+                 recorded with \"stepscope\": {{\"request_ids\": true}})"
+            )));
+        }
+    }
     if a.json {
         let errs: Vec<serde_json::Value> = errors
             .iter()
             .map(|e| serde_json::json!({"file": e.path.display().to_string(), "error": e.message}))
             .collect();
-        println!(
-            "{}",
-            serde_json::json!({"traces": reports, "ranks": rows, "errors": errs})
-        );
+        let mut doc = serde_json::json!({"traces": reports, "ranks": rows, "errors": errs});
+        if wanted {
+            let by_trace: Vec<serde_json::Value> = reports
+                .iter()
+                .zip(&per_trace)
+                .map(|(r, reqs)| {
+                    serde_json::json!({"file": r.file, "rank": r.rank, "requests": reqs})
+                })
+                .collect();
+            doc["requests"] = serde_json::Value::Array(by_trace);
+        }
+        println!("{doc}");
     } else {
-        for r in &reports {
+        for (r, reqs) in reports.iter().zip(&per_trace) {
             println!("{}", render(r));
+            match (&a.request, a.requests) {
+                (Some(_), _) => reqs
+                    .iter()
+                    .for_each(|q| println!("{}", requests::render_one(q))),
+                (None, Some(top)) => println!("{}", requests::render(reqs, top)),
+                (None, None) => {}
+            }
         }
         if reports.len() > 1 {
             println!("{}", render_ranks(&rows));
