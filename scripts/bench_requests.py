@@ -89,7 +89,7 @@ def measure(batch: int) -> tuple[float, float, float, float, float]:
         worker.iteration_of(out, compute_iteration_details, False, worker.request_ids_of(out))
 
     def with_shares() -> None:
-        worker.iteration_of(out, compute_iteration_details, False, worker.requests_of(out))
+        worker.iteration_of(out, compute_iteration_details, False, True)
 
     return (
         per_call_us(log_step),

@@ -72,6 +72,27 @@ SIMPLE = "execute_context_2(9)_generation_1(1)"
 DETAILED = "execute_10_context_2(sq9sk17sqsq41sqsk73)_generation_1(sq1sk10sqsq1sqsk10)"
 
 
+def test_each_requests_phase_is_vllms_own_in_mixed_and_single_phase_steps(vllm_loaded):
+    from vllm.v1.utils import compute_iteration_details
+
+    mixed = scheduler_output()
+    d = compute_iteration_details(mixed)
+    r = plugin.worker.requests_of(mixed, d)
+    assert (r.ids, r.tokens, r.prefill) == (["a", "c", "b"], [5, 4, 1], [True, True, False])
+    # vLLM's own test, request by request: new, or a cached one still in its context phase.
+    cached = mixed.scheduled_cached_reqs
+    assert r.prefill == [i == "a" or cached.is_context_phase(i) for i in r.ids]
+    # A step of one phase takes its phase from the counts: the same answer.
+    for keep in (["b"], ["a", "c"]):
+        one = scheduler_output()
+        one.num_scheduled_tokens = {k: v for k, v in one.num_scheduled_tokens.items() if k in keep}
+        if "a" not in keep:
+            one.scheduled_new_reqs = []
+        fast = plugin.worker.requests_of(one, compute_iteration_details(one))
+        assert fast == plugin.worker.requests_of(one), keep
+        assert fast.prefill == [k != "b" for k in keep]
+
+
 def bare_worker(gpu_worker, profiler_config, rank=3):
     """A Worker carrying just the attributes profile() and annotate_profile() read."""
     worker = gpu_worker.Worker.__new__(gpu_worker.Worker)

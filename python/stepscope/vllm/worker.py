@@ -91,10 +91,8 @@ def _make_annotate(
             return _IterationScope(profiler)
         detailed = bool(getattr(self.vllm_config.profiler_config, "detailed_trace_annotation", False))
         # Requests are read only when stepscope.request_ids asks for them.
-        requests = requests_of(scheduler_output) if profiler.wants_request_ids else None
-        profiler.step(
-            iteration_of(scheduler_output, compute_iteration_details, detailed, requests)
-        )
+        wanted = profiler.wants_request_ids
+        profiler.step(iteration_of(scheduler_output, compute_iteration_details, detailed, wanted))
         return _IterationScope(profiler)
 
     annotate_profile.__doc__ = original.__doc__
@@ -377,28 +375,42 @@ class Requests(NamedTuple):
     prefill: list[bool]
 
 
-def requests_of(scheduler_output: Any) -> Requests:
-    """The :class:`Requests` of one ``SchedulerOutput``."""
-    new_ids = {r.req_id for r in scheduler_output.scheduled_new_reqs}
-    in_context = scheduler_output.scheduled_cached_reqs.is_context_phase
+def requests_of(scheduler_output: Any, details: Any = None) -> Requests:
+    """The :class:`Requests` of one ``SchedulerOutput``. With its ``compute_iteration_details``
+    (``details``), a step all in one phase (steady decode) takes no per-request test."""
     scheduled = scheduler_output.num_scheduled_tokens
-    return Requests(
-        ids=[str(r) for r in scheduled],
-        tokens=[int(n) for n in scheduled.values()],
-        prefill=[r in new_ids or bool(in_context(r)) for r in scheduled],
-    )
+    ids = [str(r) for r in scheduled]
+    n = len(ids)
+    if details is not None and details.num_ctx_requests == 0:
+        prefill = [False] * n
+    elif details is not None and details.num_generation_requests == 0:
+        prefill = [True] * n
+    else:
+        cached = scheduler_output.scheduled_cached_reqs
+        outputs = getattr(cached, "num_output_tokens", None)
+        if isinstance(outputs, list) and len(outputs) == len(cached.req_ids):
+            # A cached request with no output yet is in context, as is every new request
+            # (absent from the cached ones): vLLM's is_context_phase without a call each.
+            produced = dict(zip(cached.req_ids, outputs, strict=True))
+            prefill = [produced.get(r, 0) == 0 for r in scheduled]
+        else:
+            new_ids = {r.req_id for r in scheduler_output.scheduled_new_reqs}
+            in_context = cached.is_context_phase
+            prefill = [r in new_ids or bool(in_context(r)) for r in scheduled]
+    return Requests(ids=ids, tokens=list(scheduled.values()), prefill=prefill)
 
 
 def iteration_of(
     scheduler_output: Any,
     compute_iteration_details: Any,
     detailed: bool,
-    requests: Requests | list[str] | None = None,
+    requests: Requests | list[str] | bool | None = None,
 ) -> Any:
     """The :class:`stepscope.Iteration` of one ``SchedulerOutput``: vLLM's own
     ``compute_iteration_details`` counts (context = a new request or one still in its context
     phase), with ``detailed`` vLLM's per-phase roofline sums, and the requests if given (their
-    ids alone, or a :class:`Requests` with each one's tokens and phase)."""
+    ids alone, a :class:`Requests` with each one's tokens and phase, or ``True``: read them,
+    with tokens and phases, from the output)."""
     import stepscope
 
     d = compute_iteration_details(scheduler_output)
@@ -408,6 +420,8 @@ def iteration_of(
         d.num_generation_requests,
         d.num_generation_tokens,
     )
+    if requests is True:
+        requests = requests_of(scheduler_output, d)
     given: dict[str, Any] = {}
     if isinstance(requests, Requests):
         given = {
@@ -415,7 +429,7 @@ def iteration_of(
             "request_tokens": requests.tokens,
             "request_prefill": requests.prefill,
         }
-    elif requests is not None:
+    elif isinstance(requests, list):
         given = {"request_ids": requests}
     if not detailed:
         return stepscope.Iteration(*counts, **given)
