@@ -111,7 +111,8 @@ pub struct AnalyzeArgs {
         default_missing_value = "10"
     )]
     pub requests: Option<usize>,
-    /// One request's captured iterations, in order, each with its role and what it carried
+    /// One request's captured iterations, in order, each with its role, its share and what it
+    /// carried (instead of the traces' tables)
     #[arg(long, value_name = "ID", conflicts_with = "requests")]
     pub request: Option<String>,
 }

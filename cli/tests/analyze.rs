@@ -734,3 +734,28 @@ fn merge_labels_ranks_that_distributed_info_names_after_the_events() {
     );
     assert_eq!(merged["stepscope_merged"][0]["rank"], 5);
 }
+
+#[test]
+fn requests_of_a_trace_without_request_ids_say_how_to_record_them() {
+    let trace = data("trace_filter__sampled_rank-0.json.gz");
+    let trace = trace.to_str().unwrap();
+    let o = stepscope(&["analyze", "--requests", trace]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("requests: none recorded") && out.contains("request_ids"),
+        "{out}"
+    );
+    // Asked for one by id: a usage error naming it, exit 2.
+    let o = stepscope(&["analyze", "--request", "cmpl-1", trace]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("\"cmpl-1\"") && err.contains("request_ids"),
+        "{err}"
+    );
+    // --requests takes its count with '=': a path after it stays a path.
+    let o = stepscope(&["analyze", "--json", "--requests=0", trace]);
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["requests"][0]["requests"], serde_json::json!([]));
+}

@@ -290,13 +290,17 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
         println!("{doc}");
     } else {
         for (r, reqs) in reports.iter().zip(&per_trace) {
-            println!("{}", render(r));
             match (&a.request, a.requests) {
-                (Some(_), _) => reqs
-                    .iter()
-                    .for_each(|q| println!("{}", requests::render_one(q))),
-                (None, Some(top)) => println!("{}", requests::render(reqs, top)),
-                (None, None) => {}
+                // One request: its iterations, not the whole trace's tables.
+                (Some(_), _) => {
+                    if !reqs.is_empty() {
+                        println!("== {}", r.file);
+                    }
+                    reqs.iter()
+                        .for_each(|q| println!("{}", requests::render_one(q)));
+                }
+                (None, Some(top)) => println!("{}{}", render(r), requests::render(reqs, top)),
+                (None, None) => println!("{}", render(r)),
             }
         }
         if reports.len() > 1 {
