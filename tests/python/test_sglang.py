@@ -19,6 +19,7 @@ import importlib
 import json
 import logging
 import os
+import subprocess
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -121,6 +122,48 @@ def test_with_request_ids_each_captured_batch_names_its_rids(tmp_path, monkeypat
         {"step": 2, "requests": ["3.0", "3.1", "3.2"], "tokens": [1, 1, 1],
          "prefill": [False, False, False]},
     ]  # fmt: skip
+
+
+def test_analyze_requests_reads_a_capture_of_sglang_batches_back_per_request(tmp_path, monkeypatch):
+    cli = os.environ.get(plugin.CLI_ENV) or str(REPO / "target" / "debug" / "stepscope")
+    if not Path(cli).is_file():
+        pytest.skip("the stepscope command is not built (make test builds it)")
+    monkeypatch.setenv("STEPSCOPE_CONFIG", '{"stepscope": {"request_ids": true}}')
+    s = Scheduler()
+    assert s.profile(**profile_req(tmp_path, "shares", num_steps=3)).success
+    s.run(P, reqs=2, tokens=300)  # 1: two extends of 150
+    s.run(M, reqs=3, tokens=42, decoding=2)  # 2: one extend of 40, two decodes
+    s.run(D, reqs=2)  # 3
+    s.run(D, reqs=2)  # past the window
+    m = wait_complete(tmp_path / "shares-TP-0.stepscope.json")
+    out = subprocess.run(
+        [cli, "analyze", "--json", "--requests=0", str(tmp_path / m["trace_file"])],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    (steps,) = [t["steps"] for t in doc["traces"]]
+    # Each iteration's requests, tokens and phases sum to the counts in its name.
+    assert [st["name"] for st in steps] == [
+        stepscope.Iteration(2, 300).name(),
+        stepscope.Iteration(1, 40, 2, 2).name(),
+        decode(2),
+    ]
+    assert [(st["tokens"], st["prefill"]) for st in steps] == [
+        ([150, 150], [True, True]),
+        ([40, 1, 1], [True, False, False]),
+        ([1, 1], [False, False]),
+    ]
+    (listed,) = doc["requests"]
+    by_id = {r["id"]: r for r in listed["requests"]}
+    # Rids are "{forward pass}.{i}": the mixed batch is forward pass 2.
+    assert (by_id["2.0"]["prefill"]["tokens"], by_id["2.0"]["decode"]) == (40, None)
+    assert by_id["2.1"]["decode"]["steps"] == 1 and by_id["2.1"]["prefill"] is None
+    # The mixed batch's extend was the largest prefill its decodes shared it with.
+    (worst,) = by_id["2.2"]["costliest"]
+    assert (worst["largest_prefill_request"], worst["largest_prefill_tokens"]) == ("2.0", 40)
+    assert abs(sum(r["cpu_ms"] for r in listed["requests"])
+               - sum(st["cpu_op_us"] for st in steps) / 1e3) < 1e-6  # fmt: skip
 
 
 def test_a_mixed_batch_tells_its_decoding_requests_from_its_extends(monkeypatch):
@@ -508,7 +551,6 @@ def ctl_against_server_info(internal_state: dict, *args: str):
     scheduler's internal state (a plain HTTP server: SGLang's HTTP layer's place); skipped when
     the command is not built."""
     import http.server
-    import subprocess
     import threading
 
     info = json.dumps({"version": "0.5.23", "internal_states": [internal_state]}).encode()
