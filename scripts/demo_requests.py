@@ -2,15 +2,19 @@
 model whose steps take time in proportion to their tokens: tests/python/vllm_slow_step's
 `TokenCostLlama`) with the request log on and chunked prefill of 128 tokens a step: a
 900-token prompt, and three short requests sent while its first chunks run. Then the requests
-ranked by queue wait and by TTFT.
+ranked by queue wait and by TTFT. Then the same workload captured (`/start_profile`,
+`/stop_profile`, with `"request_ids": true`): `stepscope analyze --requests` of the worker's
+trace, one request's iterations, and the HTML report with its request waterfall.
 
     .venv/bin/python scripts/demo_requests.py
 
-The README's and docs/vllm.md's worked examples of `ctl requests` are this script's output.
+The README's and docs/vllm.md's worked examples of `ctl requests`, and docs/analyze.md's of
+`analyze --requests`, are this script's output. With an argument, the report is written there.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -48,6 +52,34 @@ def main() -> int:
             say(f"\n$ stepscope {' '.join(cmd)}")
             out = subprocess.run([cli, *cmd], capture_output=True, text=True, check=False)
             say(out.stdout + out.stderr)
+
+        say("== the same workload captured: /start_profile, the requests, /stop_profile")
+        traces = work / "traces"
+        assert srv.post("/start_profile")[0] == 200
+        try:
+            _, long_id = long_prefill_with_short_requests(srv, seed=150)
+        finally:
+            assert srv.post("/stop_profile")[0] == 200
+        (manifest,) = traces.glob("rank0*.stepscope.json")
+        trace = traces / json.loads(manifest.read_text())["trace_file"]
+
+        def run(*cmd: str) -> str:
+            say(f"\n$ stepscope {' '.join(cmd)}")
+            out = subprocess.run([cli, *cmd], capture_output=True, text=True, check=False)
+            say(out.stdout + out.stderr)
+            return out.stdout
+
+        run("analyze", "--top", "3", "--requests=2", str(trace))
+        found = json.loads(
+            subprocess.run(
+                [cli, "analyze", "--json", "--requests=0", str(trace)],
+                capture_output=True, text=True, check=True,
+            ).stdout
+        )  # fmt: skip
+        short = next(r["id"] for r in found["requests"][0]["requests"] if r["id"] != long_id)
+        run("analyze", "--request", short, str(trace))
+        page = Path(sys.argv[1]) if len(sys.argv) > 1 else work / "report.html"
+        run("report", str(trace), "-o", str(page))
     finally:
         srv.stop()
         shutil.rmtree(work, ignore_errors=True)
