@@ -132,7 +132,9 @@ def engine_script(doubles, tmp_path):
             env=child_env,
             capture_output=True,
             text=True,
-            timeout=300,
+            # A hang guard, not a speed check: a child that imports SGLang took 35 s alone and
+            # over 300 s beside make test's six other pytest processes on two cores.
+            timeout=1200,
         )
         assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
         line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
