@@ -271,6 +271,12 @@ impl RequestLog {
         r.queued_after_step = after;
     }
 
+    /// The steps begun so far: the index of the last (0 before the first), and a
+    /// [`RequestLog::document`]'s `since` for what comes after now.
+    pub fn step_index(&self) -> u64 {
+        self.next_step
+    }
+
     /// The engine begins scheduling a step now, with `waiting` requests in its queue (0 when
     /// unknown); returns the step's index.
     pub fn begin_step(&mut self, waiting: u32) -> u64 {

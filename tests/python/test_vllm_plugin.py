@@ -4,6 +4,7 @@ ProfilerConfig, Worker.profile, Worker.annotate_profile and SchedulerOutput."""
 from __future__ import annotations
 
 import gzip
+import inspect
 import json
 import os
 import subprocess
@@ -953,6 +954,17 @@ def test_the_request_log_patches_vllms_scheduler_only_when_asked(vllm_loaded, mo
     lifecycles._record_schedule(log, log.begin_step(), busy)
     assert getattr(busy, lifecycles.STEP_ATTR) == 1
     assert len(json.loads(log.document_json())["requests"]) == len(busy.num_scheduled_tokens)
+    # EngineCore.profile: wrapped once, with vLLM's signature (its utility calls read it), and
+    # the log's step index as a window's start.
+    original = core.EngineCore.profile
+    try:
+        lifecycles._patch_profile(core.EngineCore)
+        lifecycles._patch_profile(core.EngineCore)
+        assert getattr(core.EngineCore.profile, mark) is original
+        assert inspect.signature(core.EngineCore.profile) == inspect.signature(original)
+    finally:
+        core.EngineCore.profile = original
+    assert log.step_index == 1
     # vLLM's reasons, as the log names them.
     reasons = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT,
                RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_LENGTH_CAPPED)  # fmt: skip

@@ -76,6 +76,13 @@ impl PyRequestLog {
         (c.requests, c.steps)
     }
 
+    /// The steps begun so far (the last one's index): ``document_json``'s ``since`` for what
+    /// comes after now.
+    #[getter]
+    fn step_index(&self) -> u64 {
+        self.log.step_index()
+    }
+
     /// Its memory in bytes, allocated once.
     #[getter]
     fn memory_bytes(&self) -> usize {

@@ -15,6 +15,12 @@ its end, with each step's begin and end, where vLLM stamps its own request metri
 ``EngineCore.stepscope_requests(since)`` answers the API server's utility call with the log as
 JSON; the API server's ``GET /stepscope/requests?since=N`` route asks every engine core.
 
+A capture's window: ``EngineCore.profile`` notes the log's step at a start, and at the stop,
+once its workers' stop has returned, writes the log's document from that step on beside the
+traces (``torch_profiler_dir``), as ``engine{N}.{stop ns}.requests.json``: each request's
+arrival, queue wait and steps, which a trace does not hold, for ``stepscope analyze
+--requests`` to join to the trace's iterations by request id.
+
 Each step is named by the ``SchedulerOutput`` it scheduled, so an engine that schedules step
 N+1 before step N's output is processed (async scheduling, pipeline parallelism) records both
 correctly. Hooks never raise into the engine: a failure is logged once and the log goes on.
@@ -22,8 +28,10 @@ correctly. Hooks never raise into the engine: a failure is logged once and the l
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import time
 from types import ModuleType
 from typing import Any, Callable
 
@@ -197,6 +205,60 @@ def engine_requests(self: Any, since: int = 0) -> str:
     return str(log.document_json(max(0, int(since))))
 
 
+#: The attribute an engine core carries while a capture runs: the log's step at its start.
+WINDOW_ATTR = "_stepscope_requests_since"
+
+
+def window_file(engine: int, stop_ns: int) -> str:
+    """The name of one engine core's request log of a capture window."""
+    return f"engine{engine}.{stop_ns}.requests.json"
+
+
+def _write_window(core: Any, log: Any, since: int) -> None:
+    """Writes the log's document above step ``since`` into the capture's trace directory
+    (whole or not at all: a temporary renamed into place)."""
+    config = getattr(getattr(core, "vllm_config", None), "profiler_config", None)
+    directory = getattr(config, "torch_profiler_dir", None)
+    if getattr(config, "profiler", None) != "torch" or not directory:
+        return
+    name = window_file(int(getattr(core, "engine_index", 0) or 0), time.time_ns())
+    path = os.path.join(directory, name)
+    tmp = os.path.join(directory, f".{name}.tmp")
+    os.makedirs(directory, exist_ok=True)
+    with open(tmp, "w") as f:
+        f.write(log.document_json(since))
+    os.replace(tmp, path)
+    logger.info("stepscope: request log of the capture (steps after %d): %s", since, path)
+
+
+def _patch_profile(core: Any) -> None:
+    """``EngineCore.profile``: a start notes the log's step; a stop, once the workers' stop has
+    returned, writes the window's log beside the traces. Never raises into the engine."""
+    profile = getattr(core, "profile", None)
+    if not callable(profile) or hasattr(profile, PATCHED_MARK):
+        return
+
+    # vLLM's utility calls read the method's signature (its parameters' types): the
+    # wrapper shows the original's.
+    @functools.wraps(profile)
+    def stepscope_profile(self: Any, is_start: bool = True, *args: Any, **kwargs: Any) -> Any:
+        log = request_log()
+        result = profile(self, is_start, *args, **kwargs)
+        if log is None:
+            return result
+        if is_start:
+            setattr(self, WINDOW_ATTR, log.step_index)
+        else:
+            since = getattr(self, WINDOW_ATTR, None)
+            setattr(self, WINDOW_ATTR, None)
+            if since is not None:
+                _guarded("profile", _write_window, self, log, since)
+        return result
+
+    setattr(stepscope_profile, PATCHED_MARK, profile)
+    core.profile = stepscope_profile
+
+
 def _patch_engine_core(module: ModuleType) -> None:
     core = getattr(module, "EngineCore", None)
     if core is None:
@@ -204,3 +266,5 @@ def _patch_engine_core(module: ModuleType) -> None:
         return
     if not hasattr(core, "stepscope_requests"):
         core.stepscope_requests = engine_requests
+    if requests_wanted():
+        _patch_profile(core)
