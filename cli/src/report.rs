@@ -206,11 +206,16 @@ fn requests_section(reports: &[TraceReport]) -> String {
         return String::new();
     };
     let mut all = requests::requests(&r.steps, None);
+    let dir = std::path::Path::new(&r.file)
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    requests::join_logs(&mut all, &crate::analyze::request_logs(&dir), Some(0));
     // First seen first: the waterfall's order.
     all.sort_by_key(|q| q.costliest.first().map_or(usize::MAX, |s| s.index));
     let rows = &all[..all.len().min(WATERFALL_ROWS)];
     let mut o = format!(
-        "<h2>Requests</h2><p class=\"note\">{} request(s) in the captured iterations of {} ({}){}. A bar per iteration a request was in: <span class=\"key prefill\">prefill</span> <span class=\"key decode\">decode</span> <span class=\"key scheduled\">phase not recorded</span>; a thin line where it was left out. Shares of CPU and GPU time are by tokens when the engine gave them. Queue wait and time to first token are not in a trace: <code>stepscope ctl requests</code> reads them from the engine's request log. Click a request to see its iterations.</p>",
+        "<h2>Requests</h2><p class=\"note\">{} request(s) in the captured iterations of {} ({}){}. A bar per iteration a request was in: <span class=\"key prefill\">prefill</span> <span class=\"key decode\">decode</span> <span class=\"key scheduled\">phase not recorded</span>; a thin line where it was left out. Shares of CPU and GPU time are by tokens when the engine gave them. Queue wait and time to first token are not in a trace: they come from the engine's request log, where a capture with <code>\"stepscope\": {{\"requests\": true}}</code> wrote it beside the trace (else -). Click a request to see its iterations.</p>",
         all.len(),
         esc(&rank_label(r, ri)),
         esc(&r.file),
@@ -221,11 +226,11 @@ fn requests_section(reports: &[TraceReport]) -> String {
         }
     );
     o.push_str(&waterfall(&r.steps, rows));
-    o.push_str("<table class=\"sortable\"><thead><tr><th>#</th><th>iterations</th><th>prefill chunks</th><th>prefill tokens</th><th>decode steps</th><th>wall (ms)</th><th>CPU share (ms)</th><th>GPU share (ms)</th><th>request</th></tr></thead><tbody>");
+    o.push_str("<table class=\"sortable\"><thead><tr><th>#</th><th>iterations</th><th>prefill chunks</th><th>prefill tokens</th><th>decode steps</th><th>wall (ms)</th><th>CPU share (ms)</th><th>GPU share (ms)</th><th>queue (ms)</th><th>TTFT (ms)</th><th>request</th></tr></thead><tbody>");
     for (k, q) in rows.iter().enumerate() {
         let _ = write!(
             o,
-            "<tr data-req=\"{k}\"><td>{k}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td></tr>",
+            "<tr data-req=\"{k}\"><td>{k}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             q.steps,
             q.prefill.map_or(0, |p| p.steps),
             q.prefill.map_or(0, |p| p.tokens),
@@ -233,6 +238,8 @@ fn requests_section(reports: &[TraceReport]) -> String {
             q.wall_ms,
             q.cpu_ms,
             q.gpu_ms,
+            opt_ms(q.log.as_ref().and_then(|b| b.queue.map(|s| s.ms))),
+            opt_ms(q.log.as_ref().and_then(|b| b.ttft_ms)),
             esc(&q.id)
         );
     }
@@ -240,9 +247,22 @@ fn requests_section(reports: &[TraceReport]) -> String {
     for (k, q) in rows.iter().enumerate() {
         let _ = write!(
             o,
-            "<div class=\"req-steps\" id=\"req-{k}\" hidden><h3>{}</h3><table><thead><tr><th>step</th><th>start (ms)</th><th>wall (ms)</th><th>role</th><th>its tokens</th><th>share (%)</th><th>requests</th><th>tokens</th><th>largest prefill</th></tr></thead><tbody>",
+            "<div class=\"req-steps\" id=\"req-{k}\" hidden><h3>{}</h3>",
             esc(&q.id)
         );
+        if let Some(b) = &q.log {
+            let _ = write!(
+                o,
+                "<p class=\"note\">In its engine's request log: queue {} ms, TTFT {} ms, end to end {} ms, prefill {} ms, {} preemption(s) ({}).</p>",
+                opt_ms(b.queue.map(|s| s.ms)),
+                opt_ms(b.ttft_ms),
+                opt_ms(b.e2e_ms),
+                opt_ms(b.prefill.map(|s| s.ms)),
+                b.preempted_at.len(),
+                esc(&b.server)
+            );
+        }
+        o.push_str("<table><thead><tr><th>step</th><th>start (ms)</th><th>wall (ms)</th><th>role</th><th>its tokens</th><th>share (%)</th><th>requests</th><th>tokens</th><th>largest prefill</th></tr></thead><tbody>");
         for s in &q.costliest {
             let start = r.steps.get(s.index).map_or(0.0, |st| st.start_us / 1e3);
             let largest = match (&s.largest_prefill_request, s.own_prefill) {
@@ -265,6 +285,10 @@ fn requests_section(reports: &[TraceReport]) -> String {
         o.push_str("</tbody></table></div>");
     }
     o
+}
+
+fn opt_ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.3}"))
 }
 
 fn role_name(role: Role) -> &'static str {

@@ -4,6 +4,7 @@
 pub mod requests;
 
 use serde::Serialize;
+use stepscope_format::requests::RequestsDocument;
 
 use crate::trace_report::{Source, TraceReport};
 use stepscope_format::trace::Step;
@@ -227,6 +228,45 @@ pub fn render_ranks(rows: &[RankRow]) -> String {
     o
 }
 
+/// The request logs (`*.requests.json`, [`RequestsDocument`]) in `dir`, by file name, oldest
+/// name first; a file that is not one is reported on stderr and left out.
+pub(crate) fn request_logs(dir: &std::path::Path) -> Vec<(String, RequestsDocument)> {
+    let Ok(entries) = std::fs::read_dir(if dir.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        dir
+    }) else {
+        return Vec::new();
+    };
+    let mut paths: Vec<std::path::PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(".requests.json") && !n.starts_with('.'))
+        })
+        .collect();
+    paths.sort();
+    paths
+        .into_iter()
+        .filter_map(|p| {
+            let read = std::fs::read(&p).map_err(|e| e.to_string()).and_then(|b| {
+                serde_json::from_slice::<RequestsDocument>(&b).map_err(|e| e.to_string())
+            });
+            match read {
+                Ok(doc) => Some((p.display().to_string(), doc)),
+                Err(e) => {
+                    eprintln!(
+                        "stepscope: {}: not a request log, left out: {e}",
+                        p.display()
+                    );
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
 /// `stepscope analyze`.
 pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, crate::Error> {
     let crate::load::Loaded {
@@ -260,6 +300,23 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
             }
         })
         .collect();
+    if wanted {
+        // The request logs captures wrote beside their traces, read once per directory.
+        let mut logs: std::collections::HashMap<
+            std::path::PathBuf,
+            Vec<(String, RequestsDocument)>,
+        > = std::collections::HashMap::new();
+        for (r, list) in reports.iter().zip(&mut per_trace) {
+            let dir = std::path::Path::new(&r.file)
+                .parent()
+                .map(std::path::Path::to_path_buf)
+                .unwrap_or_default();
+            let docs = logs
+                .entry(dir.clone())
+                .or_insert_with(|| request_logs(&dir));
+            requests::join_logs(list, docs, keep);
+        }
+    }
     if let Some(id) = &a.request {
         for list in &mut per_trace {
             list.retain(|r| &r.id == id);

@@ -8,7 +8,12 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
+use stepscope_format::requests::{RequestsDocument, ID_BYTES};
 use stepscope_format::trace::Step;
+
+use crate::ctl::requests::render::lifecycle;
+use crate::ctl::requests::{breakdowns, Breakdown};
+use crate::flags::RankBy;
 
 /// How a request's share of an iteration's time is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -102,6 +107,12 @@ pub struct TraceRequest {
     /// The iterations that cost it most, longest first (all of its iterations, in order, for
     /// one request asked for by id).
     pub costliest: Vec<InStep>,
+    /// Its lifecycle in its engine's request log, when the capture's log was written beside
+    /// the trace (`"stepscope": {"requests": true}`): arrival, queue wait, TTFT, and the
+    /// engine steps that cost it most, those it waited through included. Engine steps count
+    /// the engine's schedules, not the trace's iterations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<Breakdown>,
 }
 
 /// Iterations listed per request in the table.
@@ -250,6 +261,7 @@ pub fn requests(steps: &[Step], keep: Option<usize>) -> Vec<TraceRequest> {
                 gpu_ms: refs.iter().map(|s| s.share * s.gpu_ms).sum(),
                 share_by,
                 costliest: Vec::new(),
+                log: None,
             };
             if let Some(k) = keep {
                 its.sort_by(|a, b| b.ms.total_cmp(&a.ms).then(a.index.cmp(&b.index)));
@@ -263,6 +275,28 @@ pub fn requests(steps: &[Step], keep: Option<usize>) -> Vec<TraceRequest> {
         .collect();
     out.sort_by(|a, b| b.wall_ms.total_cmp(&a.wall_ms));
     out
+}
+
+/// Whether the log's id `logged` is the trace's `id`: the same, or its first [`ID_BYTES`]
+/// bytes (a log keeps longer ids cut).
+fn same_id(logged: &str, id: &str) -> bool {
+    logged == id || (logged.len() == ID_BYTES && id.len() > ID_BYTES && id.starts_with(logged))
+}
+
+/// Gives each request its lifecycle from the first of the request logs (each with its file's
+/// name) that holds it, with its `keep` costliest engine steps up to its first token
+/// (`None`: every step it lived through, in order).
+pub fn join_logs(
+    requests: &mut [TraceRequest],
+    logs: &[(String, RequestsDocument)],
+    keep: Option<usize>,
+) {
+    for (file, doc) in logs {
+        let found = breakdowns(file, doc, RankBy::Ttft, keep);
+        for r in requests.iter_mut().filter(|r| r.log.is_none()) {
+            r.log = found.iter().find(|b| same_id(&b.id, &r.id)).cloned();
+        }
+    }
 }
 
 fn ms(v: f64) -> String {
@@ -370,8 +404,22 @@ pub fn render(all: &[TraceRequest], top: usize) -> String {
                 carried(s)
             ));
         }
+        if let Some(b) = &r.log {
+            o.push_str(&format!(
+                "      in its engine's request log ({}):\n",
+                b.server
+            ));
+            lifecycle(
+                &mut o,
+                b,
+                "        ",
+                "engine steps that cost it most, to its first token:",
+            );
+        }
     }
-    o.push_str("  (a trace holds only the captured iterations: queue wait and time to first token are in the engine's request log, `stepscope ctl requests`)\n");
+    if all.iter().take(shown).all(|r| r.log.is_none()) {
+        o.push_str("  (a trace holds only the captured iterations: a request's arrival, queue wait and time to first token are in its engine's request log, \"stepscope\": {\"requests\": true}, which a capture then writes beside its traces)\n");
+    }
     o
 }
 
@@ -397,6 +445,13 @@ pub fn render_one(r: &TraceRequest) -> String {
             100.0 * s.share,
             carried(s)
         ));
+    }
+    if let Some(b) = &r.log {
+        o.push_str(&format!(
+            "\n  in its engine's request log ({}):\n",
+            b.server
+        ));
+        lifecycle(&mut o, b, "  ", "every engine step it lived through:");
     }
     o
 }
@@ -454,6 +509,74 @@ mod tests {
             text.contains("largest prefill 128 tokens of long"),
             "{text}"
         );
+    }
+
+    /// A log's request record, as the engine serves it.
+    fn record(id: &str, queued: u64, first: u64, token: u64) -> serde_json::Value {
+        serde_json::json!({
+            "id": id, "prompt_tokens": 8, "cached_tokens": 0, "output_tokens": 1,
+            "arrival_unix_ns": queued, "queued_unix_ns": queued, "queued_after_step": 1,
+            "first_scheduled_step": first, "first_scheduled_unix_ns": first * 1_000_000_000,
+            "prefill_steps": 1, "prefill_tokens": 8, "first_token_step": first,
+            "first_token_unix_ns": token, "decode_steps": 0, "last_token_unix_ns": token,
+            "last_step": first, "preempted_at": [], "resumed_at": [], "finished_step": first,
+            "finished_unix_ns": token, "finish": "length"
+        })
+    }
+
+    #[test]
+    fn a_request_log_beside_the_trace_gives_each_request_its_queue_and_ttft() {
+        let long_id = "x".repeat(ID_BYTES + 6);
+        let steps = vec![step(
+            5,
+            30.0,
+            &[(long_id.as_str(), 8, true), ("short", 8, true)],
+        )];
+        let mut all = requests(&steps, Some(COSTLIEST));
+        let steps: Vec<serde_json::Value> = [1u64, 2]
+            .iter()
+            .map(|i| {
+                serde_json::json!({
+                    "step": i, "start_unix_ns": i * 1_000_000_000, "duration_ns": 500_000_000,
+                    "prefill_reqs": 1, "prefill_tokens": 8, "decode_reqs": 0,
+                    "decode_tokens": 0, "preempted": 0, "waiting": 1,
+                    "largest_prefill_tokens": 8, "largest_prefill_request": "short"
+                })
+            })
+            .collect();
+        // The log keeps a long id cut to ID_BYTES bytes.
+        let records = [
+            record(&long_id[..ID_BYTES], 900_000_000, 2, 2_500_000_000),
+            record("short", 900_000_000, 1, 1_500_000_000),
+        ];
+        let doc: RequestsDocument = serde_json::from_value(serde_json::json!({
+            "pid": 1, "step_index": 2, "now_unix_ns": 0, "clock": "tsc",
+            "capacity": {"requests": 16, "steps": 16}, "recorded": {"requests": 2, "steps": 2},
+            "evicted_running": 0, "steps": steps, "requests": records,
+        }))
+        .unwrap();
+        join_logs(
+            &mut all,
+            &[("engine0.1.requests.json".into(), doc)],
+            Some(COSTLIEST),
+        );
+        let by = |id: &str| all.iter().find(|r| r.id == id).unwrap();
+        let short = by("short").log.as_ref().unwrap();
+        assert_eq!(short.queue.unwrap().ms, 100.0);
+        assert_eq!(short.ttft_ms, Some(600.0));
+        let long = by(&long_id).log.as_ref().unwrap();
+        assert_eq!((long.queue.unwrap().steps, long.ttft_ms), (1, Some(1600.0)));
+        // It waited through step 1, whose prefill was the short request's.
+        assert_eq!(
+            long.costliest[0].largest_prefill_request.as_deref(),
+            Some("short")
+        );
+        let text = render(&all, 0);
+        assert!(
+            text.contains("in its engine's request log (engine0.1.requests.json)"),
+            "{text}"
+        );
+        assert!(!text.contains("a trace holds only"), "{text}");
     }
 
     #[test]

@@ -30,7 +30,7 @@ mod fleet;
 mod http;
 mod page;
 mod render;
-mod requests;
+pub(crate) mod requests;
 mod stop_wait;
 mod top;
 

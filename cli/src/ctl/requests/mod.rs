@@ -20,7 +20,7 @@ use crate::flags::{Engine, RequestsArgs};
 use crate::par::par_map;
 
 mod breakdown;
-mod render;
+pub(crate) mod render;
 
 pub use breakdown::{breakdowns, rank, Breakdown};
 

@@ -117,73 +117,79 @@ pub fn render(
             l.server, l.doc.pid, l.doc.evicted_running
         );
     }
+    let head = if a.request.is_some() {
+        "every step it lived through:"
+    } else {
+        "cost it most:"
+    };
     for (i, b) in ranked.iter().enumerate() {
-        let opt = |v: Option<f64>| v.map_or("-".into(), dur);
         let _ = writeln!(out, "\n{:>3}. {}  ({})", i + 1, b.id, b.server);
-        let state = match &b.finish {
-            Some(f) => format!("finished ({f})"),
-            None => "running".into(),
-        };
-        let _ = writeln!(
-            out,
-            "     TTFT {}   e2e {}   prompt {} tokens ({} cached), output {} tokens, {state}",
-            opt(b.ttft_ms),
-            opt(b.e2e_ms),
-            b.prompt_tokens,
-            b.cached_tokens,
-            b.output_tokens,
-        );
-        let mut decode = stretch(b.decode, "step");
-        if let (Some(mean), Some(max)) = (b.decode_step_mean_ms, b.decode_step_max_ms) {
-            let _ = write!(decode, ", steps mean {} max {}", dur(mean), dur(max));
-        }
-        let _ = writeln!(
-            out,
-            "     intake {}   queue {}   prefill {}   decode {}",
-            stretch(b.intake, "step"),
-            stretch(b.queue, "step"),
-            stretch(b.prefill, "chunk"),
-            decode,
-        );
-        if !b.preempted_at.is_empty() {
-            let pairs: Vec<String> = b
-                .preempted_at
-                .iter()
-                .enumerate()
-                .map(|(k, p)| match b.resumed_at.get(k) {
-                    Some(r) => format!("at step {p}, back at {r}"),
-                    None => format!("at step {p}, not back yet"),
-                })
-                .collect();
-            let _ = writeln!(
-                out,
-                "     preempted {} time{}: {}",
-                b.preempted_at.len(),
-                if b.preempted_at.len() == 1 { "" } else { "s" },
-                pairs.join("; ")
-            );
-        }
-        if b.steps_missing > 0 {
-            let _ = writeln!(
-                out,
-                "     {} of its steps are no longer in the log",
-                b.steps_missing
-            );
-        }
-        if !b.costliest.is_empty() {
-            let head = if a.request.is_some() {
-                "every step it lived through:"
-            } else {
-                "cost it most:"
-            };
-            let _ = writeln!(out, "     {head}");
-            for c in &b.costliest {
-                let _ = writeln!(out, "       {}", step_line(c));
-            }
-        }
+        lifecycle(&mut out, b, "     ", head);
     }
     for f in failures {
         let _ = writeln!(out, "\n{}: {}", f.url, f.error);
     }
     out
+}
+
+/// A request's lifecycle from its engine's log, each line after `indent`: its times, its
+/// stretches, its preemptions, and its steps under `head`.
+pub fn lifecycle(out: &mut String, b: &Breakdown, indent: &str, head: &str) {
+    let opt = |v: Option<f64>| v.map_or("-".into(), dur);
+    let state = match &b.finish {
+        Some(f) => format!("finished ({f})"),
+        None => "running".into(),
+    };
+    let _ = writeln!(
+        out,
+        "{indent}TTFT {}   e2e {}   prompt {} tokens ({} cached), output {} tokens, {state}",
+        opt(b.ttft_ms),
+        opt(b.e2e_ms),
+        b.prompt_tokens,
+        b.cached_tokens,
+        b.output_tokens,
+    );
+    let mut decode = stretch(b.decode, "step");
+    if let (Some(mean), Some(max)) = (b.decode_step_mean_ms, b.decode_step_max_ms) {
+        let _ = write!(decode, ", steps mean {} max {}", dur(mean), dur(max));
+    }
+    let _ = writeln!(
+        out,
+        "{indent}intake {}   queue {}   prefill {}   decode {}",
+        stretch(b.intake, "step"),
+        stretch(b.queue, "step"),
+        stretch(b.prefill, "chunk"),
+        decode,
+    );
+    if !b.preempted_at.is_empty() {
+        let pairs: Vec<String> = b
+            .preempted_at
+            .iter()
+            .enumerate()
+            .map(|(k, p)| match b.resumed_at.get(k) {
+                Some(r) => format!("at step {p}, back at {r}"),
+                None => format!("at step {p}, not back yet"),
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "{indent}preempted {} time{}: {}",
+            b.preempted_at.len(),
+            if b.preempted_at.len() == 1 { "" } else { "s" },
+            pairs.join("; ")
+        );
+    }
+    if b.steps_missing > 0 {
+        let _ = writeln!(
+            out,
+            "{indent}{} of its steps are no longer in the log",
+            b.steps_missing
+        );
+    }
+    if !b.costliest.is_empty() {
+        let _ = writeln!(out, "{indent}{head}");
+        for c in &b.costliest {
+            let _ = writeln!(out, "{indent}  {}", step_line(c));
+        }
+    }
 }
