@@ -12,7 +12,9 @@ read through `GET /stepscope/requests` and `stepscope ctl requests`:
 - in a capture (`"request_ids": true`): each captured iteration's requests with their tokens
   and phases sum to vLLM's own counts (the iteration's name); `stepscope analyze --requests`
   of the trace gives each request the prefill chunks, tokens and decode steps the request log
-  recorded for it, and shares every iteration's CPU time out whole.
+  recorded for it, and shares every iteration's CPU time out whole; the engine core's log of
+  the window is on disk beside the trace when the stop returns, and joins each request's
+  queue wait and TTFT to it, as `ctl requests` reads them from the live server.
 
 The model is `TokenCostLlama` (tests/python/vllm_slow_step): every forward pass sleeps in
 proportion to its tokens, so a step of a 128-token chunk is slower than one of a few decode
@@ -312,7 +314,7 @@ def test_a_request_preempted_for_kv_cache_shows_its_preemption(server):
 
 def test_a_captured_long_prefill_and_its_requests_agree_with_the_request_log(server):
     traces = Path(server.workdir) / "traces"
-    before = set(traces.glob("*.stepscope.json")) if traces.exists() else set()
+    before = set(traces.glob("*.json")) if traces.exists() else set()
     status, answer, _ = server.post("/start_profile")
     assert status == 200, answer
     try:
@@ -327,6 +329,9 @@ def test_a_captured_long_prefill_and_its_requests_agree_with_the_request_log(ser
     ]
     assert manifest["status"] == "complete", manifest
     trace = traces / manifest["trace_file"]
+    # And the engine core's request log of the window, as the stop returned.
+    (window_log,) = set(traces.glob("engine0.*.requests.json")) - before
+    assert json.loads(window_log.read_text())["requests"], window_log
 
     # Each captured iteration's requests come with their tokens and phases (an iteration that
     # scheduled nothing has none of the three).
@@ -365,6 +370,21 @@ def test_a_captured_long_prefill_and_its_requests_agree_with_the_request_log(ser
     # The long prefill's chunks cost most, by construction of the model: it ranks first.
     assert listed["requests"][0]["id"] == long_id, listed["requests"][0]
     assert all(c["own_prefill"] for c in long["costliest"]), long
+
+    # The log beside the trace gives each request its queue wait and TTFT: those `ctl requests`
+    # reads from the server's log for the same steps.
+    live = {b["id"]: b for b in ctl_requests(server, "--since-step", str(since), "--top", "0")[
+        "requests"]}  # fmt: skip
+    for rid, r in by_id.items():
+        joined, served = r["log"], live[rid]
+        assert joined["server"] == str(window_log), joined
+        for key in ("ttft_ms", "e2e_ms", "queue", "prefill", "decode", "finish"):
+            assert joined[key] == served[key], (rid, key, joined[key], served[key])
+    # What a short request waited through, which the trace cannot show: the long prefill.
+    waited = [r for r in by_id.values() if r["id"] != long_id and r["log"]["queue"]["steps"] > 0]
+    assert waited, by_id
+    for r in waited:
+        assert r["log"]["costliest"][0]["largest_prefill_request"] == long_id, r["log"]
 
     # Shares by tokens give each iteration's CPU time out whole.
     shared = sum(r["cpu_ms"] for r in listed["requests"])
