@@ -759,3 +759,76 @@ fn requests_of_a_trace_without_request_ids_say_how_to_record_them() {
     let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(doc["requests"][0]["requests"], serde_json::json!([]));
 }
+
+/// One engine's request log holding request `r`, finished or not.
+fn request_log(finished: bool) -> serde_json::Value {
+    let at = |s: u64| 1_000_000_000 * s;
+    serde_json::json!({
+        "pid": 1, "step_index": 3, "now_unix_ns": at(9), "clock": "tsc",
+        "capacity": {"requests": 16, "steps": 16}, "recorded": {"requests": 1, "steps": 3},
+        "evicted_running": 0,
+        "steps": [{"step": 2, "start_unix_ns": at(2), "duration_ns": at(1), "prefill_reqs": 1,
+                   "prefill_tokens": 8, "decode_reqs": 0, "decode_tokens": 0, "preempted": 0,
+                   "waiting": 0, "largest_prefill_tokens": 8, "largest_prefill_request": "r"}],
+        "requests": [{"id": "r", "prompt_tokens": 8, "cached_tokens": 0, "output_tokens": 1,
+                      "arrival_unix_ns": at(1), "queued_unix_ns": at(1), "queued_after_step": 1,
+                      "first_scheduled_step": 2, "first_scheduled_unix_ns": at(2),
+                      "prefill_steps": 1, "prefill_tokens": 8, "first_token_step": 2,
+                      "first_token_unix_ns": at(3), "decode_steps": 0,
+                      "last_token_unix_ns": at(3), "last_step": 2, "preempted_at": [],
+                      "resumed_at": [],
+                      "finished_step": if finished { Some(2) } else { None },
+                      "finished_unix_ns": if finished { Some(at(3)) } else { None },
+                      "finish": if finished { Some("length") } else { None }}]
+    })
+}
+
+#[test]
+fn a_captures_requests_are_joined_to_the_latest_request_log_beside_it() {
+    let dir = scratch("request-logs");
+    // A capture's trace as the torch backend writes it: an iteration annotated with its step,
+    // its requests (with tokens and phases) in the header.
+    let trace = dir.join("rank0.1.pt.trace.json");
+    std::fs::write(
+        &trace,
+        r#"{"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "execute_context_1(8)_generation_0(0)", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0, "args": {"Record function id": 1}}],
+            "stepscope": {"steps": [{"step": 1, "requests": ["r"], "tokens": [8], "prefill": [true]}]}}"#,
+    )
+    .unwrap();
+    // Two windows' logs: the later one saw the request finish. And one that is not a log.
+    std::fs::write(
+        dir.join("engine0.100.requests.json"),
+        request_log(false).to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("engine0.200.requests.json"),
+        request_log(true).to_string(),
+    )
+    .unwrap();
+    std::fs::write(dir.join("engine1.300.requests.json"), "{\"not\": 1}").unwrap();
+    let o = stepscope(&["analyze", "--json", "--requests", trace.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("engine1.300.requests.json: not a request log"),
+        "{err}"
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = &doc["requests"][0]["requests"][0];
+    assert_eq!(r["id"], "r");
+    assert_eq!(r["prefill"]["tokens"], 8);
+    let log = &r["log"];
+    assert!(
+        log["server"]
+            .as_str()
+            .unwrap()
+            .ends_with("engine0.200.requests.json"),
+        "{log}"
+    );
+    assert_eq!(
+        (log["finish"].as_str(), log["ttft_ms"].as_f64()),
+        (Some("length"), Some(2000.0))
+    );
+    assert_eq!(log["queue"]["ms"], 1000.0);
+}

@@ -228,8 +228,10 @@ pub fn render_ranks(rows: &[RankRow]) -> String {
     o
 }
 
-/// The request logs (`*.requests.json`, [`RequestsDocument`]) in `dir`, by file name, oldest
-/// name first; a file that is not one is reported on stderr and left out.
+/// The request logs (`*.requests.json`, [`RequestsDocument`]) in `dir`, by file name, newest
+/// first (a window's log is named by its stop: a request in two windows is found first in
+/// the later one, which saw more of it); a file that is not one is reported on stderr and
+/// left out.
 pub(crate) fn request_logs(dir: &std::path::Path) -> Vec<(String, RequestsDocument)> {
     let Ok(entries) = std::fs::read_dir(if dir.as_os_str().is_empty() {
         std::path::Path::new(".")
@@ -247,6 +249,7 @@ pub(crate) fn request_logs(dir: &std::path::Path) -> Vec<(String, RequestsDocume
         })
         .collect();
     paths.sort();
+    paths.reverse();
     paths
         .into_iter()
         .filter_map(|p| {
