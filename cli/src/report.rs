@@ -481,29 +481,15 @@ pub fn command(r: &crate::flags::ReportArgs) -> Result<std::process::ExitCode, c
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn step(i: u64, start_ms: f64, reqs: &[(&str, u32, bool)]) -> Step {
-        Step {
-            name: format!("execute_{i}"),
-            step: Some(i),
-            requests: reqs.iter().map(|r| r.0.to_string()).collect(),
-            tokens: reqs.iter().map(|r| r.1).collect(),
-            prefill: reqs.iter().map(|r| r.2).collect(),
-            start_us: start_ms * 1e3,
-            dur_us: 9e3,
-            cpu_op_us: 0.0,
-            kernel_us: 0.0,
-            kernel_count: 0,
-        }
-    }
+    use crate::analyze::requests::test_step;
 
     #[test]
     fn the_waterfall_draws_a_row_per_request_and_a_bar_per_iteration_it_was_in() {
         let steps = vec![
-            step(1, 0.0, &[("<long>", 128, true)]),
-            step(2, 10.0, &[("<long>", 2, true), ("short", 1, false)]),
-            step(3, 20.0, &[("short", 1, false)]),
-            step(4, 30.0, &[("<long>", 1, false), ("short", 1, false)]),
+            test_step(1, 9.0, &[("<long>", 128, true)]),
+            test_step(2, 9.0, &[("<long>", 2, true), ("short", 1, false)]),
+            test_step(3, 9.0, &[("short", 1, false)]),
+            test_step(4, 9.0, &[("<long>", 1, false), ("short", 1, false)]),
         ];
         let rows = requests::requests(&steps, None);
         let svg = waterfall(&steps, &rows);

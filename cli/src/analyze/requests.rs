@@ -456,24 +456,29 @@ pub fn render_one(r: &TraceRequest) -> String {
     o
 }
 
+/// A captured iteration for tests: step `i` starting at `i` × 10 ms, lasting `ms`, half of it
+/// CPU operator time and a tenth kernel time, serving `reqs` (id, tokens, in prefill).
+#[cfg(test)]
+pub(crate) fn test_step(i: u64, ms: f64, reqs: &[(&str, u32, bool)]) -> Step {
+    Step {
+        name: format!("execute_{i}"),
+        step: Some(i),
+        requests: reqs.iter().map(|r| r.0.to_string()).collect(),
+        tokens: reqs.iter().map(|r| r.1).collect(),
+        prefill: reqs.iter().map(|r| r.2).collect(),
+        start_us: i as f64 * 1e4,
+        dur_us: ms * 1e3,
+        cpu_op_us: ms * 500.0,
+        kernel_us: ms * 100.0,
+        kernel_count: 1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn step(i: u64, ms: f64, reqs: &[(&str, u32, bool)]) -> Step {
-        Step {
-            name: format!("execute_{i}"),
-            step: Some(i),
-            requests: reqs.iter().map(|r| r.0.to_string()).collect(),
-            tokens: reqs.iter().map(|r| r.1).collect(),
-            prefill: reqs.iter().map(|r| r.2).collect(),
-            start_us: i as f64 * 1e4,
-            dur_us: ms * 1e3,
-            cpu_op_us: ms * 500.0,
-            kernel_us: ms * 100.0,
-            kernel_count: 1,
-        }
-    }
+    use super::test_step as step;
 
     #[test]
     fn a_short_request_is_charged_to_the_long_prefill_it_shared_steps_with() {
