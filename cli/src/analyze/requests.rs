@@ -292,13 +292,24 @@ pub fn join_logs(
     keep: Option<usize>,
 ) {
     for (file, doc) in logs {
+        if requests.iter().all(|r| r.log.is_some()) {
+            return;
+        }
         let found = breakdowns(file, doc, RankBy::Ttft, keep);
+        let by_id: HashMap<&str, &Breakdown> = found.iter().map(|b| (b.id.as_str(), b)).collect();
         for r in requests.iter_mut().filter(|r| r.log.is_none()) {
-            r.log = found.iter().find(|b| same_id(&b.id, &r.id)).cloned();
+            // A log keeps an id cut to ID_BYTES bytes (at a character boundary).
+            let cut = (0..=ID_BYTES.min(r.id.len()))
+                .rev()
+                .find(|&n| r.id.is_char_boundary(n))
+                .map_or(r.id.as_str(), |n| &r.id[..n]);
+            r.log = by_id
+                .get(r.id.as_str())
+                .or_else(|| by_id.get(cut).filter(|b| same_id(&b.id, &r.id)))
+                .map(|b| (*b).clone());
         }
     }
 }
-
 fn ms(v: f64) -> String {
     format!("{v:.3} ms")
 }
