@@ -2,8 +2,9 @@
 //! captured iterations carried (stepscope's `request_ids`), where its time in them went
 //! (prefill chunks, decode steps), its share of their CPU and GPU time, and the iterations that
 //! cost it most with what they carried. A trace holds the captured iterations only: what a
-//! request did before or after them (its queue wait, its time to first token) is in its
-//! engine's request log (`stepscope ctl requests`). No I/O.
+//! request did outside them (its arrival, its queue wait, the steps it waited through) is in
+//! its engine's request log, which [`join_logs`] adds from the logs a capture wrote beside its
+//! traces (read by the caller). No I/O.
 
 use std::collections::HashMap;
 
@@ -298,7 +299,7 @@ pub fn join_logs(
         let found = breakdowns(file, doc, RankBy::Ttft, keep);
         let by_id: HashMap<&str, &Breakdown> = found.iter().map(|b| (b.id.as_str(), b)).collect();
         for r in requests.iter_mut().filter(|r| r.log.is_none()) {
-            // A log keeps an id cut to ID_BYTES bytes (at a character boundary).
+            // A log keeps an id cut to its first ID_BYTES bytes.
             let cut = (0..=ID_BYTES.min(r.id.len()))
                 .rev()
                 .find(|&n| r.id.is_char_boundary(n))
@@ -310,6 +311,7 @@ pub fn join_logs(
         }
     }
 }
+
 fn ms(v: f64) -> String {
     format!("{v:.3} ms")
 }
