@@ -43,7 +43,6 @@ pub mod timeline;
 use stepscope_core::sys;
 pub use stepscope_core::{config, iteration, schedule};
 use stepscope_format::error;
-#[cfg(feature = "torch-dynamic")]
 use stepscope_format::files;
 pub use stepscope_format::{manifest, trace};
 

@@ -406,6 +406,16 @@ impl RequestLog {
         }
     }
 
+    /// Writes [`RequestLog::document`] above `since` as JSON to `path`, whole or not at all
+    /// (the project's temporaries: `.{name}.{pid}.partial`, fsynced, renamed into place).
+    pub fn write_document(&self, path: &std::path::Path, since: u64) -> crate::Result<()> {
+        let json = serde_json::to_vec(&self.document(since)).map_err(|e| crate::Error::Write {
+            path: path.to_path_buf(),
+            message: format!("cannot serialize the request log: {e}"),
+        })?;
+        crate::files::write_atomic(path, &json)
+    }
+
     /// The ended steps above `since` and the requests active after it (module docs of
     /// [`RequestsDocument`]). Allocates: a reader's call, never the engine's step.
     pub fn document(&self, since: u64) -> RequestsDocument {
@@ -906,6 +916,37 @@ mod tests {
             let e = ProfilerConfig::from_json_str(bad).unwrap_err();
             assert_eq!(e.field(), Some(field), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_written_document_reads_back_whole_and_a_failed_write_names_its_file() {
+        let mut l = log(16, 16);
+        l.arrived("a", 4, None);
+        let s = l.begin_step(0);
+        l.scheduled(s, "a", 4, 0);
+        l.end_step(s);
+        let dir = std::env::temp_dir().join(format!("stepscope-requests-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("engine0.1.requests.json");
+        l.write_document(&path, 0).unwrap();
+        let back: RequestsDocument =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        // (Times are the clock's reading of each call: compared by what they hold.)
+        assert_eq!((back.step_index, back.steps.len()), (1, 1));
+        assert_eq!(
+            (
+                back.requests[0].id.as_str(),
+                back.requests[0].prefill_tokens
+            ),
+            ("a", 4)
+        );
+        // Only the file: its temporary is gone.
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1);
+        let missing = dir.join("no-such-dir").join("x.requests.json");
+        let e = l.write_document(&missing, 0).unwrap_err();
+        assert!(e.to_string().contains("no-such-dir"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

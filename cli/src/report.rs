@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use crate::analyze::ranks;
-use crate::analyze::requests::{self, Role, TraceRequest};
+use crate::analyze::requests::{self, TraceRequest};
 use crate::text::{esc, short};
 use crate::trace::TraceError;
 use crate::trace_report::{Step, TraceReport};
@@ -206,11 +206,8 @@ fn requests_section(reports: &[TraceReport]) -> String {
         return String::new();
     };
     let mut all = requests::requests(&r.steps, None);
-    let dir = std::path::Path::new(&r.file)
-        .parent()
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_default();
-    requests::join_logs(&mut all, &crate::analyze::request_logs(&dir), Some(0));
+    let logs = crate::analyze::request_logs(&crate::analyze::trace_dir(&r.file));
+    requests::join_logs(&mut all, &logs, Some(0));
     // First seen first: the waterfall's order.
     all.sort_by_key(|q| q.costliest.first().map_or(usize::MAX, |s| s.index));
     let rows = &all[..all.len().min(WATERFALL_ROWS)];
@@ -275,7 +272,7 @@ fn requests_section(reports: &[TraceReport]) -> String {
                 "<tr><td>{}</td><td>{start:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{largest}</td></tr>",
                 s.step.map_or_else(|| format!("#{}", s.index + 1), |i| i.to_string()),
                 s.ms,
-                role_name(s.role),
+                s.role.as_str(),
                 s.own_tokens.map_or_else(|| "-".into(), |t| t.to_string()),
                 100.0 * s.share,
                 s.requests,
@@ -289,14 +286,6 @@ fn requests_section(reports: &[TraceReport]) -> String {
 
 fn opt_ms(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.3}"))
-}
-
-fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::Prefill => "prefill",
-        Role::Decode => "decode",
-        Role::Scheduled => "scheduled",
-    }
 }
 
 /// The waterfall: time across (the captured iterations' span), one row per request.
@@ -350,10 +339,10 @@ fn waterfall(steps: &[Step], rows: &[TraceRequest]) -> String {
                 y + 1.0,
                 (x(st.start_us + st.dur_us) - x(st.start_us)).max(0.5),
                 row_h - 3.0,
-                role_name(it.role),
+                it.role.as_str(),
                 esc(&q.id),
                 it.step.map_or_else(|| "?".into(), |i| i.to_string()),
-                role_name(it.role),
+                it.role.as_str(),
                 it.ms,
                 100.0 * it.share
             );

@@ -52,7 +52,7 @@ pyo3::create_exception!(
 
 /// The Python exception for a library error. A `ConfigError` carries the offending field as
 /// its `field` attribute (`None` for malformed JSON), so callers need not parse the message.
-fn to_py(e: &Error) -> PyErr {
+pub(crate) fn to_py(e: &Error) -> PyErr {
     let text = e.to_string();
     match e {
         Error::Config {

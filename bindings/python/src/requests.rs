@@ -185,6 +185,17 @@ impl PyRequestLog {
         serde_json::to_string(&self.log.document(since)).unwrap_or_default()
     }
 
+    /// Writes ``document_json(since)`` to ``path``, whole or not at all: into a temporary
+    /// beside it (named after this process), fsynced, then renamed into place. Raises
+    /// ``OSError`` naming the file when it cannot.
+    #[pyo3(signature = (path, since = 0))]
+    fn write_json(&self, py: Python<'_>, path: std::path::PathBuf, since: u64) -> PyResult<()> {
+        // The engine's other threads go on while the file is written.
+        let log = &self.log;
+        py.detach(|| log.write_document(&path, since))
+            .map_err(|e| crate::to_py(&e))
+    }
+
     fn __repr__(&self) -> String {
         let c = self.log.capacity();
         format!("RequestLog(requests={}, steps={})", c.requests, c.steps)

@@ -3,6 +3,9 @@
 
 pub mod requests;
 
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
 use serde::Serialize;
 use stepscope_format::requests::RequestsDocument;
 
@@ -228,19 +231,28 @@ pub fn render_ranks(rows: &[RankRow]) -> String {
     o
 }
 
+/// The directory of trace `file` (empty for a bare name: the working directory).
+pub(crate) fn trace_dir(file: &str) -> PathBuf {
+    Path::new(file)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
 /// The request logs (`*.requests.json`, [`RequestsDocument`]) in `dir`, by file name, newest
 /// first (a window's log is named by its stop: a request in two windows is found first in
 /// the later one, which saw more of it); a file that is not one is reported on stderr and
 /// left out.
-pub(crate) fn request_logs(dir: &std::path::Path) -> Vec<(String, RequestsDocument)> {
-    let Ok(entries) = std::fs::read_dir(if dir.as_os_str().is_empty() {
-        std::path::Path::new(".")
+pub(crate) fn request_logs(dir: &Path) -> Vec<(String, RequestsDocument)> {
+    let listed = if dir.as_os_str().is_empty() {
+        Path::new(".")
     } else {
         dir
-    }) else {
+    };
+    let Ok(entries) = std::fs::read_dir(listed) else {
         return Vec::new();
     };
-    let mut paths: Vec<std::path::PathBuf> = entries
+    let mut paths: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.file_name()
@@ -305,18 +317,11 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
         .collect();
     if wanted {
         // The request logs captures wrote beside their traces, read once per directory.
-        let mut logs: std::collections::HashMap<
-            std::path::PathBuf,
-            Vec<(String, RequestsDocument)>,
-        > = std::collections::HashMap::new();
+        let mut logs: HashMap<PathBuf, Vec<(String, RequestsDocument)>> = HashMap::new();
         for (r, list) in reports.iter().zip(&mut per_trace) {
-            let dir = std::path::Path::new(&r.file)
-                .parent()
-                .map(std::path::Path::to_path_buf)
-                .unwrap_or_default();
             let docs = logs
-                .entry(dir.clone())
-                .or_insert_with(|| request_logs(&dir));
+                .entry(trace_dir(&r.file))
+                .or_insert_with_key(|dir| request_logs(dir));
             requests::join_logs(list, docs, keep);
         }
     }

@@ -38,6 +38,17 @@ pub enum Role {
     Scheduled,
 }
 
+impl Role {
+    /// `prefill`, `decode` or `scheduled`, as `--json` writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Scheduled => "scheduled",
+        }
+    }
+}
+
 /// One captured iteration a request was in, with what the iteration carried.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct InStep {
@@ -122,8 +133,8 @@ pub const COSTLIEST: usize = 3;
 /// What a step's requests carried, computed once per step.
 struct StepLoad<'a> {
     step: &'a Step,
-    /// Per request: its tokens (when given) and whether in prefill (when given).
-    own: HashMap<&'a str, (Option<u32>, Option<bool>)>,
+    /// The engine gave each request's tokens and phase (`step.tokens`, `step.prefill`).
+    shares: bool,
     tokens: Option<u32>,
     prefill_reqs: usize,
     prefill_tokens: u32,
@@ -134,26 +145,20 @@ impl<'a> StepLoad<'a> {
     fn of(step: &'a Step) -> Self {
         let shares =
             step.tokens.len() == step.requests.len() && step.prefill.len() == step.requests.len();
-        let mut own = HashMap::with_capacity(step.requests.len());
         let (mut prefill_reqs, mut prefill_tokens, mut largest) = (0, 0u32, None);
-        for (i, id) in step.requests.iter().enumerate() {
-            if shares {
-                let (t, p) = (step.tokens[i], step.prefill[i]);
-                own.insert(id.as_str(), (Some(t), Some(p)));
-                if p {
-                    prefill_reqs += 1;
-                    prefill_tokens = prefill_tokens.saturating_add(t);
-                    if largest.is_none_or(|(lt, _)| t > lt) {
-                        largest = Some((t, id.as_str()));
-                    }
+        if shares {
+            let prefills = step.requests.iter().zip(&step.tokens).zip(&step.prefill);
+            for ((id, &t), _) in prefills.filter(|(_, p)| **p) {
+                prefill_reqs += 1;
+                prefill_tokens = prefill_tokens.saturating_add(t);
+                if largest.is_none_or(|(lt, _)| t > lt) {
+                    largest = Some((t, id.as_str()));
                 }
-            } else {
-                own.insert(id.as_str(), (None, None));
             }
         }
         StepLoad {
             step,
-            own,
+            shares,
             tokens: shares.then(|| step.tokens.iter().fold(0u32, |a, t| a.saturating_add(*t))),
             prefill_reqs,
             prefill_tokens,
@@ -161,13 +166,13 @@ impl<'a> StepLoad<'a> {
         }
     }
 
-    /// What the step was to request `id` (in it).
-    fn for_request(&self, index: usize, id: &str) -> InStep {
-        let (own_tokens, prefill) = self.own.get(id).copied().unwrap_or((None, None));
-        let n = self.step.requests.len().max(1);
+    /// What the step was to its request at position `pos`.
+    fn for_request(&self, index: usize, pos: usize) -> InStep {
+        let id = self.step.requests[pos].as_str();
+        let own_tokens = self.shares.then(|| self.step.tokens[pos]);
         let share = match (own_tokens, self.tokens) {
             (Some(t), Some(all)) if all > 0 => f64::from(t) / f64::from(all),
-            _ => 1.0 / n as f64,
+            _ => 1.0 / self.step.requests.len() as f64,
         };
         let (largest_prefill_tokens, largest_prefill_request) = self
             .largest
@@ -175,7 +180,7 @@ impl<'a> StepLoad<'a> {
         InStep {
             step: self.step.step,
             index,
-            role: match prefill {
+            role: match self.shares.then(|| self.step.prefill[pos]) {
                 Some(true) => Role::Prefill,
                 Some(false) => Role::Decode,
                 None => Role::Scheduled,
@@ -196,8 +201,8 @@ impl<'a> StepLoad<'a> {
     }
 }
 
-fn phase(steps: &[&InStep], role: Role) -> Option<Phase> {
-    let of: Vec<&&InStep> = steps.iter().filter(|s| s.role == role).collect();
+fn phase(steps: &[InStep], role: Role) -> Option<Phase> {
+    let of: Vec<&InStep> = steps.iter().filter(|s| s.role == role).collect();
     if of.is_empty() {
         return None;
     }
@@ -223,14 +228,14 @@ pub fn requests(steps: &[Step], keep: Option<usize>) -> Vec<TraceRequest> {
     let mut seen: Vec<&str> = Vec::new();
     let mut lived: HashMap<&str, Vec<InStep>> = HashMap::new();
     for (i, load) in loads.iter().enumerate() {
-        for id in &load.step.requests {
+        for (pos, id) in load.step.requests.iter().enumerate() {
             let entry = lived.entry(id.as_str()).or_insert_with(|| {
                 seen.push(id.as_str());
                 Vec::new()
             });
             // An id listed twice in one iteration counts once.
             if entry.last().is_none_or(|s| s.index != i) {
-                entry.push(load.for_request(i, id));
+                entry.push(load.for_request(i, pos));
             }
         }
     }
@@ -239,27 +244,26 @@ pub fn requests(steps: &[Step], keep: Option<usize>) -> Vec<TraceRequest> {
         .iter()
         .map(|id| {
             let mut its = lived.remove(id).unwrap_or_default();
-            let refs: Vec<&InStep> = its.iter().collect();
-            let share_by = if refs.iter().all(|s| s.own_tokens.is_some()) {
+            let share_by = if its.iter().all(|s| s.own_tokens.is_some()) {
                 ShareBy::Tokens
             } else {
                 ShareBy::Requests
             };
-            let first = refs.first().map_or(0, |s| s.index);
-            let last = refs.last().map_or(0, |s| s.index);
+            let first = its.first().map_or(0, |s| s.index);
+            let last = its.last().map_or(0, |s| s.index);
             let request = TraceRequest {
                 id: id.to_string(),
-                steps: refs.len(),
-                first_step: refs.first().and_then(|s| s.step),
-                last_step: refs.last().and_then(|s| s.step),
-                absent_steps: (last - first + 1).saturating_sub(refs.len()),
+                steps: its.len(),
+                first_step: its.first().and_then(|s| s.step),
+                last_step: its.last().and_then(|s| s.step),
+                absent_steps: (last - first + 1).saturating_sub(its.len()),
                 at_start: first == 0,
                 at_end: last == last_index,
-                prefill: phase(&refs, Role::Prefill),
-                decode: phase(&refs, Role::Decode),
-                wall_ms: refs.iter().map(|s| s.ms).sum(),
-                cpu_ms: refs.iter().map(|s| s.share * s.cpu_ms).sum(),
-                gpu_ms: refs.iter().map(|s| s.share * s.gpu_ms).sum(),
+                prefill: phase(&its, Role::Prefill),
+                decode: phase(&its, Role::Decode),
+                wall_ms: its.iter().map(|s| s.ms).sum(),
+                cpu_ms: its.iter().map(|s| s.share * s.cpu_ms).sum(),
+                gpu_ms: its.iter().map(|s| s.share * s.gpu_ms).sum(),
                 share_by,
                 costliest: Vec::new(),
                 log: None,
@@ -345,13 +349,9 @@ fn carried(s: &InStep) -> String {
 }
 
 fn role_of(s: &InStep) -> String {
-    match (s.role, s.own_tokens) {
-        (Role::Prefill, Some(t)) => format!("prefill {t} tok"),
-        (Role::Decode, Some(t)) => format!("decode {t} tok"),
-        (Role::Scheduled, Some(t)) => format!("{t} tok"),
-        (Role::Prefill, None) => "prefill".into(),
-        (Role::Decode, None) => "decode".into(),
-        (Role::Scheduled, None) => "scheduled".into(),
+    match s.own_tokens {
+        Some(t) => format!("{} {t} tok", s.role.as_str()),
+        None => s.role.as_str().into(),
     }
 }
 

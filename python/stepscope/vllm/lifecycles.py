@@ -215,19 +215,17 @@ def window_file(engine: int, stop_ns: int) -> str:
 
 
 def _write_window(core: Any, log: Any, since: int) -> None:
-    """Writes the log's document above step ``since`` into the capture's trace directory
-    (whole or not at all: a temporary renamed into place)."""
+    """Writes the log's document above step ``since`` into the capture's trace directory,
+    whole or not at all (``RequestLog.write_json``: the traces' own temporaries, fsynced and
+    renamed into place)."""
     config = getattr(getattr(core, "vllm_config", None), "profiler_config", None)
     directory = getattr(config, "torch_profiler_dir", None)
     if getattr(config, "profiler", None) != "torch" or not directory:
         return
     name = window_file(int(getattr(core, "engine_index", 0) or 0), time.time_ns())
     path = os.path.join(directory, name)
-    tmp = os.path.join(directory, f".{name}.tmp")
     os.makedirs(directory, exist_ok=True)
-    with open(tmp, "w") as f:
-        f.write(log.document_json(since))
-    os.replace(tmp, path)
+    log.write_json(path, since)
     logger.info("stepscope: request log of the capture (steps after %d): %s", since, path)
 
 

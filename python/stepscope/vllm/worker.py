@@ -379,38 +379,33 @@ def requests_of(scheduler_output: Any, details: Any = None) -> Requests:
     """The :class:`Requests` of one ``SchedulerOutput``. With its ``compute_iteration_details``
     (``details``), a step all in one phase (steady decode) takes no per-request test."""
     scheduled = scheduler_output.num_scheduled_tokens
-    ids = [str(r) for r in scheduled]
-    n = len(ids)
+    n = len(scheduled)
     if details is not None and details.num_ctx_requests == 0:
         prefill = [False] * n
     elif details is not None and details.num_generation_requests == 0:
         prefill = [True] * n
     else:
+        # vLLM's is_context_phase without a call each: a cached request with no output yet
+        # is in context, as is every new request (absent from the cached ones).
         cached = scheduler_output.scheduled_cached_reqs
-        outputs = getattr(cached, "num_output_tokens", None)
-        if isinstance(outputs, list) and len(outputs) == len(cached.req_ids):
-            # A cached request with no output yet is in context, as is every new request
-            # (absent from the cached ones): vLLM's is_context_phase without a call each.
-            produced = dict(zip(cached.req_ids, outputs, strict=True))
-            prefill = [produced.get(r, 0) == 0 for r in scheduled]
-        else:
-            new_ids = {r.req_id for r in scheduler_output.scheduled_new_reqs}
-            in_context = cached.is_context_phase
-            prefill = [r in new_ids or bool(in_context(r)) for r in scheduled]
-    return Requests(ids=ids, tokens=list(scheduled.values()), prefill=prefill)
+        produced = dict(zip(cached.req_ids, cached.num_output_tokens, strict=False))
+        prefill = [produced.get(r, 0) == 0 for r in scheduled]
+    return Requests(
+        ids=[str(r) for r in scheduled], tokens=list(scheduled.values()), prefill=prefill
+    )
 
 
 def iteration_of(
     scheduler_output: Any,
     compute_iteration_details: Any,
     detailed: bool,
-    requests: Requests | list[str] | bool | None = None,
+    requests: list[str] | bool | None = None,
 ) -> Any:
     """The :class:`stepscope.Iteration` of one ``SchedulerOutput``: vLLM's own
     ``compute_iteration_details`` counts (context = a new request or one still in its context
-    phase), with ``detailed`` vLLM's per-phase roofline sums, and the requests if given (their
-    ids alone, a :class:`Requests` with each one's tokens and phase, or ``True``: read them,
-    with tokens and phases, from the output)."""
+    phase), with ``detailed`` vLLM's per-phase roofline sums, and the requests if given: their
+    ids alone, or ``True`` to read them from the output with each one's tokens and phase
+    (:func:`requests_of`)."""
     import stepscope
 
     d = compute_iteration_details(scheduler_output)
@@ -420,15 +415,10 @@ def iteration_of(
         d.num_generation_requests,
         d.num_generation_tokens,
     )
-    if requests is True:
-        requests = requests_of(scheduler_output, d)
     given: dict[str, Any] = {}
-    if isinstance(requests, Requests):
-        given = {
-            "request_ids": requests.ids,
-            "request_tokens": requests.tokens,
-            "request_prefill": requests.prefill,
-        }
+    if requests is True:
+        r = requests_of(scheduler_output, d)
+        given = {"request_ids": r.ids, "request_tokens": r.tokens, "request_prefill": r.prefill}
     elif isinstance(requests, list):
         given = {"request_ids": requests}
     if not detailed:

@@ -590,19 +590,18 @@ impl Summarizer {
                     }
                     _ => (Vec::new(), Vec::new()),
                 };
-                (a, requests, tokens, prefill)
-            })
-            .map(|(a, requests, tokens, prefill)| Step {
-                name: std::mem::take(&mut a.name),
-                step: a.step,
-                requests,
-                tokens,
-                prefill,
-                start_us: a.ts - first,
-                dur_us: a.end - a.ts,
-                cpu_op_us: 0.0,
-                kernel_us: 0.0,
-                kernel_count: 0,
+                Step {
+                    name: std::mem::take(&mut a.name),
+                    step: a.step,
+                    requests,
+                    tokens,
+                    prefill,
+                    start_us: a.ts - first,
+                    dur_us: a.end - a.ts,
+                    cpu_op_us: 0.0,
+                    kernel_us: 0.0,
+                    kernel_count: 0,
+                }
             })
             .collect();
         if steps.is_empty() {
