@@ -196,9 +196,11 @@ class VllmServer:
         self.ipc_dir: str | None = None
         self.open_requests: list[OpenCompletion] = []
 
-    def start(self, timeout: float = 600, progress: Any = None, every: float = 10) -> VllmServer:
-        """Starts the server and waits until it answers /health. ``progress(seconds, line)``,
-        if given, is called every ``every`` seconds meanwhile with the log's last line."""
+    def start(self, progress: Any = None, every: float = 10) -> VllmServer:
+        """Starts the server and waits until it answers /health, however long a start takes on
+        this machine, as long as the server is working (`Progress`). ``progress(seconds,
+        line)``, if given, is called every ``every`` seconds meanwhile with the log's last
+        line."""
         self.model.mkdir(parents=True, exist_ok=True)
         (self.model / "config.json").write_text(json.dumps(self.model_config))
         self.ipc_dir = tempfile.mkdtemp(prefix="stepscope-vllm-")
@@ -220,9 +222,9 @@ class VllmServer:
         )  # fmt: skip
         log.close()
         began = time.monotonic()
-        deadline = began + timeout
         said = began
-        while time.monotonic() < deadline:
+        working = Progress(self.proc.pid, self.log_path)
+        while True:
             if progress is not None and time.monotonic() - said >= every:
                 said = time.monotonic()
                 last = self.log_tail(1).strip()
@@ -234,9 +236,11 @@ class VllmServer:
                     return self
             except OSError:
                 pass
+            hung = working.hung()
+            if hung is not None:
+                self.stop()
+                raise RuntimeError(f"vllm serve is not ready: {hung}:\n{self.log_tail()}")
             time.sleep(1)
-        self.stop()
-        raise RuntimeError(f"vllm serve not ready after {timeout} s:\n{self.log_tail()}")
 
     def headers(self) -> dict[str, str]:
         """A request's headers: JSON, and the server's API key if it has one."""
@@ -410,14 +414,50 @@ class VllmServer:
             time.sleep(0.1)
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # Zombies count as gone: look for a live member.
+#: A process group that used no CPU second and wrote no log line for this long is hung: a
+#: slower machine stretches a vLLM start (147 s alone here before its bytecode was compiled,
+#: 441 s beside make test's six other pytest processes), it never leaves the start idle.
+STALL_S = 300.0
+#: The bound of a group that works without end (a spinning loop): above any start seen, below
+#: CI's own limit.
+HANG_S = 2400.0
+
+
+class Progress:
+    """Whether a process group (a server started in a session of its own, and its engine and
+    worker processes) is still working: it used CPU, or its log grew, within `STALL_S`."""
+
+    def __init__(self, pgid: int, log_path: Path) -> None:
+        self.pgid = pgid
+        self.log_path = log_path
+        self.began = time.monotonic()
+        self.last = self.began
+        self.cpu = group_cpu_seconds(pgid)
+        self.log_size = self._log_size()
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def hung(self) -> str | None:
+        """None while the group works, else why it is taken for hung."""
+        now = time.monotonic()
+        cpu, size = group_cpu_seconds(self.pgid), self._log_size()
+        if cpu >= self.cpu + 1.0 or size != self.log_size:
+            self.last, self.log_size = now, size
+            self.cpu = max(cpu, self.cpu)
+        if now - self.last > STALL_S:
+            return f"no CPU second used and no log line written for {STALL_S:.0f} s"
+        if now - self.began > HANG_S:
+            return f"still not done after {HANG_S:.0f} s of work"
+        return None
+
+
+def _group_stats(pgid: int) -> list[list[str]]:
+    """The /proc stat fields (from the state on) of the live processes of group `pgid`."""
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -426,6 +466,23 @@ def group_alive(pgid: int) -> bool:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+        if int(fields[2]) == pgid:
+            found.append(fields)
+    return found
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """The CPU seconds the processes of group `pgid` used, with their reaped children's."""
+    ticks = sum(sum(int(f) for f in fields[11:15]) for fields in _group_stats(pgid))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies count as gone: look for a live member.
+    return any(fields[0] != "Z" for fields in _group_stats(pgid))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from live_vllm import cpu_build_missing, group_alive, live_env
+from live_vllm import Progress, cpu_build_missing, group_alive, live_env
 
 pytestmark = [
     pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing())),
@@ -61,7 +61,14 @@ def run(tmp_path_factory):
                  str(result)],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
-        proc.wait(timeout=900)
+        # However long the run takes on this machine, as long as it works.
+        working = Progress(proc.pid, log)
+        while proc.poll() is None:
+            hung = working.hung()
+            if hung is not None:
+                text = log.read_text(errors="replace")[-6000:]
+                raise AssertionError(f"verl's rollout run is hung: {hung}\n{text}")
+            time.sleep(1)
         text = log.read_text(errors="replace")
         assert proc.returncode == 0, text[-6000:]
         yield {"result": json.loads(result.read_text()), "log": text, "save_path": save_path}
