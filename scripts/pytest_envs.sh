@@ -9,6 +9,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${1:?} py033=${2:?} pysgl=${3:?} cli=${4:?}
+# vLLM imports humming (its quantized kernels), which starts two Python processes at each import
+# to build CUDA helpers in the background: without CUDA they only load the machine (seen running
+# 7 minutes each beside the tests). Every test process, and what it starts, goes without.
+export HUMMING_DISABLE_PARALLEL_BUILD=1
 logs=$(mktemp -d)
 pids=()
 names=()

@@ -73,6 +73,10 @@ def live_env(ipc_dir: str) -> dict[str, str]:
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "PYTHONUNBUFFERED": "1",
+            # vLLM imports humming (its quantized kernels), which starts two Python processes
+            # at import to build CUDA helpers in the background; without CUDA they only load
+            # the machine (seen running 7 minutes beside make test).
+            "HUMMING_DISABLE_PARALLEL_BUILD": "1",
         }
     )
     # vLLM's ZMQ sockets (VLLM_RPC_BASE_PATH, else /tmp, where they outlive the server).

@@ -43,11 +43,18 @@ MAX_TOKENS = 24
 
 def delayable_server(workdir: Path, api_key: str | None = None) -> VllmServer:
     """A (not yet started) server of `DelayableLlama` with stepscope's plugin and vLLM's default
-    torch profiler config: traces in `workdir/traces`, the delay switched on by creating
+    torch profiler config but Python stacks: traces in `workdir/traces`, the delay switched on by creating
     `workdir/slower` (`srv.switch`); with `api_key`, started with `--api-key`."""
     srv = VllmServer(
         workdir,
-        {"profiler": "torch", "torch_profiler_dir": str(workdir / "traces")},
+        # Without Python stacks (vLLM records them by default): the worker's Python tracer
+        # records every turn of the loop in which it waits for its next step (vLLM's shared
+        # memory queue: memory_fence, sched_yield). Beside make test's other processes one
+        # capture of the same requests held 272,000 such events, a later one 735,000: the
+        # more the machine was loaded the longer the wait, the larger the trace, the more
+        # writing it loaded the machine; this server's worker used 18 CPU minutes.
+        {"profiler": "torch", "torch_profiler_dir": str(workdir / "traces"),
+         "torch_profiler_with_stack": False},
         env=slow_step_env(STEPSCOPE_TEST_DELAY_FILE=str(workdir / "slower")),
         model_config={"architectures": ["DelayableLlama"]},
         args=["--enforce-eager"],
