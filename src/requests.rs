@@ -296,6 +296,20 @@ impl RequestLog {
     /// tokens the engine had computed. Its role: prefill until it has produced a token, or
     /// while recomputing what it had before a preemption; else decode.
     pub fn scheduled(&mut self, step: u64, id: &str, tokens: u32, computed_before: u32) {
+        self.scheduled_as(step, id, tokens, computed_before, None);
+    }
+
+    /// [`RequestLog::scheduled`], in the role the engine gives (`Some(true)`: prefill), for an
+    /// engine that schedules a request's next step before the log has its last step's token
+    /// (SGLang's overlap loop); `None`: the role `scheduled` infers.
+    pub fn scheduled_as(
+        &mut self,
+        step: u64,
+        id: &str,
+        tokens: u32,
+        computed_before: u32,
+        prefill: Option<bool>,
+    ) {
         let Some(s) = self.step_slot(step) else {
             return;
         };
@@ -310,7 +324,8 @@ impl RequestLog {
         }
         let resumed = std::mem::take(&mut r.out);
         let known = r.prompt_tokens.saturating_add(r.output_tokens);
-        let prefill = r.output_tokens == 0 || computed_before.saturating_add(1) < known;
+        let prefill =
+            prefill.unwrap_or(r.output_tokens == 0 || computed_before.saturating_add(1) < known);
         if prefill {
             r.prefill_steps += 1;
             r.prefill_tokens = r.prefill_tokens.saturating_add(tokens);
@@ -655,6 +670,64 @@ mod tests {
 
     fn get<'a>(d: &'a RequestsDocument, id: &str) -> &'a RequestRecord {
         d.requests.iter().find(|r| r.id == id).unwrap()
+    }
+
+    #[test]
+    fn a_document_cut_after_a_step_is_the_one_the_log_makes_above_it() {
+        let mut l = log(64, 64);
+        l.arrived("early", 8, None);
+        for k in 0..3u32 {
+            let s = l.begin_step(0);
+            l.scheduled(
+                s,
+                "early",
+                if k == 0 { 8 } else { 1 },
+                if k == 0 { 0 } else { 7 + k },
+            );
+            l.end_step(s);
+            l.produced(s, "early", 1);
+        }
+        l.finished(Some(3), "early", Finish::Length);
+        l.arrived("late", 4, None);
+        l.arrived("waiting", 4, None);
+        for k in 0..3u32 {
+            let s = l.begin_step(1);
+            l.scheduled(
+                s,
+                "late",
+                if k == 0 { 4 } else { 1 },
+                if k == 0 { 0 } else { 3 + k },
+            );
+            l.end_step(s);
+            l.produced(s, "late", 1);
+        }
+        // Two documents made at different moments place the log's clock readings on the wall
+        // clock a few µs apart (and their ticks to ns by a newer reading): all else is compared.
+        fn untimed(d: &RequestsDocument) -> serde_json::Value {
+            fn strip(v: &mut serde_json::Value) {
+                match v {
+                    serde_json::Value::Object(m) => {
+                        m.retain(|k, _| !k.ends_with("_ns"));
+                        m.values_mut().for_each(strip);
+                    }
+                    serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+                    _ => {}
+                }
+            }
+            let mut v = serde_json::to_value(d).expect("a document serializes");
+            strip(&mut v);
+            v
+        }
+        let whole = l.document(0);
+        for since in 0..=6 {
+            let cut = whole.clone().after_step(since);
+            assert_eq!(untimed(&cut), untimed(&l.document(since)), "since {since}");
+        }
+        // `early` ended in step 3: gone from what follows step 3; `waiting` never ends.
+        let ids =
+            |d: &RequestsDocument| d.requests.iter().map(|r| r.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&whole.clone().after_step(3)), ["late", "waiting"]);
+        assert_eq!(whole.after_step(6).steps.len(), 0);
     }
 
     #[test]

@@ -137,8 +137,16 @@ def test_the_request_log_records_a_lifecycle_and_names_bad_arguments():
     assert r["finish"] == "length" and doc["steps"][0]["waiting"] == 5
     # It arrived 2 ms before it was queued (its own clock and the wall clock, read together).
     assert r["queued_unix_ns"] - r["arrival_unix_ns"] >= 2_000_000
+    # The engine's roles over the log's inference: "b" decodes before its first token is in
+    # (an overlap loop); without them, it would count as prefill.
+    step = log.begin_step()
+    log.scheduled(step, ["b", "c"], [1, 1], [4, 4], prefill=[False, True])
+    (b, c) = json.loads(log.document_json(step - 1))["requests"][-2:]
+    assert (b["decode_steps"], b["prefill_steps"], c["prefill_steps"]) == (1, 0, 1)
     for bad in (lambda: log.scheduled(step, ["a", "b"], [1], [0, 0]),
                 lambda: log.scheduled(step, [1], [1], [0]),
+                lambda: log.scheduled(step, ["a"], [1], [0], prefill=[True, False]),
+                lambda: log.scheduled(step, ["a"], [1], [0], prefill=["yes"]),
                 lambda: log.produced(step, ["a"], [-1])):  # fmt: skip
         with pytest.raises(ValueError):
             bad()

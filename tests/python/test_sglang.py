@@ -751,3 +751,265 @@ def test_a_stop_dispatched_by_sglangs_scheduler_is_answered_once_its_traces_are_
         time.sleep(0.01)
     failed = sent[3]
     assert not failed.success and "lost-TP-0.trace.json.gz" in failed.message, failed.message
+
+
+# -- request lifecycles ("stepscope": {"requests": true}) --
+
+
+@pytest.fixture
+def request_log(monkeypatch):
+    """The log on, as a scheduler process started with it has it: SGLang's own HookRegistry
+    applies the plugin's hooks to its ``Scheduler`` (as ``load_plugins`` does when the key is
+    set), and the process's log is made afresh."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    monkeypatch.setenv("STEPSCOPE_CONFIG", '{"stepscope": {"requests": true}}')
+    lc = plugin.lifecycles
+    monkeypatch.setattr(lc, "_log", None)
+    monkeypatch.setattr(lc, "_tried", False)
+    monkeypatch.setattr(lc, "_in_flight", {})
+    assert lc.scheduler_known(), "SGLang 0.5.23's Scheduler is not what the log hooks"
+    for target, hook in lc.hooks():
+        if target not in HookRegistry._patched:
+            HookRegistry.register(target, hook, HookType.AROUND)
+    HookRegistry.apply_hooks()
+    yield lc.request_log()
+
+
+def sglang_queue():
+    """SGLang's own ``Scheduler`` as far as ``_add_request_to_queue`` reads it: no
+    disaggregation, no priorities, no queue limit, no KV storage to prefetch from."""
+    import sglang.srt.managers.scheduler as sm
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    sched = sm.Scheduler.__new__(sm.Scheduler)
+    sched.enable_priority_scheduling = False
+    sched.abort_on_priority_when_disabled = False
+    sched.disaggregation_mode = DisaggregationMode.NULL
+    sched.max_queued_requests = None
+    sched.waiting_queue = []
+    sched.enable_hicache_storage = False
+    sched.enable_lmcache = False
+    sched.processed_tokens_counter = 0
+    return sched
+
+
+def new_req(rid: str, prompt: int, max_new: int):
+    """A real SGLang request of ``prompt`` token ids that ends at ``max_new`` tokens."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+    params.normalize(None)  # as SGLang's tokenizer manager does (no tokenizer: token ids)
+    return Req(rid, "", [3 + k % 500 for k in range(prompt)], params)
+
+
+class Loop:
+    """What SGLang's scheduler loop does to its requests, around the plugin's hooks on
+    ``run_batch`` and ``process_batch_result`` (whose own bodies need a model): a batch
+    leaves the waiting queue, runs, and its result appends one token to each request that
+    finished its prompt and lets SGLang's ``Req.update_finish_state`` decide whether it
+    ended. ``overlap``: results are processed one batch late, with a copy of the batch
+    (SGLang's overlap loop)."""
+
+    def __init__(self, sched, overlap: bool = False, profiled: Scheduler | None = None) -> None:
+        self.sched = sched
+        self.overlap = overlap
+        #: A profiler manager's scheduler: each batch also goes to its predicate, as
+        #: SGLang's run_batch sends it.
+        self.profiled = profiled
+        self.pending: list = []
+
+    def run(self, mode, reqs, extend=None, decoding=0):
+        """One forward batch of ``reqs``; ``extend``: each one's (chunk, prefix) in an extend
+        batch, a mixed batch's ``decoding`` requests last (one token each)."""
+        lc = plugin.lifecycles
+        for r in reqs:
+            if r in self.sched.waiting_queue:
+                self.sched.waiting_queue.remove(r)
+        batch = SimpleNamespace(
+            forward_mode=mode,
+            reqs=list(reqs),
+            extend_lens=[c for c, _ in extend] if extend else None,
+            prefix_lens=[p for _, p in extend] if extend else None,
+            extend_num_tokens=sum(c for c, _ in extend) if extend else None,
+            decoding_reqs=list(reqs[len(reqs) - decoding :]) if decoding else None,
+            batch_size=lambda: len(reqs),
+        )
+
+        def forward(sched, b):
+            if self.profiled is not None:
+                self.profiled.forward_ct += 1
+                self.profiled.manager._profile_batch_predicate(b)
+
+        lc.around_run_batch(forward, self.sched, batch)
+        # Where each request's computed tokens end: an extend chunk's end, or (decode) past
+        # anything it holds.
+        ends = [p + c for c, p in extend] if extend else [None] * len(reqs)
+        self.pending.append((batch, ends))
+        if not self.overlap or len(self.pending) > 1:
+            self.process()
+
+    def process(self):
+        batch, ends = self.pending.pop(0)
+        copy = SimpleNamespace(**{**vars(batch), "reqs": batch.reqs[:]})  # ScheduleBatch.copy()
+
+        def result(sched, b, res):
+            for r, end in zip(b.reqs, ends, strict=True):
+                if r.finished():
+                    continue
+                if end is None or end >= r.seqlen:  # its prompt all computed
+                    r.output_ids.append(7)
+                    r.update_finish_state()
+
+        plugin.lifecycles.around_process_result(result, self.sched, copy, None)
+
+    def drain(self):
+        while self.pending:
+            self.process()
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+def test_a_schedulers_request_log_follows_each_request_and_ctl_requests_reads_it(
+    request_log, overlap
+):
+    """A long prompt in two chunks with a short request waiting behind its first, a decode,
+    the short one retracted (SGLang's real ``_add_request_to_queue``, ``is_retracted``) and
+    resumed: each request's steps, tokens, preemption and end (SGLang's own finish reason)
+    as the log records them, in /server_info, and as `stepscope ctl requests --engine sglang`
+    reads them; the same with SGLang's overlap loop (results one batch late)."""
+    import sglang.srt.managers.scheduler as sm
+    from sglang.srt.managers.io_struct import GetInternalStateReq, GetInternalStateReqOutput
+
+    sched = sglang_queue()
+    loop = Loop(sched, overlap=overlap)
+    long, short = new_req("long", 300, 3), new_req("short", 8, 4)
+    for r in (long, short):
+        sm.Scheduler._add_request_to_queue(sched, r)  # SGLang's own, hooked
+    assert sched.waiting_queue == [long, short]
+    assert long.time_stats.wait_queue_entry_time > 0  # SGLang stamped its queue entry
+    loop.run(P, [long], extend=[(256, 0)])  # 1: the long prompt's first chunk
+    loop.run(P, [long, short], extend=[(44, 256), (8, 0)])  # 2: its last, the short prompt
+    loop.run(D, [long, short])  # 3
+    loop.run(I, [])  # an idle batch: no step, and no step's result taken by it
+    sm.Scheduler._add_request_to_queue(sched, short, is_retracted=True)  # KV cache full
+    loop.run(D, [long])  # 4: the long one's last token
+    loop.run(P, [short], extend=[(short.seqlen, 0)])  # 5: recomputed
+    loop.run(D, [short])  # 6
+    loop.drain()
+    assert long.finished() and short.finished()
+
+    controller = SimpleNamespace(scheduler=SimpleNamespace(profiler_manager=None))
+    out = plugin.hooks.after_internal_state(
+        GetInternalStateReqOutput(internal_state={}), controller, GetInternalStateReq()
+    )
+    doc = out.internal_state["stepscope"]["requests"]
+    steps = {s["step"]: s for s in doc["steps"]}
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6]
+    assert [(s["prefill_tokens"], s["decode_reqs"], s["waiting"]) for s in doc["steps"]] == [
+        (256, 0, 1), (52, 0, 0), (0, 2, 0), (0, 1, 1), (10, 0, 0), (0, 1, 0),
+    ]  # fmt: skip
+    assert (steps[2]["largest_prefill_request"], steps[4]["preempted"]) == ("long", 1)
+    r = {x["id"]: x for x in doc["requests"]}
+    got = {k: r["long"][k] for k in ("prompt_tokens", "queued_after_step", "first_scheduled_step",
+                                     "prefill_steps", "prefill_tokens", "first_token_step",
+                                     "decode_steps", "output_tokens", "finish")}  # fmt: skip
+    assert got == {"prompt_tokens": 300, "queued_after_step": 0, "first_scheduled_step": 1,
+                   "prefill_steps": 2, "prefill_tokens": 300, "first_token_step": 2,
+                   "decode_steps": 2, "output_tokens": 3, "finish": "length"}  # fmt: skip
+    s = r["short"]
+    assert (s["first_scheduled_step"], s["first_token_step"], s["output_tokens"]) == (2, 2, 4)
+    assert (s["preempted_at"], s["resumed_at"], s["finish"]) == ([4], [5], "length")
+    assert s["finished_step"] == 6 and r["long"]["finished_step"] == 4
+
+    run = ctl_against_server_info(
+        out.internal_state, "requests", "--engine", "sglang", "--by", "ttft", "--json"
+    )
+    assert run.returncode == 0, run.stderr
+    read = json.loads(run.stdout)
+    assert read["requests_seen"] == 2 and read["engines_without_log"] == 0
+    by_id = {b["id"]: b for b in read["requests"]}
+    assert (by_id["short"]["preempted_at"], by_id["long"]["preempted_at"]) == ([4], [])
+    assert by_id["short"]["finish"] == by_id["long"]["finish"] == "length"
+    # --since-step: what a read above step 4 sees (SGLang sends its last steps whatever).
+    run = ctl_against_server_info(
+        out.internal_state, "requests", "--engine", "sglang", "--since-step", "4", "--json"
+    )
+    assert run.returncode == 0, run.stderr
+    assert [b["id"] for b in json.loads(run.stdout)["requests"]] == ["short"]
+
+
+def test_a_request_refused_at_a_full_queue_ends_there_aborted(request_log):
+    """SGLang's own queue limit (``max_queued_requests``) refuses a request in
+    ``_add_request_to_queue``, answering the tokenizer with an abort: the log ends it there."""
+    import sglang.srt.managers.scheduler as sm
+
+    sched = sglang_queue()
+    sent: list = []
+    sched.max_queued_requests = 1
+    sched.rust_server = None
+    sched.ipc_channels = SimpleNamespace(
+        send_to_tokenizer=SimpleNamespace(send_output=lambda out, req: sent.append(out))
+    )
+    sched.tree_cache = SimpleNamespace(finish=lambda handle, outcome: None)
+    sm.Scheduler._add_request_to_queue(sched, new_req("in", 4, 1))
+    sm.Scheduler._add_request_to_queue(sched, new_req("refused", 4, 1))
+    assert [r.rid for r in sched.waiting_queue] == ["in"] and [a.rid for a in sent] == ["refused"]
+    r = {x["id"]: x for x in json.loads(request_log.document_json())["requests"]}
+    assert r["refused"]["finish"] == "abort" and r["in"]["finish"] is None
+
+
+def test_without_the_key_no_scheduler_call_is_recorded_and_server_info_says_so(monkeypatch):
+    monkeypatch.delenv("STEPSCOPE_CONFIG", raising=False)
+    lc = plugin.lifecycles
+    monkeypatch.setattr(lc, "_log", None)
+    monkeypatch.setattr(lc, "_tried", False)
+    assert lc.request_log() is None and lc.server_info_log() is None
+    sched = sglang_queue()
+    lc.around_add_request(lambda s, r, retracted: s.waiting_queue.append(r), sched,
+                          new_req("x", 4, 1))  # fmt: skip
+    assert len(sched.waiting_queue) == 1 and lc._in_flight == {}
+
+
+def test_a_windows_request_log_is_on_disk_when_its_stop_returns_and_analyze_joins_it(
+    request_log, tmp_path, monkeypatch
+):
+    """A capture with the log on writes ``{trace stem}.requests.json`` at its stop, before
+    the stop returns; `stepscope analyze --requests` joins each captured request to it."""
+    import sglang.srt.managers.scheduler as sm
+
+    cli = os.environ.get(plugin.CLI_ENV) or str(REPO / "target" / "debug" / "stepscope")
+    if not Path(cli).is_file():
+        pytest.skip("the stepscope command is not built (make test builds it)")
+    sched = sglang_queue()
+    s = Scheduler()
+    loop = Loop(sched, profiled=s)
+    a, b = new_req("a", 40, 2), new_req("b", 20, 3)
+    sm.Scheduler._add_request_to_queue(sched, a)
+    loop.run(P, [a], extend=[(40, 0)])  # 1, before the window
+    monkeypatch.setenv("STEPSCOPE_CONFIG", '{"stepscope": {"requests": true, "request_ids": true}}')
+    assert s.profile(**profile_req(tmp_path, "logged")).success
+    sm.Scheduler._add_request_to_queue(sched, b)
+    loop.run(M, [b, a], extend=[(20, 0), (1, 40)], decoding=1)  # 2: b's prompt, a's decode
+    loop.run(D, [b])  # 3: a ended in 2
+    reply = s.stop()
+    assert reply.success
+    written = tmp_path / "logged-TP-0.requests.json"
+    assert written.is_file(), list(tmp_path.iterdir())  # at once, not after the trace
+    window = json.loads(written.read_text())
+    assert [st["step"] for st in window["steps"]] == [2, 3]
+    assert {r["id"] for r in window["requests"]} == {"a", "b"}
+    m = wait_complete(tmp_path / "logged-TP-0.stepscope.json")
+    out = subprocess.run(
+        [cli, "analyze", "--json", "--requests=0", str(tmp_path / m["trace_file"])],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (listed,) = json.loads(out.stdout)["requests"]
+    by_id = {r["id"]: r for r in listed["requests"]}
+    assert sorted(by_id) == ["a", "b"]
+    # Joined to the window's log: each request's lifecycle as the log recorded it.
+    joined = by_id["b"]["log"]
+    assert joined is not None, by_id["b"]
+    assert (joined["prompt_tokens"], joined["output_tokens"]) == (20, 2)
+    assert by_id["a"]["log"]["output_tokens"] == 2 and by_id["a"]["log"]["finish"] == "length"

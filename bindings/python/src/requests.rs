@@ -108,24 +108,39 @@ impl PyRequestLog {
     }
 
     /// Step ``step`` scheduled ``tokens[i]`` tokens of request ``ids[i]``, of which the engine
-    /// had computed ``computed[i]`` before (three sequences of one length).
+    /// had computed ``computed[i]`` before (three sequences of one length); ``prefill``, when
+    /// given, each one's role (``True``: prefill) as the engine knows it, else the log infers
+    /// it (prefill until the request has produced a token, or while it recomputes).
+    #[pyo3(signature = (step, ids, tokens, computed, prefill = None))]
     fn scheduled(
         &mut self,
         step: u64,
         ids: &Bound<'_, PyAny>,
         tokens: &Bound<'_, PyAny>,
         computed: &Bound<'_, PyAny>,
+        prefill: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let mut t = tokens.try_iter()?;
         let mut c = computed.try_iter()?;
-        let short = || PyValueError::new_err("ids, tokens and computed must have one length");
+        let mut p = prefill.map(|p| p.try_iter()).transpose()?;
+        let short =
+            || PyValueError::new_err("ids, tokens, computed and prefill must have one length");
         each(ids, "ids", |item| {
             let n = count(&t.next().ok_or_else(short)??, "tokens")?;
             let before = count(&c.next().ok_or_else(short)??, "computed")?;
-            self.log.scheduled(step, id_of(&item)?, n, before);
+            let role = match p.as_mut() {
+                Some(p) => Some(
+                    p.next()
+                        .ok_or_else(short)??
+                        .extract::<bool>()
+                        .map_err(|_| PyValueError::new_err("prefill must be bools"))?,
+                ),
+                None => None,
+            };
+            self.log.scheduled_as(step, id_of(&item)?, n, before, role);
             Ok(())
         })?;
-        if t.next().is_some() || c.next().is_some() {
+        if t.next().is_some() || c.next().is_some() || p.is_some_and(|mut p| p.next().is_some()) {
             return Err(short());
         }
         Ok(())

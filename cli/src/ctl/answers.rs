@@ -82,6 +82,16 @@ pub(super) fn status_workers(engine: Engine, body: &str) -> Result<Vec<Value>, S
     }
 }
 
+/// Each answering scheduler's request log in SGLang's `/server_info` (its `stepscope.requests`:
+/// a log's document, or null where the log is off), in order.
+pub(super) fn sglang_request_logs(body: &str) -> Result<Vec<Value>, String> {
+    let value = json(body)?;
+    Ok(sglang_states(&value, body)?
+        .iter()
+        .map(|s| s.get("requests").cloned().unwrap_or(Value::Null))
+        .collect())
+}
+
 /// One engine worker's step timeline as its server reported it, with the steps gathered so
 /// far.
 #[derive(Debug, Clone, PartialEq, Serialize)]

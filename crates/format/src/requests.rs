@@ -104,6 +104,28 @@ pub struct RequestRecord {
     pub finish: Option<String>,
 }
 
+impl RequestRecord {
+    /// The last step it did something in: the one it was queued within, the last that
+    /// scheduled it, or the one it finished in.
+    pub fn last_activity(&self) -> u64 {
+        (self.queued_after_step + 1)
+            .max(self.last_step.unwrap_or(0))
+            .max(self.finished_step.unwrap_or(0))
+    }
+}
+
+impl RequestsDocument {
+    /// The document a read above step `since` gets from the same log: the steps above it, and
+    /// the requests still running or active after it (for a server that sends its last steps
+    /// whatever the reader asks, as SGLang's `/server_info` does).
+    pub fn after_step(mut self, since: u64) -> Self {
+        self.steps.retain(|s| s.step > since);
+        self.requests
+            .retain(|r| r.finish.is_none() || r.last_activity() > since);
+        self
+    }
+}
+
 /// How many requests and steps a log keeps, or has recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {

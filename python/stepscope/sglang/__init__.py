@@ -33,16 +33,17 @@ and served by SGLang's own profiler, as is everything while the plugin is off
 failure of the plugin reaches SGLang's import or its scheduler loop.
 
 ``/server_info``'s ``internal_states`` carry each answering scheduler's stepscope status
-(``"stepscope"``), which ``stepscope ctl status --engine sglang`` reads, and with
+(``"stepscope"``), which ``stepscope ctl status --engine sglang`` reads, with
 ``"stepscope": {"timeline": true}`` the last forward batches of its step timeline, which
-``stepscope ctl top --engine sglang`` reads.
+``stepscope ctl top --engine sglang`` reads, and with ``"stepscope": {"requests": true}`` its
+request log (:mod:`.lifecycles`), which ``stepscope ctl requests --engine sglang`` reads.
 
 The package's modules, one job each: :mod:`.interface` (what the plugin knows of SGLang),
 :mod:`.hooks` (what SGLang calls), :mod:`.strategy` with :mod:`.legacy` and :mod:`.v2` (SGLang's
 two profile managers behind one interface), :mod:`.window` (one scheduler's profilers and
 window), :mod:`.requests` (what is served and refused), :mod:`.deferred` (the stop answered
 once written), :mod:`.status` (``/server_info``), :mod:`.naming` (SGLang's names and ranks),
-:mod:`.merge` (``merge_profiles``).
+:mod:`.merge` (``merge_profiles``), :mod:`.lifecycles` (the request log).
 
 Environment: ``STEPSCOPE_SGLANG=0`` turns it off; ``STEPSCOPE_CONFIG`` supplies stepscope's own
 keys (its ``"stepscope"`` object, as for vLLM); ``STEPSCOPE_CLI`` names the ``stepscope``
@@ -58,7 +59,7 @@ import sys
 import threading
 
 from stepscope import _plugin
-from stepscope.sglang import hooks
+from stepscope.sglang import hooks, lifecycles
 from stepscope.sglang.deferred import around_input
 from stepscope.sglang.interface import (
     MANAGER,
@@ -145,6 +146,9 @@ def register() -> None:
                 HookRegistry.register(target, hook, HookType.AROUND)
             if input_known():
                 HookRegistry.register(SCHEDULER_INPUT, around_input, HookType.AROUND)
+            if lifecycles.requests_wanted() and lifecycles.scheduler_known():
+                for target, hook in lifecycles.hooks():
+                    HookRegistry.register(target, hook, HookType.AROUND)
             if has_state_controller():
                 HookRegistry.register(
                     STATE_CONTROLLER + ".get_internal_state",

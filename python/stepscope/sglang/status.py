@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from stepscope import _plugin
+from stepscope.sglang.lifecycles import server_info_log
 
 #: How many of the timeline's last steps ``/server_info`` carries per scheduler.
 SERVER_INFO_STEPS = 512
@@ -28,8 +29,9 @@ def timeline_steps() -> Any:
 
 def status_of(state: Any) -> dict[str, Any]:
     """What ``/server_info`` carries for one scheduler: ``{"plugin", "workers": [status...],
-    "timeline"}`` (``workers`` empty before the first request stepscope served; ``timeline``
-    the step timeline's last :data:`SERVER_INFO_STEPS` forward batches, or None when off)."""
+    "timeline", "requests"}`` (``workers`` empty before the first request stepscope served;
+    ``timeline`` the step timeline's last :data:`SERVER_INFO_STEPS` forward batches, or None
+    when off; ``requests`` the request log's document of its last steps, or None when off)."""
     import stepscope
 
     workers = []
@@ -41,6 +43,7 @@ def status_of(state: Any) -> dict[str, Any]:
         "version": stepscope.__version__,
         "workers": workers,
         "timeline": None if timeline is None else timeline_of(timeline),
+        "requests": server_info_log(),
     }
 
 

@@ -11,6 +11,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
+from stepscope.sglang.lifecycles import window_start, write_window
 from stepscope.sglang.interface import sglang_version
 from stepscope.sglang.merge import merge_when_written
 from stepscope.sglang.naming import (
@@ -44,6 +45,9 @@ class Window:
         self.profile_id = profile_id
         self.output_dir = output_dir
         self.merge = merge
+        #: The request log's step at the start, where its window's log is written at the
+        #: stop (beside Kineto traces, with the log on); else None.
+        self.requests_since: int | None = None
 
 
 class SchedulerProfiler:
@@ -116,6 +120,8 @@ class SchedulerProfiler:
         self.window = Window(
             profile=profile, profile_id=profile_id, trace=trace, output_dir=output_dir, merge=merge
         )
+        if any(c["profiler"] == "torch" for c in self._made_with):
+            self.window.requests_since = window_start()
         self.windows[profile] = self.windows.get(profile, 0) + 1
         logger.info(
             "stepscope: profiling %s from forward pass %d into %s",
@@ -133,6 +139,7 @@ class SchedulerProfiler:
             p.stop()
         self.window = None
         self.annotate(False)
+        write_window(window.output_dir, window.trace, window.requests_since)
         logger.info("stepscope: profiling of %s stopped", window.profile)
         if window.merge and is_merging_rank():
             expected = self.windows.get(window.profile, 1) * world_size()

@@ -1,6 +1,7 @@
 //! `stepscope ctl requests`: which requests were slowest, and what cost them, from each
 //! engine's request log (`"stepscope": {"requests": ...}`), read from each vLLM server's
-//! `GET /stepscope/requests`.
+//! `GET /stepscope/requests`, or from each SGLang scheduler's log of its last steps in
+//! `/server_info`.
 //!
 //! - `breakdown`: one request's stretches and costliest steps, and the ranking (no I/O);
 //! - `render`: the text; this module: the command, the servers' answers, `--json`.
@@ -11,7 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 use stepscope_format::requests::RequestsDocument;
 
-use super::answers::excerpt;
+use super::answers::{excerpt, sglang_request_logs};
 use super::discovery::servers;
 use super::http::{after_tries, agent, explain_transport, get, retrying};
 use super::top::Failure;
@@ -32,18 +33,11 @@ pub struct EngineLog {
 
 /// `stepscope ctl requests`.
 pub fn command(a: &RequestsArgs) -> Result<ExitCode, Error> {
-    if a.common.engine == Engine::Sglang {
-        return Err(Error::Usage(
-            "ctl requests reads vLLM's GET /stepscope/requests; stepscope's SGLang plugin keeps \
-             no request log yet (docs/fleet.md)"
-                .into(),
-        ));
-    }
     let agent = agent(a.common.timeout_for(false), a.common.api_key.as_deref());
     let servers = servers(&a.common, &agent)?;
     let since = a.since_step.unwrap_or(0);
     let answers = par_map(&servers, a.common.concurrency_for(servers.len()), |w| {
-        fetch(&agent, &w.url, since, a.common.retries)
+        fetch(&agent, a.common.engine, &w.url, since, a.common.retries)
     });
     let mut logs = Vec::new();
     let mut failures = Vec::new();
@@ -154,18 +148,28 @@ impl EngineSummary {
     }
 }
 
-/// One server's engines' logs, and how many of its engines keep none.
+/// One server's engines' logs, and how many of its engines keep none: vLLM's
+/// `GET /stepscope/requests?since=N`, or SGLang's `/server_info` (each scheduler's log of its
+/// last steps; `--since-step` then drops the steps up to N).
 fn fetch(
     agent: &ureq::Agent,
+    engine: Engine,
     url: &str,
     since: u64,
     retries: u32,
 ) -> Result<(Vec<RequestsDocument>, usize), String> {
-    let full = format!("{url}/stepscope/requests?since={since}");
+    let full = match engine {
+        Engine::Vllm => format!("{url}/stepscope/requests?since={since}"),
+        Engine::Sglang => format!("{url}/server_info"),
+    };
     let (answer, spent) = retrying(retries, || get(agent, &full));
     match answer {
-        Ok((200, body)) => engine_logs(&body),
-        Ok((404, _)) => Err(format!(
+        Ok((200, body)) => match engine {
+            Engine::Vllm => engine_logs(&body),
+            Engine::Sglang => documents(&sglang_request_logs(&body)?)
+                .map(|(docs, off)| (docs.into_iter().map(|d| d.after_step(since)).collect(), off)),
+        },
+        Ok((404, _)) if engine == Engine::Vllm => Err(format!(
             "{url}/stepscope/requests: 404: the server has no stepscope requests route (start \
              vLLM with stepscope installed and VLLM_PLUGINS naming stepscope; see docs/vllm.md)"
         )),
@@ -195,6 +199,12 @@ pub fn engine_logs(body: &str) -> Result<(Vec<RequestsDocument>, usize), String>
                 excerpt(body)
             )
         })?;
+    documents(engines)
+}
+
+/// The logs among engines' answers (a log's document each, `null` or `"requests": null` where
+/// an engine keeps none), and how many keep none.
+fn documents(engines: &[Value]) -> Result<(Vec<RequestsDocument>, usize), String> {
     let mut docs = Vec::new();
     let mut off = 0;
     for e in engines {
