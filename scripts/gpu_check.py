@@ -7,7 +7,10 @@ with the wheel installed. Prints one JSON object per check; exit status 1 if any
    iterations of matmuls on the GPU, a delay/max window; stop() timed; the trace read back: the
    kernels Kineto recorded (CUPTI), the iteration annotations, the manifest and op table.
 2. torch.profiler's own stop + export of the same workload, for the write-speed ratio.
-3. The cuda backend (cuProfilerStart/Stop on the real driver) from Python: the session runs
+3. Request shares: four iterations naming their requests with each one's tokens and phase;
+   the wheel's `stepscope analyze --requests` splits each iteration's CUPTI kernel time among
+   its requests by tokens: the shares equal that split and sum to the kernel time.
+4. The cuda backend (cuProfilerStart/Stop on the real driver) from Python: the session runs
    and stops without an error.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -174,6 +178,68 @@ def cuda_backend() -> dict:
     }
 
 
+def request_shares(out: Path) -> dict:
+    """Each request's share of the captured iterations' GPU kernel time, by its tokens, as
+    `stepscope analyze --requests` (the wheel's own command) reads it from CUPTI's kernels."""
+    d = out / "requests"
+    p = stepscope.WorkerProfiler(
+        {"profiler": "torch", "torch_profiler_dir": str(d), "max_iterations": 4,
+         "torch_profiler_with_stack": False, "stepscope": {"request_ids": True}},
+        "req_rank0",
+    )
+    x = torch.randn(1024, 1024, device="cuda")
+    work(x)
+    torch.cuda.synchronize()
+    # (ids, tokens, in prefill): a's and b's prompts, then c's beside their decodes.
+    plan = [
+        (["a", "b"], [96, 32], [True, True]),
+        (["a", "b", "c"], [1, 1, 64], [False, False, True]),
+        (["a", "b", "c"], [1, 1, 1], [False, False, False]),
+        (["b", "c"], [1, 1], [False, False]),
+    ]
+    p.start()
+    for ids, tokens, prefill in plan:
+        ctx = [t for t, f in zip(tokens, prefill, strict=True) if f]
+        gen = [t for t, f in zip(tokens, prefill, strict=True) if not f]
+        p.step(stepscope.Iteration(len(ctx), sum(ctx), len(gen), sum(gen), request_ids=ids,
+                                   request_tokens=tokens, request_prefill=prefill))
+        x = work(x)
+        torch.cuda.synchronize()
+        p.step_end()
+    p.flush(300)
+    (manifest_path,) = d.glob("*.stepscope.json")
+    trace = d / json.loads(manifest_path.read_text())["trace_file"]
+    from stepscope import _cli
+
+    cli = _cli.executable()
+    run = subprocess.run([cli, "analyze", "--json", "--requests=0", str(trace)],
+                         capture_output=True, text=True, timeout=300, check=False)
+    if run.returncode != 0:
+        return {"check": "request shares", "ok": False, "error": run.stderr[-2000:]}
+    doc = json.loads(run.stdout)
+    steps = doc["traces"][0]["steps"]
+    (listed,) = doc["requests"]
+    got = {r["id"]: r["gpu_ms"] for r in listed["requests"]}
+    # What each request's share should be: each iteration's kernel time split by tokens.
+    want: dict[str, float] = {}
+    for st in steps:
+        total = sum(st["tokens"])
+        for rid, t in zip(st["requests"], st["tokens"], strict=True):
+            want[rid] = want.get(rid, 0.0) + st["kernel_us"] / 1e3 * t / total
+    kernel_ms = sum(st["kernel_us"] for st in steps) / 1e3
+    close = all(abs(got[k] - want[k]) <= 1e-6 * max(1.0, want[k]) for k in want)
+    return {
+        "check": "request shares of CUPTI kernel time (analyze --requests)",
+        "cli": cli,
+        "iterations": [(st["name"], st["kernel_count"], round(st["kernel_us"], 1)) for st in steps],
+        "kernel_ms": kernel_ms,
+        "gpu_ms_by_request": got,
+        "sum_of_shares_ms": sum(got.values()),
+        "ok": len(steps) == len(plan) and kernel_ms > 0 and close and set(got) == set(want)
+        and abs(sum(got.values()) - kernel_ms) <= 1e-6 * kernel_ms,
+    }
+
+
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu-out")
     out.mkdir(parents=True, exist_ok=True)
@@ -181,7 +247,7 @@ def main() -> int:
                       "device": torch.cuda.get_device_name(0),
                       "stepscope": stepscope.__version__, "pid": os.getpid()}), flush=True)
     ok = True
-    for check in (torch_backend, stop_latency, cuda_backend):
+    for check in (torch_backend, stop_latency, request_shares, cuda_backend):
         try:
             r = check(out) if check is not cuda_backend else check()
         except Exception as e:  # noqa: BLE001 - report and go on
