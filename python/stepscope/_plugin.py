@@ -80,3 +80,23 @@ def stepscope_keys_from_env() -> dict[str, Any]:
     if not isinstance(keys, dict):
         raise stepscope.ConfigError(f"{origin}: \"stepscope\" must be a JSON object")
     return keys
+
+
+def make_request_log(requests: Any, log: logging.Logger) -> Any:
+    """A :class:`stepscope.RequestLog` for the ``"requests"`` key's value (None when it is
+    off), its size logged; None, with an error logged, when it cannot be made. Never raises:
+    the engine goes on without a log."""
+    try:
+        import stepscope
+
+        made = stepscope.RequestLog.from_config({"stepscope": {"requests": requests}})
+    except Exception as e:  # noqa: BLE001 - never into the engine
+        log.error("stepscope: the request log is off: %s", e)
+        return None
+    if made is not None:
+        count, steps = made.capacity
+        log.info(
+            "stepscope: request log on (pid %d): the last %d requests and %d steps, %.1f MB",
+            os.getpid(), count, steps, made.memory_bytes / 1e6,
+        )  # fmt: skip
+    return made

@@ -67,6 +67,25 @@ def annotations(trace: Path) -> list[str]:
     return [e["name"] for e in sorted(spans, key=lambda e: e["ts"])]
 
 
+def built_cli() -> str:
+    """The built ``stepscope`` command (``STEPSCOPE_CLI``, else the workspace's debug build);
+    skips the test where it is not built."""
+    cli = os.environ.get(plugin.CLI_ENV) or str(REPO / "target" / "debug" / "stepscope")
+    if not Path(cli).is_file():
+        pytest.skip("the stepscope command is not built (make test builds it)")
+    return cli
+
+
+def analyze_requests(cli: str, trace: Path) -> dict:
+    """``stepscope analyze --json --requests=0 TRACE``'s document."""
+    out = subprocess.run(
+        [cli, "analyze", "--json", "--requests=0", str(trace)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 def prefill(step: int, reqs: int = 2) -> str:
     return stepscope.Iteration(num_ctx_reqs=reqs, num_ctx_tokens=100 + step).name()
 
@@ -125,9 +144,7 @@ def test_with_request_ids_each_captured_batch_names_its_rids(tmp_path, monkeypat
 
 
 def test_analyze_requests_reads_a_capture_of_sglang_batches_back_per_request(tmp_path, monkeypatch):
-    cli = os.environ.get(plugin.CLI_ENV) or str(REPO / "target" / "debug" / "stepscope")
-    if not Path(cli).is_file():
-        pytest.skip("the stepscope command is not built (make test builds it)")
+    cli = built_cli()
     monkeypatch.setenv("STEPSCOPE_CONFIG", '{"stepscope": {"request_ids": true}}')
     s = Scheduler()
     assert s.profile(**profile_req(tmp_path, "shares", num_steps=3)).success
@@ -136,12 +153,7 @@ def test_analyze_requests_reads_a_capture_of_sglang_batches_back_per_request(tmp
     s.run(D, reqs=2)  # 3
     s.run(D, reqs=2)  # past the window
     m = wait_complete(tmp_path / "shares-TP-0.stepscope.json")
-    out = subprocess.run(
-        [cli, "analyze", "--json", "--requests=0", str(tmp_path / m["trace_file"])],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    doc = json.loads(out.stdout)
+    doc = analyze_requests(cli, tmp_path / m["trace_file"])
     (steps,) = [t["steps"] for t in doc["traces"]]
     # Each iteration's requests, tokens and phases sum to the counts in its name.
     assert [st["name"] for st in steps] == [
@@ -381,9 +393,7 @@ def test_what_stepscope_cannot_record_goes_to_sglangs_own_profiler(tmp_path, cap
 
 
 def test_merge_profiles_runs_stepscope_merge_after_the_traces_are_written(tmp_path, monkeypatch):
-    cli = os.environ.get(plugin.CLI_ENV) or str(REPO / "target" / "debug" / "stepscope")
-    if not Path(cli).is_file():
-        pytest.skip("the stepscope command is not built (make test builds it)")
+    cli = built_cli()
     monkeypatch.setenv(plugin.CLI_ENV, cli)
     s = Scheduler()
     reply = s.profile(**profile_req(tmp_path, "merged", num_steps=2, merge_profiles=True))
@@ -565,9 +575,7 @@ def ctl_against_server_info(internal_state: dict, *args: str):
         def log_message(self, *args):
             pass
 
-    cli = os.environ.get(plugin.CLI_ENV) or str(REPO / "target" / "debug" / "stepscope")
-    if not Path(cli).is_file():
-        pytest.skip("the stepscope command is not built (make test builds it)")
+    cli = built_cli()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -978,9 +986,7 @@ def test_a_windows_request_log_is_on_disk_when_its_stop_returns_and_analyze_join
     the stop returns; `stepscope analyze --requests` joins each captured request to it."""
     import sglang.srt.managers.scheduler as sm
 
-    cli = os.environ.get(plugin.CLI_ENV) or str(REPO / "target" / "debug" / "stepscope")
-    if not Path(cli).is_file():
-        pytest.skip("the stepscope command is not built (make test builds it)")
+    cli = built_cli()
     sched = sglang_queue()
     s = Scheduler()
     loop = Loop(sched, profiled=s)
@@ -1000,12 +1006,7 @@ def test_a_windows_request_log_is_on_disk_when_its_stop_returns_and_analyze_join
     assert [st["step"] for st in window["steps"]] == [2, 3]
     assert {r["id"] for r in window["requests"]} == {"a", "b"}
     m = wait_complete(tmp_path / "logged-TP-0.stepscope.json")
-    out = subprocess.run(
-        [cli, "analyze", "--json", "--requests=0", str(tmp_path / m["trace_file"])],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    (listed,) = json.loads(out.stdout)["requests"]
+    (listed,) = analyze_requests(cli, tmp_path / m["trace_file"])["requests"]
     by_id = {r["id"]: r for r in listed["requests"]}
     assert sorted(by_id) == ["a", "b"]
     # Joined to the window's log: each request's lifecycle as the log recorded it.

@@ -1,8 +1,8 @@
 """stepscope inside a live `vllm serve` (vLLM's CPU build, a tiny random-weight Llama): what a
 user sees through vLLM's own HTTP API with the plugin installed.
 
-One server serves every test here (its start dominates): vLLM's default profiler config apart
-from the trace directory (the frontend is profiled, Python stacks are recorded), NVTX ranges
+One server serves every test here (its start dominates), in eager mode: vLLM's default profiler
+config apart from the trace directory (the frontend is profiled, Python stacks are recorded), NVTX ranges
 reported to the recorder in tests/doubles (nsys's place), the step timeline on, and the status
 endpoint allowed. One test captures every step of its requests and reads them back through
 `stepscope ctl top` and `ctl timeline`; the last stops it with SIGTERM right after a
@@ -51,6 +51,12 @@ def server(tmp_path_factory, doubles):
             doubles["log_env"]: str(log),
             "NVTX_INJECTION64_PATH": doubles["nvtx_recorder"],
         },
+        # Eager, as the other live servers: torch.compile's warm-up is 40 of a start's 87 s
+        # alone here, and minutes of make test's run beside its six other pytest processes
+        # (this start took 524 s there). The profiler config stays vLLM's default; what it
+        # records is the engine's steps, compiled or not (scripts/bench_vllm_live.py keeps
+        # vLLM's default compilation).
+        args=["--enforce-eager"],
     )
     srv.traces = traces
     srv.nvtx_log = log

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable
@@ -77,21 +76,8 @@ def request_log() -> Any:
     if not _tried:
         _tried = True
         if requests_wanted():
-            try:
-                import stepscope
-
-                keys = _plugin.stepscope_keys_from_env()
-                _log = stepscope.RequestLog.from_config({"stepscope": {
-                    "requests": keys.get("requests")}})  # fmt: skip
-            except Exception as e:  # noqa: BLE001 - never into the scheduler
-                logger.error("stepscope: the request log is off: %s", e)
-                _log = None
-            if _log is not None:
-                requests, steps = _log.capacity
-                logger.info(
-                    "stepscope: request log on (pid %d): the last %d requests and %d steps, "
-                    "%.1f MB", os.getpid(), requests, steps, _log.memory_bytes / 1e6,
-                )  # fmt: skip
+            requests = _plugin.stepscope_keys_from_env().get("requests")
+            _log = _plugin.make_request_log(requests, logger)
     return _log
 
 

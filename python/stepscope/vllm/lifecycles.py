@@ -35,6 +35,7 @@ import time
 from types import ModuleType
 from typing import Any, Callable
 
+from stepscope._plugin import make_request_log
 from stepscope.vllm.environment import key_on, logger, stepscope_keys, warn_once
 from stepscope.vllm.interfaces import PATCHED_MARK, warn_unpatched
 
@@ -57,19 +58,11 @@ def request_log() -> Any:
     if not _tried:
         _tried = True
         try:
-            import stepscope
-
-            _log = stepscope.RequestLog.from_config({"stepscope": {
-                "requests": stepscope_keys().get("requests")}})
+            requests = stepscope_keys().get("requests")
         except Exception as e:  # noqa: BLE001 - never into the engine
             logger.error("stepscope: the request log is off: %s", e)
-            _log = None
-        if _log is not None:
-            requests, steps = _log.capacity
-            logger.info(
-                "stepscope: request log on (pid %d): the last %d requests and %d steps, %.1f MB",
-                os.getpid(), requests, steps, _log.memory_bytes / 1e6,
-            )  # fmt: skip
+            return None
+        _log = make_request_log(requests, logger)
     return _log
 
 
