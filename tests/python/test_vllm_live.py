@@ -1,10 +1,10 @@
 """stepscope inside a live `vllm serve` (vLLM's CPU build, a tiny random-weight Llama): what a
 user sees through vLLM's own HTTP API with the plugin installed.
 
-One server serves every test here (its start dominates), in eager mode: vLLM's default profiler
-config apart from the trace directory (the frontend is profiled, Python stacks are recorded), NVTX ranges
-reported to the recorder in tests/doubles (nsys's place), the step timeline on, and the status
-endpoint allowed. One test captures every step of its requests and reads them back through
+One server serves every test here (its start dominates), in eager mode: vLLM's default
+profiler config apart from the trace directory (the frontend is profiled, Python stacks are
+recorded), NVTX ranges reported to the recorder in tests/doubles (nsys's place), the step
+timeline on, and the status endpoint allowed. One test captures every step of its requests and reads them back through
 `stepscope ctl top` and `ctl timeline`; the last stops it with SIGTERM right after a
 /stop_profile.
 """
