@@ -206,6 +206,7 @@ def request_shares(out: Path) -> dict:
         x = work(x)
         torch.cuda.synchronize()
         p.step_end()
+    p.stop()  # the window's 4 iterations are done; it would end at the next step()
     p.flush(300)
     (manifest_path,) = d.glob("*.stepscope.json")
     trace = d / json.loads(manifest_path.read_text())["trace_file"]
