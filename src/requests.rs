@@ -674,33 +674,27 @@ mod tests {
 
     #[test]
     fn a_document_cut_after_a_step_is_the_one_the_log_makes_above_it() {
+        // Three steps of `id` alone: its prompt, then two decodes; one token each.
+        fn serve(l: &mut RequestLog, id: &str, prompt: u32, waiting: u32) {
+            for k in 0..3u32 {
+                let s = l.begin_step(waiting);
+                let (tokens, computed) = if k == 0 {
+                    (prompt, 0)
+                } else {
+                    (1, prompt - 1 + k)
+                };
+                l.scheduled(s, id, tokens, computed);
+                l.end_step(s);
+                l.produced(s, id, 1);
+            }
+        }
         let mut l = log(64, 64);
         l.arrived("early", 8, None);
-        for k in 0..3u32 {
-            let s = l.begin_step(0);
-            l.scheduled(
-                s,
-                "early",
-                if k == 0 { 8 } else { 1 },
-                if k == 0 { 0 } else { 7 + k },
-            );
-            l.end_step(s);
-            l.produced(s, "early", 1);
-        }
+        serve(&mut l, "early", 8, 0);
         l.finished(Some(3), "early", Finish::Length);
         l.arrived("late", 4, None);
         l.arrived("waiting", 4, None);
-        for k in 0..3u32 {
-            let s = l.begin_step(1);
-            l.scheduled(
-                s,
-                "late",
-                if k == 0 { 4 } else { 1 },
-                if k == 0 { 0 } else { 3 + k },
-            );
-            l.end_step(s);
-            l.produced(s, "late", 1);
-        }
+        serve(&mut l, "late", 4, 1);
         // Two documents made at different moments place the log's clock readings on the wall
         // clock a few µs apart (and their ticks to ns by a newer reading): all else is compared.
         fn untimed(d: &RequestsDocument) -> serde_json::Value {

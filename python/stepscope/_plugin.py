@@ -9,7 +9,7 @@ import inspect
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 #: stepscope's own keys for a plugin's profilers: a config whose ``"stepscope"`` object is used
 #: (JSON text or a path).
@@ -82,13 +82,26 @@ def stepscope_keys_from_env() -> dict[str, Any]:
     return keys
 
 
-def make_request_log(requests: Any, log: logging.Logger) -> Any:
-    """A :class:`stepscope.RequestLog` for the ``"requests"`` key's value (None when it is
-    off), its size logged; None, with an error logged, when it cannot be made. Never raises:
-    the engine goes on without a log."""
+def key_on(name: str, keys: Callable[[], dict[str, Any]] = stepscope_keys_from_env) -> bool:
+    """``"stepscope": {name: ...}`` is set (and not false) in ``keys()`` (by default
+    ``STEPSCOPE_CONFIG``'s); false too when that is bad (reported where a profiler is made)."""
+    try:
+        value = keys().get(name)
+    except ValueError:
+        return False
+    return value not in (None, False)
+
+
+def make_request_log(
+    log: logging.Logger, keys: Callable[[], dict[str, Any]] = stepscope_keys_from_env
+) -> Any:
+    """A :class:`stepscope.RequestLog` for the ``"requests"`` key of ``keys()`` (None when it
+    is off), its size logged; None, with an error logged, when it cannot be made (a bad
+    config included). Never raises: the engine goes on without a log."""
     try:
         import stepscope
 
+        requests = keys().get("requests")
         made = stepscope.RequestLog.from_config({"stepscope": {"requests": requests}})
     except Exception as e:  # noqa: BLE001 - never into the engine
         log.error("stepscope: the request log is off: %s", e)
@@ -100,3 +113,15 @@ def make_request_log(requests: Any, log: logging.Logger) -> Any:
             os.getpid(), count, steps, made.memory_bytes / 1e6,
         )  # fmt: skip
     return made
+
+
+def finish_reason(name: str) -> str:
+    """An engine's finish reason, by its name (vLLM's ``FinishReason.STOP`` or
+    ``RequestStatus.FINISHED_ABORTED``, SGLang's ``FINISH_MATCHED_TOKEN``, ...), as the request
+    log names it."""
+    name = name.upper()
+    for key, value in (("ABORT", "abort"), ("STOP", "stop"), ("LENGTH", "length"),
+                       ("ERROR", "error"), ("MATCHED", "stop")):  # fmt: skip
+        if key in name:
+            return value
+    return "other"

@@ -119,12 +119,14 @@ def metric_sums(server: VllmServer) -> dict[str, tuple[float, float]]:
 def settled_sums(server: VllmServer, count: float) -> dict[str, tuple[float, float]]:
     """The sums once vLLM has recorded `count` requests (its frontend records a request's
     stats as it processes the last output, which can come after the response)."""
-    for _ in range(100):
+    deadline = time.monotonic() + 300  # bounds a broken server only: no speed assumed
+    while True:
         sums = metric_sums(server)
         if all(c >= count for _, c in sums.values()):
             return sums
+        if time.monotonic() > deadline:
+            raise AssertionError(f"vLLM's histograms did not reach {count} requests: {sums}")
         time.sleep(0.1)
-    raise AssertionError(f"vLLM's histograms did not reach {count} requests: {sums}")
 
 
 def ctl_requests(server: VllmServer, *args: str) -> dict:

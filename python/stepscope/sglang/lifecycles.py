@@ -62,11 +62,7 @@ _tried = False
 
 def requests_wanted() -> bool:
     """``"stepscope": {"requests": ...}`` is set (and not false) in ``STEPSCOPE_CONFIG``."""
-    try:
-        value = _plugin.stepscope_keys_from_env().get("requests")
-    except ValueError:  # a bad STEPSCOPE_CONFIG: reported where a profiler is made
-        return False
-    return value not in (None, False)
+    return _plugin.key_on("requests")
 
 
 def request_log() -> Any:
@@ -75,9 +71,7 @@ def request_log() -> Any:
     global _log, _tried
     if not _tried:
         _tried = True
-        if requests_wanted():
-            requests = _plugin.stepscope_keys_from_env().get("requests")
-            _log = _plugin.make_request_log(requests, logger)
+        _log = _plugin.make_request_log(logger)
     return _log
 
 
@@ -135,15 +129,6 @@ def _guarded(what: str, record: Callable[..., Any], *args: Any) -> Any:
     except Exception as e:  # noqa: BLE001 - the scheduler goes on
         warn_once(f"requests:{what}", "stepscope: the request log failed in %s: %r", what, e)
         return None
-
-
-def finish_name(reason: Any) -> str:
-    """SGLang's finish reason (``FINISH_LENGTH``, ``FINISH_MATCHED_TOKEN``, ...) as the log's."""
-    name = type(reason).__name__.upper()
-    for key, value in (("ABORT", "abort"), ("LENGTH", "length"), ("MATCHED", "stop")):
-        if key in name:
-            return value
-    return "other"
 
 
 def _record_arrival(log: Any, scheduler: Any, req: Any, retracted: bool) -> None:
@@ -209,7 +194,7 @@ def _record_result(log: Any, scheduler: Any, before: list[tuple[Any, int, bool]]
             ids.append(rid)
             grown.append(new)
         if req.finished() and not was_finished:
-            log.finished(step, rid, finish_name(req.finished_reason))
+            log.finished(step, rid, _plugin.finish_reason(type(req.finished_reason).__name__))
     if ids:
         log.produced(step, ids, grown)
 

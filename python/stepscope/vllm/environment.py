@@ -40,11 +40,7 @@ def stepscope_keys() -> dict[str, Any]:
 def key_on(name: str) -> bool:
     """``"stepscope": {name: ...}`` is set (and not false) in ``STEPSCOPE_CONFIG``; false too
     when that is bad (reported where the profiler is made)."""
-    try:
-        value = stepscope_keys().get(name)
-    except ValueError:
-        return False
-    return value not in (None, False)
+    return _plugin.key_on(name, stepscope_keys)
 
 
 #: The keys of the one-time info lines and warnings already logged.

@@ -35,7 +35,7 @@ import time
 from types import ModuleType
 from typing import Any, Callable
 
-from stepscope._plugin import make_request_log
+from stepscope._plugin import finish_reason, make_request_log
 from stepscope.vllm.environment import key_on, logger, stepscope_keys, warn_once
 from stepscope.vllm.interfaces import PATCHED_MARK, warn_unpatched
 
@@ -57,12 +57,7 @@ def request_log() -> Any:
     global _log, _tried
     if not _tried:
         _tried = True
-        try:
-            requests = stepscope_keys().get("requests")
-        except Exception as e:  # noqa: BLE001 - never into the engine
-            logger.error("stepscope: the request log is off: %s", e)
-            return None
-        _log = make_request_log(requests, logger)
+        _log = make_request_log(logger, stepscope_keys)
     return _log
 
 
@@ -76,12 +71,7 @@ def _guarded(what: str, record: Callable[..., None], *args: Any) -> None:
 
 def _finish_name(reason: Any) -> str:
     """vLLM's ``FinishReason`` or ``RequestStatus`` as the log's reason."""
-    name = str(getattr(reason, "name", reason)).upper()
-    for key, value in (("ABORT", "abort"), ("STOP", "stop"), ("LENGTH", "length"),
-                       ("ERROR", "error")):  # fmt: skip
-        if key in name:
-            return value
-    return "other"
+    return finish_reason(str(getattr(reason, "name", reason)))
 
 
 def _record_arrival(log: Any, request: Any) -> None:
