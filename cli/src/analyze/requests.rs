@@ -484,6 +484,7 @@ pub(crate) fn test_step(i: u64, ms: f64, reqs: &[(&str, u32, bool)]) -> Step {
         cpu_op_us: ms * 500.0,
         kernel_us: ms * 100.0,
         kernel_count: 1,
+        gpu: None,
     }
 }
 

@@ -56,6 +56,9 @@ pub struct Args {
     /// The GPU of a device event.
     #[serde(default)]
     pub device: Option<u64>,
+    /// The stream of a device event.
+    #[serde(default)]
+    pub stream: Option<u64>,
     /// A RecordFunction's handle: stepscope sets it to the step index of its iteration
     /// annotations (0 elsewhere).
     #[serde(default, rename = "Record function id")]
@@ -87,6 +90,11 @@ pub struct Event<'a> {
     /// Start, µs.
     #[serde(default)]
     pub ts: Option<f64>,
+    /// `ts` as written, split at its point into whole µs and a fraction, when the scanner read
+    /// it (serde leaves it `None`): an f64 of an epoch time in µs keeps only 0.25 µs at
+    /// 1.7e15, so a nanosecond trace's digits survive only in this form.
+    #[serde(skip)]
+    pub ts_split: Option<(i64, f64)>,
     /// Duration, µs.
     #[serde(default)]
     pub dur: Option<f64>,

@@ -29,12 +29,16 @@
 //! ```
 
 mod event;
+mod explain;
 mod header;
 mod scan;
 mod stream;
 mod summary;
 
 pub use event::{Args, DeviceProperties, Event, Id, Meta, RawArgs};
+pub use explain::{
+    Bound, BusySplit, GpuMean, GpuTime, IdleSplit, LaunchStats, StreamIdle, Verdict, KERNEL_WAIT_US,
+};
 pub use header::{Captured, StepRequests, TraceHeader, Trigger};
 pub use scan::{FromTrace, RawEvent, Serde, Skip};
 pub use stream::{EventSink, EventStream, ReadError, StreamError, StreamErrorKind};

@@ -197,6 +197,9 @@ fn show(b: u8) -> String {
     }
 }
 
+/// A time as a double and split at its point ([`Number::split`]).
+type Time = (Option<f64>, Option<(i64, f64)>);
+
 /// A number's text, checked against JSON's grammar, with what a fast conversion needs.
 struct Number<'a> {
     text: &'a [u8],
@@ -225,6 +228,20 @@ impl Number<'_> {
             .ok()
             .and_then(|t| t.parse().ok())
             .unwrap_or(f64::NAN)
+    }
+
+    /// Whole and fractional parts, exactly as written (`None` with an exponent, or more
+    /// digits than fit).
+    fn split(&self) -> Option<(i64, f64)> {
+        let m = self.mantissa.filter(|_| !self.exponent)?;
+        let p = 10u64.checked_pow(self.decimals)?;
+        let whole = i64::try_from(m / p).ok()?;
+        let frac = (m % p) as f64 / p as f64;
+        Some(if self.negative {
+            (-whole, -frac)
+        } else {
+            (whole, frac)
+        })
     }
 
     /// As serde_json hands an integer to a visitor: `u64` for non-negative, `i64` for negative
@@ -558,6 +575,19 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    /// A time or null, for a field named `field`: as [`Scanner::opt_f64`], and split at its
+    /// point ([`Number::split`]).
+    fn opt_time(&mut self, field: &str) -> Scan<Time> {
+        match self.next()? {
+            b'-' | b'0'..=b'9' => self.number().map(|n| (Some(n.f64()), n.split())),
+            b'n' => self.literal(b"null").map(|()| (None, None)),
+            b => self.bad(
+                self.pos,
+                format!("`{field}`: expected a number, found {}", show(b)),
+            ),
+        }
+    }
+
     /// A number, a string or null, for a field named `field`.
     fn opt_id(&mut self, field: &str) -> Scan<Option<Id<'a>>> {
         match self.next()? {
@@ -640,9 +670,10 @@ impl<'a> Scanner<'a> {
                 b"device" => 1,
                 b"Record function id" => 2,
                 b"requests" => 3,
-                _ => 4,
+                b"stream" => 4,
+                _ => 5,
             };
-            if field < 4 {
+            if field < 5 {
                 ok &= seen & (1 << field) == 0;
                 seen |= 1 << field;
             }
@@ -651,6 +682,7 @@ impl<'a> Scanner<'a> {
                 1 => args.device = self.opt_u64(&mut ok)?,
                 2 => args.record_function_id = self.opt_u64(&mut ok)?,
                 3 => args.requests = self.opt_strings(&mut ok)?,
+                4 => args.stream = self.opt_u64(&mut ok)?,
                 _ => self.skip()?,
             }
             if !self.more(b'}')? {
@@ -754,7 +786,7 @@ impl<'de> FromTrace<'de> for Event<'de> {
                 2 => e.name = s.opt_str("name")?,
                 3 => e.pid = s.opt_id("pid")?,
                 4 => e.tid = s.opt_id("tid")?,
-                5 => e.ts = s.opt_f64("ts")?,
+                5 => (e.ts, e.ts_split) = s.opt_time("ts")?,
                 6 => e.dur = s.opt_f64("dur")?,
                 7 => {
                     let (_, bytes) = s.skipped(Scanner::skip)?;

@@ -12,6 +12,10 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::event::{DeviceProperties, Event, Id, Meta};
+use super::explain::{
+    explain, launch_of, CallKind, DeviceOp, Explained, GpuTime, Inputs, Launch, LaunchStats,
+    OpClass, StreamIdle, NO_CORRELATION, NO_NAME,
+};
 use super::header::{StepRequests, Trigger};
 use super::stream::EventSink;
 
@@ -146,6 +150,9 @@ pub struct Step {
     pub kernel_us: f64,
     /// Kernels launched during the step.
     pub kernel_count: u64,
+    /// Why the step took what it took on its GPUs (absent without device work or launches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuTime>,
 }
 
 /// The summary of one trace.
@@ -177,6 +184,12 @@ pub struct Summary {
     pub utilization: f64,
     /// The longest idle gaps, longest first.
     pub idle_gaps: Vec<Gap>,
+    /// Why the trace's device time went where it did (see `explain.rs`).
+    #[serde(default)]
+    pub gpu: GpuTime,
+    /// Per stream, idle time by Holistic Trace Analysis's rule.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub streams: Vec<StreamIdle>,
     /// The iterations found.
     pub steps: Vec<Step>,
     /// CPU operators by total time, longest first (the top N).
@@ -309,6 +322,9 @@ fn is_launch_category(cat: &str) -> bool {
 #[derive(Default)]
 pub struct Summarizer {
     events: u64,
+    /// The whole µs every time is kept relative to (the first event's), so that an f64 keeps
+    /// a nanosecond trace's digits.
+    base: Option<i64>,
     first: f64,
     last: f64,
     kernel_names: Names,
@@ -319,12 +335,13 @@ pub struct Summarizer {
     copy_us: f64,
     memcpy_count: u64,
     memset_count: u64,
-    /// Device intervals, per device.
-    intervals: HashMap<i64, Vec<(f64, f64)>>,
-    /// (correlation, start) of each launch.
-    launches: Vec<(u64, f64)>,
-    /// (correlation, duration, name) of each kernel.
-    kernel_launches: Vec<(u64, f64, u32)>,
+    /// Every kernel, memcpy and memset (40 bytes each).
+    device_ops: Vec<DeviceOp>,
+    /// Each runtime call with a correlation id (24 bytes each).
+    launches: Vec<Launch>,
+    /// The (device, stream) lanes of `device_ops`, interned.
+    lanes: HashMap<(i64, i64), u32>,
+    lane_list: Vec<(i64, i64)>,
     op_names: Names,
     ops: Vec<Acc>,
     cpu_ops: Vec<CpuOp>,
@@ -357,6 +374,19 @@ impl Summarizer {
         }
     }
 
+    /// An event's start, µs after [`Summarizer::base`].
+    fn time(&mut self, e: &Event<'_>) -> Option<f64> {
+        let (whole, frac) = match e.ts_split {
+            Some(split) => split,
+            None => {
+                let ts = e.ts?;
+                (ts.floor() as i64, ts - ts.floor())
+            }
+        };
+        let base = *self.base.get_or_insert(whole);
+        Some(whole.wrapping_sub(base) as f64 + frac)
+    }
+
     fn thread(&mut self, e: &Event<'_>) -> u32 {
         let key = match (&e.pid, &e.tid) {
             (Some(Id::Num(p)), Some(Id::Num(t))) => ThreadKey::Num(*p, *t),
@@ -380,23 +410,27 @@ impl Summarizer {
 
     fn device_event(&mut self, e: &Event<'_>, device: Device, name: &str, ts: f64, dur: f64) {
         let args = e.args();
-        let id = args
-            .device
-            .map(|d| d as i64)
-            .or(match e.pid {
-                Some(Id::Num(p)) => Some(p),
-                _ => None,
-            })
-            .unwrap_or(-1);
-        self.intervals.entry(id).or_default().push((ts, ts + dur));
-        match device {
+        let num = |id: &Option<Id<'_>>| match id {
+            Some(Id::Num(n)) => Some(*n),
+            _ => None,
+        };
+        let dev = args.device.map(|d| d as i64).or(num(&e.pid)).unwrap_or(-1);
+        let stream = args.stream.map(|s| s as i64).or(num(&e.tid)).unwrap_or(-1);
+        let next = self.lane_list.len() as u32;
+        let lane = *self.lanes.entry((dev, stream)).or_insert(next);
+        if lane == next {
+            self.lane_list.push((dev, stream));
+        }
+        let (class, name) = match device {
             Device::Memcpy => {
                 self.memcpy_count += 1;
                 self.copy_us += dur;
+                (OpClass::of_memcpy(name), NO_NAME)
             }
             Device::Memset => {
                 self.memset_count += 1;
                 self.copy_us += dur;
+                (OpClass::Memset, NO_NAME)
             }
             Device::Kernel => {
                 self.kernel_count += 1;
@@ -406,11 +440,17 @@ impl Summarizer {
                     self.kernels.resize(id as usize + 1, Acc::default());
                 }
                 self.kernels[id as usize].add(dur);
-                if let Some(c) = args.correlation {
-                    self.kernel_launches.push((c, dur, id));
-                }
+                (OpClass::of_kernel(name), id)
             }
-        }
+        };
+        self.device_ops.push(DeviceOp {
+            ts,
+            end: ts + dur,
+            corr: args.correlation.unwrap_or(NO_CORRELATION),
+            name,
+            lane,
+            class,
+        });
     }
 
     /// Computes the summary. `top`: kernel and operator names kept (0: all).
@@ -437,8 +477,12 @@ impl Summarizer {
         } else {
             (self.first, self.last - self.first)
         };
-        let (busy, devices, gaps) = self.busy_and_gaps(first);
-        let steps = self.steps(&meta, first, breakdown);
+        // Sorted by correlation, file order kept among equals: the last launch of an id wins.
+        self.launches.sort_by_key(|l| l.corr);
+        let (steps, explained) = self.steps(&meta, first, breakdown);
+        let busy = explained.trace.busy_us;
+        let devices = explained.devices;
+        let gaps = self.gaps(explained.gaps, first);
         let mut kernels: Vec<KernelStat> = self
             .kernels
             .iter()
@@ -502,6 +546,8 @@ impl Summarizer {
                 0.0
             },
             idle_gaps: gaps,
+            gpu: explained.trace,
+            streams: explained.streams,
             steps,
             cpu_ops,
             trigger: meta.stepscope.trigger,
@@ -510,36 +556,8 @@ impl Summarizer {
         summary
     }
 
-    /// Busy time (the union of each device's intervals, summed), devices, and the longest
-    /// gaps between intervals with the CPU operator running as each began.
-    fn busy_and_gaps(&mut self, first: f64) -> (f64, u64, Vec<Gap>) {
-        let mut busy = 0.0;
-        let mut gaps: Vec<(i64, f64, f64)> = Vec::new();
-        let mut devices: Vec<i64> = self.intervals.keys().copied().collect();
-        devices.sort_unstable();
-        for dev in &devices {
-            let mut iv = self.intervals.remove(dev).unwrap_or_default();
-            iv.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let mut cur: Option<(f64, f64)> = None;
-            for (s, e) in iv {
-                match cur {
-                    Some((cs, ce)) if s <= ce => cur = Some((cs, ce.max(e))),
-                    Some((cs, ce)) => {
-                        busy += ce - cs;
-                        gaps.push((*dev, ce, s - ce));
-                        if gaps.len() > 4 * GAPS {
-                            keep_longest(&mut gaps);
-                        }
-                        cur = Some((s, e));
-                    }
-                    None => cur = Some((s, e)),
-                }
-            }
-            if let Some((cs, ce)) = cur {
-                busy += ce - cs;
-            }
-        }
-        keep_longest(&mut gaps);
+    /// The longest gaps (device, start, length) with the CPU operator running as each began.
+    fn gaps(&self, gaps: Vec<(i64, f64, f64)>, first: f64) -> Vec<Gap> {
         let gaps = gaps
             .into_iter()
             .map(|(device, start, dur)| Gap {
@@ -554,12 +572,18 @@ impl Summarizer {
                     .map(|o| self.op_names.get(o.name).to_string()),
             })
             .collect();
-        (busy, devices.len() as u64, gaps)
+        gaps
     }
 
     /// The iterations: the engine's annotations when present, else torch's `ProfilerStep#`,
-    /// with the kernels they launched and their CPU operator time.
-    fn steps(&mut self, meta: &Meta, first: f64, breakdown: Option<&mut Breakdown>) -> Vec<Step> {
+    /// with the kernels they launched, their CPU operator time and their explanation (with
+    /// the trace's own).
+    fn steps(
+        &mut self,
+        meta: &Meta,
+        first: f64,
+        breakdown: Option<&mut Breakdown>,
+    ) -> (Vec<Step>, Explained) {
         let mut annots = if self.execute_steps.is_empty() {
             std::mem::take(&mut self.profiler_steps)
         } else {
@@ -601,37 +625,45 @@ impl Summarizer {
                     cpu_op_us: 0.0,
                     kernel_us: 0.0,
                     kernel_count: 0,
+                    gpu: None,
                 }
             })
             .collect();
-        if steps.is_empty() {
-            return steps;
-        }
         // The step an instant falls in: the last starting at or before it, if it has not ended.
         let step_at = |t: f64| {
             let i = annots.partition_point(|a| a.ts <= t);
             (i > 0 && t <= annots[i - 1].end).then(|| i - 1)
         };
-        // Sorted by correlation, file order kept among equals: the last launch of an id wins.
-        self.launches.sort_by_key(|l| l.0);
+        let explained = explain(Inputs {
+            ops: &mut self.device_ops,
+            launches: &self.launches,
+            lanes: &self.lane_list,
+            step_at: &step_at,
+            steps: steps.len(),
+            gaps: GAPS,
+        });
+        for (step, gpu) in steps.iter_mut().zip(&explained.steps) {
+            step.gpu =
+                (gpu.timeline_us() > 0.0 || gpu.launches != LaunchStats::default()).then_some(*gpu);
+        }
+        if steps.is_empty() {
+            return (steps, explained);
+        }
         // Per (step, name id in the breakdown's table): count and time.
         let mut per_step: HashMap<(u32, u32), (u32, f64)> = HashMap::new();
         let op_base = self.kernel_names.names.len() as u32;
         let annotation_base = op_base + self.op_names.names.len() as u32;
         let keep = breakdown.is_some();
-        for (corr, dur, name) in &self.kernel_launches {
-            let after = self.launches.partition_point(|l| l.0 <= *corr);
-            let Some(&(c, launch)) = after.checked_sub(1).and_then(|i| self.launches.get(i)) else {
+        for op in self.device_ops.iter().filter(|o| o.name != NO_NAME) {
+            let Some(launch) = launch_of(&self.launches, op.corr) else {
                 continue;
             };
-            if c != *corr {
-                continue;
-            }
-            if let Some(i) = step_at(launch) {
+            if let Some(i) = step_at(launch.ts) {
+                let dur = op.end - op.ts;
                 steps[i].kernel_us += dur;
                 steps[i].kernel_count += 1;
                 if keep {
-                    let e = per_step.entry((i as u32, *name)).or_default();
+                    let e = per_step.entry((i as u32, op.name)).or_default();
                     e.0 += 1;
                     e.1 += dur;
                 }
@@ -712,7 +744,7 @@ impl Summarizer {
                 list.sort_by_key(|n| n.name);
             }
         }
-        steps
+        (steps, explained)
     }
 }
 
@@ -771,18 +803,12 @@ pub struct NameTime {
     pub us: f64,
 }
 
-/// Keeps the `GAPS` longest gaps, longest first.
-fn keep_longest(gaps: &mut Vec<(i64, f64, f64)>) {
-    gaps.sort_by(|a, b| b.2.total_cmp(&a.2));
-    gaps.truncate(GAPS);
-}
-
 impl EventSink for Summarizer {
     type Event<'de> = Event<'de>;
 
     fn event(&mut self, e: Event<'_>, _: &Meta) {
         self.events += 1;
-        let Some(ts) = e.ts else { return };
+        let Some(ts) = self.time(&e) else { return };
         let dur = e.dur.unwrap_or(0.0);
         let ph = e.ph.as_deref();
         if ph != Some("M") {
@@ -798,7 +824,12 @@ impl EventSink for Summarizer {
             self.device_event(&e, device, name, ts, dur);
         } else if is_launch_category(cat) {
             if let Some(c) = e.args().correlation {
-                self.launches.push((c, ts));
+                self.launches.push(Launch {
+                    corr: c,
+                    ts,
+                    dur: dur as f32,
+                    kind: CallKind::of(name),
+                });
             }
         } else if cat == "cpu_op" {
             let id = self.op_names.intern(name);
