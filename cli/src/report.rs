@@ -1,6 +1,9 @@
 //! `stepscope report`: a self-contained HTML page (inline SVG charts, no network) of one trace
 //! or of every rank of a run: time per step per rank, top kernels, the
-//! computation/communication/memory split, utilization, and the captured requests' waterfall.
+//! computation/communication/memory split, utilization, each step's device timeline and
+//! verdict (`explain.rs`), and the captured requests' waterfall.
+
+mod explain;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -385,6 +388,7 @@ pub fn render(reports: &[TraceReport], errors: &[TraceError]) -> String {
 
     body.push_str("<h2>Iterations</h2>");
     body.push_str(&steps_chart(reports));
+    body.push_str(&explain::section(reports, rank_label));
 
     // Top kernels over all ranks.
     let mut totals: HashMap<&str, (f64, u64)> = HashMap::new();

@@ -462,8 +462,31 @@ fn the_report_renders_in_headless_chromium_without_console_errors() {
         dom.contains("data-ready=\"1\""),
         "the page's script ran to the end"
     );
-    assert!(dom.contains("data-charts=\"4\""), "four charts rendered");
+    assert!(
+        dom.contains("data-charts=\"6\""),
+        "six charts rendered: four, and each rank's step explanation"
+    );
     assert!(dom.contains("rank 0") && dom.contains("rank 1"));
+    // Each step's bar carries the verdict `analyze` gives it.
+    let analyzed = stepscope(&["analyze", "--json", input.to_str().unwrap()]);
+    let doc: Value = serde_json::from_slice(&analyzed.stdout).unwrap();
+    for t in doc["traces"].as_array().unwrap() {
+        for s in t["steps"].as_array().unwrap() {
+            let v = &s["gpu"]["verdict"];
+            let bound = v["bound"].as_str().unwrap().replace('_', "-");
+            let share = 100.0 * v["part_us"].as_f64().unwrap() / v["of_us"].as_f64().unwrap();
+            let text = format!("{bound}-bound (");
+            let pct = format!(
+                " {share:.0}% of {:.3} ms)",
+                v["of_us"].as_f64().unwrap() / 1e3
+            );
+            assert!(
+                dom.contains(&text) && dom.contains(&pct),
+                "{}: {text}…{pct} on the page",
+                s["name"]
+            );
+        }
+    }
 }
 
 #[test]

@@ -419,3 +419,96 @@ fn bad_input_names_the_file_and_exits_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--alpha"));
 }
+
+/// Decode steps of 20 kernels of 20 µs: replayed as one CUDA graph (queued back to back), or
+/// launched one by one, each launch 15 µs after the kernel before ended (the GPU waits on
+/// the host between them).
+fn decode_trace(path: &Path, seed: u64, steps: usize, graphs: bool) {
+    let mut rng = Rng(seed);
+    let mut events = Vec::new();
+    let mut t = 1000.0;
+    let mut corr = 1u64;
+    for _ in 0..steps {
+        let start = t;
+        let mut at = t + 50.0 * (0.9 + 0.2 * rng.unit());
+        let kernel = |events: &mut Vec<Value>, corr: u64, ts: f64| {
+            events.push(
+                json!({"ph": "X", "cat": "kernel", "name": "decode_layer", "ts": ts,
+                "dur": 20.0, "pid": 0, "tid": 7,
+                "args": {"correlation": corr, "device": 0, "stream": 7}}),
+            );
+        };
+        if graphs {
+            events.push(
+                json!({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch",
+                "ts": at, "dur": 10, "pid": 1, "tid": 1, "args": {"correlation": corr}}),
+            );
+            for k in 0..20 {
+                kernel(&mut events, corr, at + 20.0 + 20.0 * k as f64);
+            }
+            at += 20.0 + 400.0;
+            corr += 1;
+        } else {
+            for _ in 0..20 {
+                events.push(
+                    json!({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                    "ts": at, "dur": 5, "pid": 1, "tid": 1, "args": {"correlation": corr}}),
+                );
+                kernel(&mut events, corr, at + 10.0);
+                corr += 1;
+                at += 10.0 + 20.0 + 15.0 * (0.9 + 0.2 * rng.unit());
+            }
+        }
+        t = at + 30.0;
+        events.push(json!({"ph": "X", "cat": "user_annotation",
+            "name": "execute_context_0(0)_generation_8(8)", "ts": start, "dur": t - start,
+            "pid": 1, "tid": 1}));
+        t += 10.0;
+    }
+    std::fs::write(path, json!({"traceEvents": events}).to_string()).unwrap();
+}
+
+#[test]
+fn a_slower_group_says_which_part_of_its_steps_moved_and_that_graphs_went_off() {
+    let dir = Scratch::empty("diff-why");
+    let (on, off) = (dir.join("graphs.json"), dir.join("eager.json"));
+    decode_trace(&on, 1, 60, true);
+    decode_trace(&off, 2, 60, false);
+    let d = diff_json(&on, &off, &[]);
+    let g = &d["groups"][0];
+    assert_eq!(g["group"], "decode 5-8 req 5-8 tok");
+    assert_eq!(g["verdict"], "slower", "{g}");
+    let gpu = &g["gpu"];
+    // Per step, before: 400 µs of computation, no gap inside; after: 400 µs of computation
+    // and 19 gaps between its kernels, each the 13.5-16.5 µs before the next launch plus the
+    // 10 µs from the launch to its kernel, all host wait (launched after the GPU went idle);
+    // the gap between steps is host wait on both sides, and 0-10 µs longer after.
+    assert_eq!(gpu["moved"][0]["part"], "host_wait", "{gpu}");
+    assert_eq!(gpu["moved"].as_array().unwrap().len(), 1, "{gpu}");
+    let host = gpu["moved"][0]["delta_us"].as_f64().unwrap();
+    assert!((19.0 * 23.5..=19.0 * 26.5 + 10.0).contains(&host), "{host}");
+    assert_eq!(gpu["launches"], json!([1.0, 20.0]));
+    assert_eq!(gpu["graphs"], "CUDA graphs off");
+    // Each side's steps are judged in `analyze` too: compute-bound before, host-bound after.
+    for (path, bound) in [(&on, "compute"), (&off, "host")] {
+        let a = stepscope(&["analyze", "--json", path.to_str().unwrap()]);
+        let doc: Value = serde_json::from_slice(&a.stdout).unwrap();
+        let groups = &doc["traces"][0]["groups"];
+        assert_eq!(groups[0]["verdict"]["bound"], bound, "{groups}");
+        for s in doc["traces"][0]["steps"].as_array().unwrap() {
+            assert_eq!(s["gpu"]["verdict"]["bound"], bound);
+        }
+    }
+    // The text says it in one line.
+    let out = stepscope(&["diff", on.to_str().unwrap(), off.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let why = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("why:"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        why.contains(": host wait +")
+            && why.contains("launches per step 1 → 20 (graph replays 1 → 0: CUDA graphs off)"),
+        "{why}"
+    );
+}

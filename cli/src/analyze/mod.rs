@@ -1,6 +1,7 @@
 //! `stepscope analyze`: what a trace's GPU did, per kernel, per iteration, per rank, and with
 //! `--requests` per request ([`requests`]).
 
+pub mod explain;
 pub mod requests;
 
 use std::collections::HashMap;
@@ -135,6 +136,7 @@ pub fn render(r: &TraceReport) -> String {
         pct(r.split.communication_us),
         pct(r.split.memory_us)
     ));
+    o.push_str(&explain::render_trace(&r.gpu));
     if !r.kernels.by_name.is_empty() {
         o.push_str("\n  total       count    mean      max   kind           kernel\n");
         for k in &r.kernels.by_name {
@@ -176,6 +178,8 @@ pub fn render(r: &TraceReport) -> String {
             ));
         }
     }
+    o.push_str(&explain::render_steps(&r.steps));
+    o.push_str(&explain::render_groups(&explain::groups(&r.steps)));
     if let Some(slow) = r.trigger.as_ref().map(|t| t.slow_step) {
         o.push_str(&format!(
             "\n  captured after slow step {} ({})\n",
@@ -341,7 +345,15 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
             .iter()
             .map(|e| serde_json::json!({"file": e.path.display().to_string(), "error": e.message}))
             .collect();
-        let mut doc = serde_json::json!({"traces": reports, "ranks": rows, "errors": errs});
+        let mut traces = serde_json::to_value(&reports)
+            .map_err(|e| crate::Error::Usage(format!("cannot write the analysis as JSON: {e}")))?;
+        // Each trace's groups of like steps beside its steps.
+        if let Some(list) = traces.as_array_mut() {
+            for (t, r) in list.iter_mut().zip(&reports) {
+                t["groups"] = serde_json::json!(explain::groups(&r.steps));
+            }
+        }
+        let mut doc = serde_json::json!({"traces": traces, "ranks": rows, "errors": errs});
         if wanted {
             let by_trace: Vec<serde_json::Value> = reports
                 .iter()

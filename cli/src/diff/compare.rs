@@ -3,11 +3,12 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
-use stepscope_format::trace::{Breakdown, Summary};
+use stepscope_format::trace::{Breakdown, GpuTime, Summary};
 
 use super::names::{self, NameRow, Totals};
 use super::noise;
 use super::shape::GroupKey;
+use super::why::{self, GpuChange};
 use crate::stats::{median, percentile};
 
 /// One capture of a side: its summary, and what each step ran when its trace was read.
@@ -133,6 +134,9 @@ pub struct GroupDiff {
     pub names_compared: bool,
     /// Per name, largest change first (the top N).
     pub names: Vec<NameRow>,
+    /// Which part of its steps' device timeline moved, when both sides had device work.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuChange>,
 }
 
 /// A side's device time, per step over all its captures.
@@ -291,6 +295,8 @@ fn gpu_side<'a>(captures: impl Iterator<Item = &'a Capture>) -> GpuSide {
 struct SideGroups {
     times: BTreeMap<GroupKey, Vec<f64>>,
     names: HashMap<GroupKey, Totals>,
+    /// The steps' explanations summed, per group.
+    gpu: HashMap<GroupKey, GpuTime>,
 }
 
 fn side_groups(captures: &[Capture]) -> SideGroups {
@@ -299,6 +305,9 @@ fn side_groups(captures: &[Capture]) -> SideGroups {
         for (i, step) in c.summary.steps.iter().enumerate() {
             let key = GroupKey::of(&step.name);
             out.times.entry(key).or_default().push(step.dur_us);
+            if let Some(g) = &step.gpu {
+                out.gpu.entry(key).or_default().add(g);
+            }
             let Some(b) = &c.breakdown else { continue };
             let totals = out.names.entry(key).or_default();
             for n in b.steps.get(i).into_iter().flatten() {
@@ -360,12 +369,17 @@ pub fn compare(
         if top > 0 {
             rows.truncate(top);
         }
+        let gpu = match (b.gpu.get(&key), a.gpu.get(&key)) {
+            (Some(x), Some(y)) => Some(why::change(x.per(bt.len()), y.per(at.len()))),
+            _ => None,
+        };
         groups.push(GroupDiff {
             group: key.label(),
             key,
             judged: j,
             names_compared,
             names: rows,
+            gpu,
         });
     }
     decide(groups.iter_mut().map(|g| &mut g.judged), &settings);

@@ -173,6 +173,9 @@ pub fn render(r: &DiffReport, errors: &[TraceError]) -> String {
             esc(&g.group),
             esc(&verdict(&g.judged))
         );
+        if let Some(c) = &g.gpu {
+            let _ = write!(body, "<p>{}</p>", esc(&super::render::why_line(c)));
+        }
         if !g.names_compared {
             body.push_str("<p class=\"note\">Names not compared: some captures were read from manifests.</p></section>");
             continue;

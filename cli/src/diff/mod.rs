@@ -16,6 +16,7 @@ pub mod names;
 pub mod noise;
 pub mod render;
 pub mod shape;
+pub mod why;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use super::compare::{DiffReport, GpuSide, GroupDiff, Judged, SideInfo, Verdict};
 use super::names::{NameRow, PerStep, Status};
+use super::why::GpuChange;
 use crate::text::short;
 
 /// A duration in µs, in the unit that reads best.
@@ -104,6 +105,31 @@ fn name_rows(o: &mut String, rows: &[NameRow]) {
             short(&r.name, 100)
         );
     }
+}
+
+/// `why: device timeline +2.10 ms/step: host wait +2.05 ms; launches per step 412 → 1630`.
+pub fn why_line(c: &GpuChange) -> String {
+    let mut o = format!(
+        "why: device timeline {} per step",
+        signed(c.timeline_delta_us)
+    );
+    if !c.moved.is_empty() {
+        let parts: Vec<String> = c
+            .moved
+            .iter()
+            .map(|m| format!("{} {}", m.part.as_str(), signed(m.delta_us)))
+            .collect();
+        let _ = write!(o, ": {}", parts.join(", "));
+    }
+    let [lb, la] = c.launches;
+    if (la - lb).abs() >= 0.5 {
+        let _ = write!(o, "; launches per step {lb:.0} → {la:.0}");
+        if let Some(g) = c.graphs {
+            let [gb, ga] = c.graph_launches;
+            let _ = write!(o, " (graph replays {gb:.0} → {ga:.0}: {g})");
+        }
+    }
+    o
 }
 
 fn gpu_rows(o: &mut String, [b, a]: &[GpuSide; 2]) {
@@ -215,7 +241,7 @@ pub fn render(r: &DiffReport) -> String {
     };
     for g in shown
         .iter()
-        .filter(|g| g.names_compared && !g.names.is_empty())
+        .filter(|g| (g.names_compared && !g.names.is_empty()) || g.gpu.is_some())
     {
         let _ = writeln!(
             o,
@@ -223,7 +249,12 @@ pub fn render(r: &DiffReport) -> String {
             g.group,
             g.judged.verdict.as_str()
         );
-        name_rows(&mut o, &g.names);
+        if let Some(c) = &g.gpu {
+            let _ = writeln!(o, "  {}", why_line(c));
+        }
+        if g.names_compared && !g.names.is_empty() {
+            name_rows(&mut o, &g.names);
+        }
     }
     if let Some(gpu) = &r.gpu {
         gpu_rows(&mut o, gpu);

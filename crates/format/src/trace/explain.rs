@@ -332,6 +332,9 @@ pub struct GpuTime {
     pub sync_us: f64,
     /// Launches.
     pub launches: LaunchStats,
+    /// What bounds it ([`GpuTime::judge`] of the figures above; absent with no device time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<Verdict>,
 }
 
 impl GpuTime {
@@ -342,7 +345,7 @@ impl GpuTime {
 
     /// The verdict: the largest of host wait, computation, exposed communication, copies and
     /// dependency wait (in that order on a tie); `None` with no device time.
-    pub fn verdict(&self) -> Option<Verdict> {
+    pub fn judge(&self) -> Option<Verdict> {
         let of = self.timeline_us();
         if of <= 0.0 {
             return None;
@@ -385,6 +388,7 @@ impl GpuTime {
         l.short += m.short;
         l.delay_median_us = None;
         l.delay_p90_us = None;
+        self.verdict = self.judge();
     }
 
     /// Every additive figure divided by `n` (per step of a group); counts become means.
@@ -602,6 +606,9 @@ pub(crate) fn explain(inp: Inputs<'_>) -> Explained {
         busy_only(run, g);
     }
 
+    for g in steps.iter_mut().chain([&mut trace]) {
+        g.verdict = g.judge();
+    }
     let streams = stream_idle(inp.ops, inp.launches, inp.lanes);
     Explained {
         trace,
@@ -935,7 +942,7 @@ mod tests {
         assert!(near(g.busy_us, 150.0) && near(g.busy.computation_us, 150.0));
         assert!(near(g.idle.host_wait_us, 500.0), "{g:?}");
         assert_eq!(g.idle.dependency_wait_us, 0.0);
-        let v = g.verdict().unwrap();
+        let v = g.verdict.unwrap();
         assert_eq!(v.bound, Bound::Host);
         assert!(near(v.share(), 500.0 / 650.0));
         // Launch delay: each kernel starts 10 µs after its call ended; none ran shorter than
@@ -964,10 +971,10 @@ mod tests {
         let g = s.steps[0].gpu.unwrap();
         assert!(near(g.busy.computation_us, 798.0));
         assert!(near(g.idle.dependency_wait_us, 2.0) && g.idle.host_wait_us == 0.0);
-        assert_eq!(g.verdict().unwrap().bound, Bound::Compute);
+        assert_eq!(g.verdict.unwrap().bound, Bound::Compute);
         // The trace alike; and the median delay (99, 298, 499, 696 µs after the calls ended)
         // interpolated between the middle two.
-        assert_eq!(s.gpu.verdict().unwrap().bound, Bound::Compute);
+        assert_eq!(s.gpu.verdict.unwrap().bound, Bound::Compute);
         assert_eq!(g.launches.delay_median_us, Some((298.0 + 499.0) / 2.0));
     }
 
@@ -994,7 +1001,7 @@ mod tests {
         assert!(near(g.busy.communication_us, 400.0));
         assert!(near(g.communication_overlapped_us, 100.0));
         assert!(near(g.busy.computation_us, 100.0));
-        let v = g.verdict().unwrap();
+        let v = g.verdict.unwrap();
         assert_eq!((v.bound, v.part_us), (Bound::Communication, 400.0));
     }
 
@@ -1063,7 +1070,7 @@ mod tests {
         assert!(near(g.busy.computation_us, 100.0));
         assert!(near(g.busy_us, 650.0));
         assert_eq!(g.launches.copy_launches, 3);
-        assert_eq!(g.verdict().unwrap().bound, Bound::Copy);
+        assert_eq!(g.verdict.unwrap().bound, Bound::Copy);
     }
 
     #[test]
