@@ -95,6 +95,41 @@ typedef struct stepscope_iteration {
   uint32_t num_gen_tokens;
 } stepscope_iteration;
 
+/**
+ * One phase's work sums (vLLM's `detailed_trace_annotation` sums), over its requests, `q`
+ * a request's scheduled tokens and `seq` its computed plus scheduled tokens.
+ */
+typedef struct stepscope_phase_work {
+  /**
+   * Σ seq: the KV length the phase attends over.
+   */
+  uint64_t seq_len_sum;
+  /**
+   * Σ q².
+   */
+  uint64_t qq_compute;
+  /**
+   * Σ q·seq.
+   */
+  uint64_t qk_compute;
+} stepscope_phase_work;
+
+/**
+ * An iteration's work per phase: recorded in the trace's header for `stepscope analyze`'s
+ * floor of the step, and named in the iteration's annotation with
+ * `detailed_trace_annotation`.
+ */
+typedef struct stepscope_iteration_work {
+  /**
+   * Context (prefill) requests' sums.
+   */
+  struct stepscope_phase_work ctx;
+  /**
+   * Generation (decode) requests' sums.
+   */
+  struct stepscope_phase_work gen;
+} stepscope_iteration_work;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -200,6 +235,31 @@ int stepscope_stop(struct stepscope_profiler *p);
  * `p` is a live handle; `iteration` is NULL or valid for the call.
  */
 int stepscope_step(struct stepscope_profiler *p, const struct stepscope_iteration *iteration);
+
+/**
+ * `stepscope_step` with the iteration's work per phase (NULL: unknown), for engines that
+ * know each request's context length: the trace's header records it and `stepscope analyze`
+ * holds the step against its floor.
+ *
+ * # Safety
+ * `p` is a live handle; `iteration` and `work` are each NULL or valid for the call.
+ */
+int stepscope_step_with_work(struct stepscope_profiler *p,
+                             const struct stepscope_iteration *iteration,
+                             const struct stepscope_iteration_work *work);
+
+/**
+ * Records the served model's shape, `json` a UTF-8 JSON object of stepscope's model fields
+ * (`layers`, `hidden_size`, `heads`, `kv_heads`, `head_dim`, `intermediate_size`,
+ * `gated_mlp`, `vocab_size`, `params`, `weight_dtype`, `kv_cache_dtype`, `tensor_parallel`,
+ * `experts`, `experts_per_token`, `architecture`, `unknown`; see docs/analyze.md), in the
+ * header and manifest of the traces written from now on. An unknown field or a bad value is
+ * `STEPSCOPE_ERR_INVALID_ARGUMENT`, naming it.
+ *
+ * # Safety
+ * `p` is a live handle; `json` is NULL or a NUL-terminated string valid for the call.
+ */
+int stepscope_set_model_json(struct stepscope_profiler *p, const char *json);
 
 /**
  * `stepscope_step` for an iteration serving `n_ids` requests: with `"stepscope":

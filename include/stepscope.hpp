@@ -122,6 +122,11 @@ class Profiler {
   }
   // The worker's global rank, for the config's "stepscope": {"ranks": [...]}.
   void set_rank(std::uint32_t rank) { detail::check(stepscope_set_rank(p_, rank)); }
+  // The served model's shape as JSON (stepscope's model fields), for the traces written from
+  // now on; a bad field throws stepscope::Error naming it.
+  void set_model_json(const std::string &json) {
+    detail::check(stepscope_set_model_json(p_, json.c_str()));
+  }
   // The profiler's state as JSON (phase, step index, window, pending writes, ...).
   std::string status_json() const {
     std::size_t needed = 0;
@@ -159,6 +164,12 @@ class Profiler {
   }
   // The same with unknown counts.
   [[nodiscard]] IterationGuard step() noexcept { return IterationGuard(p_, stepscope_step(p_, nullptr)); }
+  // One iteration with its work per phase (vLLM's detailed sums): recorded in the trace's
+  // header for `stepscope analyze`'s floor of the step.
+  [[nodiscard]] IterationGuard step(const stepscope_iteration &counts,
+                                    const stepscope_iteration_work &work) noexcept {
+    return IterationGuard(p_, stepscope_step_with_work(p_, &counts, &work));
+  }
   // The same for an iteration serving these requests (read only when it is captured, with
   // "stepscope": {"request_ids": true}). Collect ids only while wants_request_ids().
   [[nodiscard]] IterationGuard step(const stepscope_iteration &counts, const char *const *ids,

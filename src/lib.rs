@@ -44,7 +44,7 @@ use stepscope_core::sys;
 pub use stepscope_core::{config, iteration, schedule};
 use stepscope_format::error;
 use stepscope_format::files;
-pub use stepscope_format::{manifest, trace};
+pub use stepscope_format::{manifest, model, trace};
 
 pub use config::ProfilerConfig;
 pub use error::{Error, IoSource, Result};

@@ -85,10 +85,38 @@ pub struct Inputs {
     pub from_traces: bool,
 }
 
+/// What a step's floor is computed with, where the trace does not say (see docs/analyze.md).
+#[derive(Args, Clone, Default)]
+pub struct FloorArgs {
+    /// The device's peak compute for the floor, TFLOP/s (dense, for the weights' dtype):
+    /// instead of stepscope's table for the trace's device
+    #[arg(long, value_name = "TFLOPS", value_parser = positive)]
+    pub peak_tflops: Option<f64>,
+    /// The device's peak memory bandwidth for the floor, GB/s
+    #[arg(long, value_name = "GBS", value_parser = positive)]
+    pub peak_gbs: Option<f64>,
+    /// The served model's Hugging Face config.json, for traces that do not record the model's
+    /// shape (vLLM's own, or an engine without the plugin); replaces a recorded shape
+    #[arg(long, value_name = "CONFIG")]
+    pub model: Option<PathBuf>,
+    /// With --model: tensor-parallel ranks (default 1)
+    #[arg(long, value_name = "N", requires = "model")]
+    pub tensor_parallel: Option<u32>,
+}
+
+fn positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number")),
+    }
+}
+
 #[derive(Args)]
 pub struct AnalyzeArgs {
     #[command(flatten)]
     pub inputs: Inputs,
+    #[command(flatten)]
+    pub floor: FloorArgs,
     /// Print {"traces": [...], "ranks": [...], "errors": [...]} instead of tables
     #[arg(long)]
     pub json: bool,
@@ -190,6 +218,8 @@ pub struct DiffArgs {
     /// Compare step times and device totals only, from the manifests where they have a summary
     #[arg(long)]
     pub steps_only: bool,
+    #[command(flatten)]
+    pub floor: FloorArgs,
 }
 
 fn non_negative(s: &str) -> Result<f64, String> {
@@ -213,6 +243,8 @@ pub struct MergeArgs {
 pub struct ReportArgs {
     #[command(flatten)]
     pub inputs: Inputs,
+    #[command(flatten)]
+    pub floor: FloorArgs,
     /// Output HTML file
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,

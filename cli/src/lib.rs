@@ -6,6 +6,7 @@ pub mod ctl;
 pub mod diff;
 pub mod error;
 pub mod flags;
+pub mod floor;
 pub mod load;
 pub mod merge;
 pub mod par;

@@ -454,7 +454,8 @@ pub fn render(reports: &[TraceReport], errors: &[TraceError]) -> String {
 
 /// `stepscope report`.
 pub fn command(r: &crate::flags::ReportArgs) -> Result<std::process::ExitCode, crate::Error> {
-    let loaded = crate::load::load(&r.inputs, 50)?;
+    let mut loaded = crate::load::load(&r.inputs, 50)?;
+    crate::floor::apply(loaded.reports.iter_mut().map(|r| &mut r.summary), &r.floor)?;
     if loaded.reports.is_empty() {
         return Err(crate::Error::NothingRead);
     }

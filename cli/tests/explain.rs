@@ -225,3 +225,164 @@ fn each_steps_graph_replays_and_their_kernels_equal_a_count_from_the_raw_json() 
     assert_eq!(l["graph_launches"], 70);
     assert_eq!(l["graph_kernels"], per_replay.values().sum::<u64>());
 }
+
+/// A decode step of 64 requests at 1,000 tokens of context each, as vLLM names it with
+/// `detailed_trace_annotation`, running one kernel.
+fn floor_trace(dir: &Path, with_model: bool) -> std::path::PathBuf {
+    let mut events = Vec::new();
+    let name = "execute_64_context_0(sq0sk0sqsq0sqsk0)_generation_64(sq64sk64064sqsq64sqsk64064)";
+    for i in 0..3u64 {
+        let t = 1000.0 + 30_000.0 * i as f64;
+        events.push(
+            serde_json::json!({"ph": "X", "cat": "user_annotation", "name": name,
+            "ts": t, "dur": 20_000.0, "pid": 1, "tid": 1}),
+        );
+        events.push(serde_json::json!({"ph": "X", "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel", "ts": t + 10.0, "dur": 5.0, "pid": 1, "tid": 1,
+            "args": {"correlation": i + 1}}));
+        events.push(
+            serde_json::json!({"ph": "X", "cat": "kernel", "name": "decode",
+            "ts": t + 20.0, "dur": 16_000.0, "pid": 0, "tid": 7,
+            "args": {"correlation": i + 1, "device": 0, "stream": 7}}),
+        );
+    }
+    let mut doc = serde_json::json!({
+        "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
+        "traceEvents": events,
+    });
+    if with_model {
+        doc["stepscope"] = serde_json::json!({"model": {
+            "architecture": "LlamaForCausalLM", "layers": 32, "hidden_size": 4096, "heads": 32,
+            "kv_heads": 32, "head_dim": 128, "intermediate_size": 11008, "gated_mlp": true,
+            "vocab_size": 32000, "weight_dtype": "bfloat16", "kv_cache_dtype": "bfloat16",
+            "tensor_parallel": 1}});
+    }
+    let path = dir.join(if with_model {
+        "with.json"
+    } else {
+        "without.json"
+    });
+    std::fs::write(&path, doc.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn each_step_is_held_against_its_floor_from_the_trace_or_the_command_line() {
+    let dir = stepscope_test_doubles::Scratch::empty("explain-floor");
+    let with = floor_trace(&dir, true);
+    let t = analyze(&with);
+    assert_eq!(t["peaks"]["tflops"], 989.4, "{}", t["peaks"]);
+    let steps = t["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 3);
+    for s in steps {
+        let fl = &s["floor"];
+        assert_eq!(fl["bound"], "memory", "{fl}");
+        let floor = f(&fl["floor_us"]);
+        // 13.5 GB of weights and 33.6 GB of KV at 3.35 TB/s (crates/format/tests/floor.rs
+        // checks the figures themselves).
+        assert!((13_500.0..14_500.0).contains(&floor), "{floor}");
+        close("of wall", f(&fl["of_wall"]), floor / 20_000.0, 1e-9);
+        close("of busy", f(&fl["of_busy"]), floor / 16_000.0, 1e-9);
+    }
+    // The command line's bandwidth replaces the table's.
+    let out = stepscope(&[
+        "analyze",
+        "--json",
+        "--peak-gbs",
+        "1675",
+        with.to_str().unwrap(),
+    ]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let twice = f(&doc["traces"][0]["steps"][0]["floor"]["floor_us"]);
+    close(
+        "half the bandwidth",
+        twice,
+        2.0 * f(&steps[0]["floor"]["floor_us"]),
+        1e-6,
+    );
+    // The text: a row per step and the group's.
+    let out = stepscope(&["analyze", with.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("each step against its floor"), "{text}");
+    assert!(text.contains("memory bandwidth"), "{text}");
+
+    // Without the model's shape: said once, and --model gives it.
+    let without = floor_trace(&dir, false);
+    let t = analyze(&without);
+    assert!(
+        t["floor_missing"]
+            .as_str()
+            .is_some_and(|m| m.contains("no model shape") && m.contains("--model")),
+        "{}",
+        t["floor_missing"]
+    );
+    assert!(t["steps"][0]["floor"].is_null());
+    let config = dir.join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096,
+            "num_attention_heads": 32, "intermediate_size": 11008, "vocab_size": 32000,
+            "hidden_act": "silu", "torch_dtype": "bfloat16"}"#,
+    )
+    .unwrap();
+    let out = stepscope(&[
+        "analyze",
+        "--json",
+        "--model",
+        config.to_str().unwrap(),
+        without.to_str().unwrap(),
+    ]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    close(
+        "the floor from --model",
+        f(&doc["traces"][0]["steps"][0]["floor"]["floor_us"]),
+        f(&steps[0]["floor"]["floor_us"]),
+        1e-9,
+    );
+    // A bad config names the file.
+    std::fs::write(&config, "[1, 2]").unwrap();
+    let out = stepscope(&[
+        "analyze",
+        "--model",
+        config.to_str().unwrap(),
+        without.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("config.json") && err.contains("not a JSON object"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_real_gpu_trace_without_work_numbers_says_why_it_has_no_floor() {
+    let t = analyze(&data("trace_filter__sampled_rank-0.json.gz"));
+    let why = t["floor_missing"].as_str().unwrap();
+    assert!(
+        why.contains("no step carries its work") && why.contains("no model shape"),
+        "{why}"
+    );
+    assert!(t["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["floor"].is_null()));
+    // Even with a model and peaks given, no figure is invented without the steps' work.
+    let out = stepscope(&[
+        "analyze",
+        "--json",
+        "--peak-tflops",
+        "312",
+        "--peak-gbs",
+        "2039",
+        data("trace_filter__sampled_rank-0.json.gz")
+            .to_str()
+            .unwrap(),
+    ]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc["traces"][0]["floor_missing"]
+        .as_str()
+        .unwrap()
+        .contains("no step carries its work"));
+}

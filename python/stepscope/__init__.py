@@ -203,6 +203,31 @@ class WorkerProfiler(_NativeWorkerProfiler):
         is replaced. Only the torch backend writes traces; the others ignore it."""
         self._set_trace_metadata_json(key, json.dumps(value))
 
+    def set_model(
+        self,
+        config: Mapping[str, Any] | str,
+        *,
+        tensor_parallel: int | None = None,
+        weight_dtype: str | None = None,
+        kv_cache_dtype: str | None = None,
+        params: int | None = None,
+    ) -> dict[str, Any]:
+        """Records the served model's shape in the header and manifest of the traces written
+        from now on, for ``stepscope analyze``'s floor of each step: ``config`` is its Hugging
+        Face config (a mapping, or ``config.json``'s text), read in Rust; the rest is what only
+        the engine knows. Returns the shape recorded (what could not be told is listed in its
+        ``unknown``)."""
+        text = config if isinstance(config, str) else json.dumps(dict(config), default=str)
+        return json.loads(
+            self._set_model(
+                text,
+                tensor_parallel=tensor_parallel,
+                weight_dtype=weight_dtype,
+                kv_cache_dtype=kv_cache_dtype,
+                params=params,
+            )
+        )
+
     def shutdown(self) -> None:
         """The engine loop has ended (vLLM's ``shutdown()``): stops a running session, then
         waits, up to ``stepscope.flush_timeout_s``, for traces still being written, as vLLM's

@@ -68,6 +68,7 @@ class Iteration:
         request_ids: list[str] | None = None,
         request_tokens: list[int] | None = None,
         request_prefill: list[bool] | None = None,
+        request_computed: list[int] | None = None,
     ) -> Self: ...
     @property
     def request_ids(self) -> list[str] | None:
@@ -133,6 +134,15 @@ class WorkerProfiler:
         a name not used yet. A name that is empty, starts with ``.`` or holds a path separator
         raises ValueError; while a session is active nothing changes and False is returned."""
     def _set_trace_metadata_json(self, key: str, json_value: str) -> None: ...
+    def _set_model(
+        self,
+        config_json: str,
+        *,
+        tensor_parallel: int | None = None,
+        weight_dtype: str | None = None,
+        kv_cache_dtype: str | None = None,
+        params: int | None = None,
+    ) -> str: ...
     def _reconfigure(self, config: Union[Mapping[str, Any], str, os.PathLike[str]]) -> bool: ...
     @property
     def config_json(self) -> str:

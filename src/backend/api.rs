@@ -5,6 +5,7 @@ use crate::config::ProfilerConfig;
 use crate::error::Result;
 use crate::flush::PendingWrites;
 use crate::iteration::{IterationInfo, RequestIds};
+use crate::model::ModelShape;
 use crate::schedule::{CutShort, SlowStepSeen};
 
 /// What a backend learns when a capture starts.
@@ -105,6 +106,10 @@ pub trait Backend: Send {
     /// being valid JSON (e.g. vLLM's `vllm_version`, torch's `distributedInfo`); a key given
     /// again replaces its value. Backends that write no trace ignore it (the default).
     fn set_trace_metadata(&mut self, _key: &str, _json_value: &str) {}
+
+    /// The served model's shape, for the header and manifest of the traces written from now
+    /// on. Backends that write no trace ignore it (the default).
+    fn set_model(&mut self, _model: &ModelShape) {}
 
     /// The backend's count of background writes, if it writes in the background. The profiler
     /// waits on it for `flush()` without holding its own lock.

@@ -34,6 +34,7 @@ use crate::error::{Error, Result};
 use crate::flush::{self, HowToWrite, Job, PendingWrites, Writer};
 use crate::iteration::{IterationInfo, RequestIds};
 use crate::manifest::Manifest;
+use crate::model::ModelShape;
 use crate::schedule::{CutShort, SlowStepSeen};
 use crate::trace::{Captured, StepRequests, TraceHeader, Trigger};
 
@@ -98,7 +99,8 @@ struct Session {
     start_unix_ns: u128,
     /// The slow step this capture follows.
     trigger: Option<SlowStepSeen>,
-    /// The requests of each captured iteration (`stepscope.request_ids`), in step order.
+    /// The requests (`stepscope.request_ids`) and work of each captured iteration, in step
+    /// order.
     steps: Vec<StepRequests>,
     /// Why the capture ended early, when the budget ended it.
     cut_short: Option<CutShort>,
@@ -124,6 +126,8 @@ pub struct TorchBackend {
     local_rank: u32,
     /// Header keys set by the engine (`set_trace_metadata`), added to every trace.
     metadata: Vec<(String, String)>,
+    /// The served model's shape (`set_model`), in every trace's header and manifest.
+    model: Option<ModelShape>,
     writer: Writer,
     /// `stepscope.min_free_disk_mb`.
     min_free_disk_mb: u64,
@@ -236,6 +240,7 @@ impl TorchBackend {
             session: None,
             local_rank,
             metadata: Vec::new(),
+            model: None,
             writer,
             min_free_disk_mb: config.stepscope.budget.min_free_disk_mb,
             max_held_bytes: config.capture_budget().max_growth_bytes,
@@ -340,6 +345,7 @@ impl TorchBackend {
                 .map(|slow_step| Trigger { slow_step }),
             steps,
             cut_short: session.and_then(|s| s.cut_short),
+            model: self.model.clone(),
         };
         // Metadata only enters the trace while the profiler is live, so before disabling.
         // torch.profiler's own keys first (a fresh trace id, the options recorded), then the
@@ -380,6 +386,7 @@ impl TorchBackend {
                     .collect()
             }),
             steps: Some(std::mem::take(&mut header.steps)).filter(|s| !s.is_empty()),
+            model: header.model.take(),
             ..Manifest::default()
         };
         let how = HowToWrite {
@@ -532,12 +539,23 @@ impl Backend for TorchBackend {
         }
     }
 
-    fn begin_iteration(&mut self, step: u64, _info: &IterationInfo, name: &str) {
+    fn begin_iteration(&mut self, step: u64, info: &IterationInfo, name: &str) {
         if self.kineto != KinetoState::Enabled {
             return;
         }
         if let Some(s) = self.session.as_mut() {
             s.captured.add(step);
+            if let Some(work) = info.work() {
+                // Beside the step's requests when `record_requests` listed them just before.
+                match s.steps.last_mut().filter(|r| r.step == step) {
+                    Some(r) => r.work = Some(work),
+                    None => s.steps.push(StepRequests {
+                        step,
+                        work: Some(work),
+                        ..StepRequests::default()
+                    }),
+                }
+            }
         }
         if !self.annotate {
             return;
@@ -587,12 +605,17 @@ impl Backend for TorchBackend {
                 requests: ids,
                 tokens,
                 prefill,
+                work: None,
             });
         }
     }
 
     fn uses_names(&self) -> bool {
         self.annotate
+    }
+
+    fn set_model(&mut self, model: &ModelShape) {
+        self.model = Some(model.clone());
     }
 
     fn set_trace_metadata(&mut self, key: &str, json_value: &str) {

@@ -448,6 +448,12 @@ impl WorkerProfiler {
         Ok(())
     }
 
+    /// Records the served model's shape in the header and manifest of the traces written
+    /// from now on (the torch backend's), for `stepscope analyze`'s floor of each step.
+    pub fn set_model(&self, model: &crate::model::ModelShape) {
+        self.inner.lock().backend.set_model(model);
+    }
+
     /// Names the next session's traces (vLLM's `set_output_name`): they are
     /// `{name}.{time_ns}.pt.trace.json.gz`. A name that is no file name is an
     /// [`Error::InvalidArgument`] naming `worker_name`, as [`WorkerProfiler::set_trace_name`]'s

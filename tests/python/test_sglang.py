@@ -1014,3 +1014,64 @@ def test_a_windows_request_log_is_on_disk_when_its_stop_returns_and_analyze_join
     assert joined is not None, by_id["b"]
     assert (joined["prompt_tokens"], joined["output_tokens"]) == (20, 2)
     assert by_id["a"]["log"]["output_tokens"] == 2 and by_id["a"]["log"]["finish"] == "length"
+
+
+def test_a_batchs_work_is_sglangs_own_detailed_annotation():
+    """Each forward batch's work, summed by stepscope's core from the counts the plugin reads
+    (extend_lens and prefix_lens, seq_lens_cpu in decode), equals what SGLang's own detailed
+    step-span annotation computes for the same batch (``build_detailed_annotation_suffix`` on
+    the ForwardBatch fields ``ForwardBatch.init_new`` copies from it)."""
+    import re
+
+    import torch
+    from sglang.srt.model_executor.step_span_utils import build_detailed_annotation_suffix
+
+    def sglangs(batch):
+        forward = SimpleNamespace(
+            forward_mode=batch.forward_mode,
+            seq_lens_cpu=batch.seq_lens_cpu,
+            extend_seq_lens_cpu=list(batch.extend_lens or []) or None,
+            extend_prefix_lens_cpu=list(batch.prefix_lens or []) or None,
+            spec_info=None,
+        )
+        text = build_detailed_annotation_suffix(forward)
+        sums = {k: int(v) for k, v in re.findall(r"([cg]_s\w+)=(\d+)", text)}
+        return {
+            phase: {k: sums.get(f"{phase[0]}_{k}", 0) for k in ("sq", "sk", "sqsq", "sqsk")}
+            for phase in ("context", "generation")
+        }
+
+    def ours(batch):
+        name = plugin.iteration_of(batch, shares=True).name(detailed=True)
+        m = re.fullmatch(
+            r"execute_\d+_context_\d+\(sq(\d+)sk(\d+)sqsq(\d+)sqsk(\d+)\)"
+            r"_generation_\d+\(sq(\d+)sk(\d+)sqsq(\d+)sqsk(\d+)\)",
+            name,
+        )
+        assert m, name
+        n = [int(x) for x in m.groups()]
+        keys = ("sq", "sk", "sqsq", "sqsk")
+        return {
+            "context": dict(zip(keys, n[:4], strict=True)),
+            "generation": dict(zip(keys, n[4:], strict=True)),
+        }
+
+    def reqs(n):
+        return [SimpleNamespace(rid=str(i)) for i in range(n)]
+
+    extend = SimpleNamespace(
+        forward_mode=P, reqs=reqs(2), extend_num_tokens=300, extend_lens=[150, 150],
+        prefix_lens=[0, 64], decoding_reqs=None, seq_lens_cpu=torch.tensor([150, 214]),
+    )  # fmt: skip
+    decode = SimpleNamespace(
+        forward_mode=D, reqs=reqs(3), extend_lens=None, prefix_lens=None,
+        seq_lens_cpu=torch.tensor([11, 21, 301]),
+    )  # fmt: skip
+    mixed = SimpleNamespace(
+        forward_mode=M, reqs=reqs(3), extend_num_tokens=42, extend_lens=[40, 1, 1],
+        prefix_lens=[128, 10, 20], decoding_reqs=None, seq_lens_cpu=torch.tensor([168, 11, 21]),
+    )  # fmt: skip
+    mixed.decoding_reqs = mixed.reqs[1:]
+    for batch in (extend, decode, mixed):
+        assert ours(batch) == sglangs(batch), batch.forward_mode
+    assert ours(extend)["context"]["sk"] == 150 + 214

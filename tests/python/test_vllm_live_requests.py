@@ -10,8 +10,13 @@ read through `GET /stepscope/requests` and `stepscope ctl requests`:
   what cost them most;
 - preemption: with a KV cache too small for three long requests at once, a preempted request
   shows its preemption and its return;
-- in a capture (`"request_ids": true`): each captured iteration's requests with their tokens
-  and phases sum to vLLM's own counts (the iteration's name); `stepscope analyze --requests`
+- in a capture (`"request_ids": true`, vLLM's `detailed_trace_annotation` on): each captured
+  iteration's name, and its work (tokens and context lengths per phase) in the header, equal
+  what vLLM's own `annotate_profile` writes for the same `SchedulerOutput` (run beside
+  stepscope's in the worker: tests/python/vllm_slow_step), its requests with their tokens and
+  phases sum to those counts, the header's model shape is the served `config.json`'s, and
+  `stepscope analyze` with the device's peaks gives every captured step a floor;
+  `stepscope analyze --requests`
   of the trace gives each request the prefill chunks, tokens and decode steps the request log
   recorded for it, and shares every iteration's CPU time out whole; the engine core's log of
   the window is on disk beside the trace when the stop returns, and joins each request's
@@ -25,7 +30,9 @@ with a budget of 128 tokens a step, and the KV cache holds 1536 tokens (12 block
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 import subprocess
 import threading
 import time
@@ -61,9 +68,10 @@ def token_cost_server(workdir: Path) -> VllmServer:
         # tracer records every turn of the loop in which the worker waits for its next step,
         # so on a loaded machine a capture grows with the wait, and its writing with it.
         {"profiler": "torch", "torch_profiler_dir": str(workdir / "traces"),
-         "torch_profiler_with_stack": False},
+         "torch_profiler_with_stack": False, "detailed_trace_annotation": True},
         env=slow_step_env(
-            STEPSCOPE_CONFIG=json.dumps({"stepscope": {"requests": True, "request_ids": True}})
+            STEPSCOPE_CONFIG=json.dumps({"stepscope": {"requests": True, "request_ids": True}}),
+            STEPSCOPE_TEST_ANNOTATIONS=str(workdir / "vllm_annotations.jsonl"),
         ),
         model_config={"architectures": ["TokenCostLlama"]},
         max_model_len=MAX_MODEL_LEN,
@@ -358,11 +366,50 @@ def test_a_captured_long_prefill_and_its_requests_agree_with_the_request_log(ser
     assert out.returncode == 0, out.stdout + out.stderr
     doc = json.loads(out.stdout)
     ((report,), (listed,)) = (doc["traces"], doc["requests"])
-    # They sum to vLLM's own counts: the iteration's name.
+    # Each captured iteration is named as vLLM's own annotate_profile names it (detailed),
+    # run on the same SchedulerOutput in the worker; its work in the header is that name's.
+    own = {}
+    for line in (Path(server.workdir) / "vllm_annotations.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        own[entry["step"]] = entry["name"]
+    assert len(report["steps"]) == len(manifest["steps"]), report["steps"]
+    for st, listed_step in zip(report["steps"], manifest["steps"], strict=True):
+        assert st["step"] == listed_step["step"], (st, listed_step)
+        assert st["name"] == own[st["step"]], (st["name"], own[st["step"]])
+        assert listed_step["work"] == work_of(own[st["step"]]), listed_step
+        assert st["work"] == listed_step["work"], st
+    # The requests' tokens and phases sum to vLLM's own counts.
     annotated = [st for st in report["steps"] if st.get("requests")]
     assert len(annotated) >= -(-LONG_LEN // BUDGET), report["steps"]
     for st in annotated:
-        assert st["name"] == iteration_name(st), st
+        assert simple_name(st["name"]) == iteration_name(st), st
+    # The model's shape is the served config.json's.
+    model = manifest["model"]
+    config = json.loads((Path(server.workdir) / "model" / "config.json").read_text())
+    assert (model["architecture"], model["layers"], model["hidden_size"], model["heads"],
+            model["kv_heads"], model["head_dim"], model["intermediate_size"],
+            model["vocab_size"]) == (
+        config["architectures"][0], config["num_hidden_layers"], config["hidden_size"],
+        config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"],
+        config["intermediate_size"], config["vocab_size"])  # fmt: skip
+    assert (model["weight_dtype"], model["tensor_parallel"]) == ("bfloat16", 1), model
+    assert model["params"] > 0 and "params" not in model.get("unknown", []), model
+    with gzip.open(trace, "rt") as f:
+        assert json.load(f)["stepscope"]["model"] == model
+    # No peaks for a CPU: the floor says so; with the peaks given, every step has one.
+    assert "--peak-tflops" in report["floor_missing"], report["floor_missing"]
+    floors = subprocess.run(
+        [stepscope_cli(), "analyze", "--json", "--peak-tflops", "2", "--peak-gbs", "50",
+         str(trace)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert floors.returncode == 0, floors.stderr
+    (floored,) = json.loads(floors.stdout)["traces"]
+    assert floored["peaks"]["source"] == "--peak-tflops, --peak-gbs", floored["peaks"]
+    for st in floored["steps"]:
+        f = st["floor"]
+        assert f["floor_us"] > 0, st
+        assert abs(f["of_wall"] - f["floor_us"] / st["dur_us"]) <= 1e-12 * f["of_wall"], st
 
     # Per request, what the trace shows equals what the engine's request log recorded: every
     # request of the capture lived inside it (sent after the start, finished before the stop).
@@ -431,6 +478,31 @@ def test_a_captured_long_prefill_and_its_requests_agree_with_the_request_log(ser
     dom, console = render_in_chromium(page, f"req-{row}", Path(server.workdir) / "chromium")
     assert not console, console
     assert f'data-shown-request="{row}"' in dom and 'data-ready="1"' in dom, dom[-2000:]
+
+
+def work_of(name: str) -> dict:
+    """The work a detailed annotation name carries, as the header records it."""
+    m = re.fullmatch(
+        r"execute_\d+_context_(\d+)\(sq(\d+)sk(\d+)sqsq(\d+)sqsk(\d+)\)"
+        r"_generation_(\d+)\(sq(\d+)sk(\d+)sqsq(\d+)sqsk(\d+)\)",
+        name,
+    )
+    assert m, name
+    n = [int(x) for x in m.groups()]
+    keys = ("requests", "sq", "sk", "sqsq", "sqsk")
+    return {
+        "context": dict(zip(keys, n[:5], strict=True)),
+        "generation": dict(zip(keys, n[5:], strict=True)),
+    }
+
+
+def simple_name(name: str) -> str:
+    """vLLM's simple name of an iteration its detailed name describes."""
+    w = work_of(name)
+    c, g = w["context"], w["generation"]
+    return (
+        f"execute_context_{c['requests']}({c['sq']})_generation_{g['requests']}({g['sq']})"
+    )
 
 
 def render_in_chromium(page: Path, fragment: str, profile: Path) -> tuple[str, list[str]]:

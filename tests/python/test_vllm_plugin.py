@@ -78,8 +78,9 @@ def test_each_requests_phase_is_vllms_own_in_mixed_and_single_phase_steps(vllm_l
 
     mixed = scheduler_output()
     d = compute_iteration_details(mixed)
-    r = plugin.worker.requests_of(mixed, d)
+    r = plugin.scheduled.requests_of(mixed, d)
     assert (r.ids, r.tokens, r.prefill) == (["a", "c", "b"], [5, 4, 1], [True, True, False])
+    assert r.computed == [0, 8, 9]
     # vLLM's own test, request by request: new, or a cached one still in its context phase.
     cached = mixed.scheduled_cached_reqs
     assert r.prefill == [i == "a" or cached.is_context_phase(i) for i in r.ids]
@@ -89,8 +90,8 @@ def test_each_requests_phase_is_vllms_own_in_mixed_and_single_phase_steps(vllm_l
         one.num_scheduled_tokens = {k: v for k, v in one.num_scheduled_tokens.items() if k in keep}
         if "a" not in keep:
             one.scheduled_new_reqs = []
-        fast = plugin.worker.requests_of(one, compute_iteration_details(one))
-        assert fast == plugin.worker.requests_of(one), keep
+        fast = plugin.scheduled.requests_of(one, compute_iteration_details(one))
+        assert fast == plugin.scheduled.requests_of(one), keep
         assert fast.prefill == [k != "b" for k in keep]
 
 
@@ -621,10 +622,17 @@ def test_captured_iterations_name_the_scheduler_outputs_requests(
     assert worker.profiler.flush(120)
     (manifest,) = tmp_path.glob("rank3.*.stepscope.json")
     m = json.loads(manifest.read_text())
-    # Each request with its tokens and phase as vLLM counts them (SIMPLE: its own counts).
+    # Each request with its tokens and phase as vLLM counts them (SIMPLE: its own counts),
+    # and the step's work: the sums of vLLM's own detailed name of it (DETAILED), recorded
+    # though detailed_trace_annotation is off.
+    work = {
+        "context": {"requests": 2, "sq": 9, "sk": 17, "sqsq": 41, "sqsk": 73},
+        "generation": {"requests": 1, "sq": 1, "sk": 10, "sqsq": 1, "sqsk": 10},
+    }
+    assert DETAILED == "execute_10_context_2(sq9sk17sqsq41sqsk73)_generation_1(sq1sk10sqsq1sqsk10)"
     assert m["steps"] == [
         {"step": 1, "requests": ["a", "c", "b"], "tokens": [5, 4, 1],
-         "prefill": [True, True, False]}
+         "prefill": [True, True, False], "work": work}
     ]  # fmt: skip
     (trace,) = tmp_path.glob("rank3.*.pt.trace.json.gz")
     with gzip.open(trace, "rt") as f:

@@ -23,8 +23,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use stepscope::timeline::StepTuple;
 use stepscope::{
-    Error, IterationDetail, IterationInfo, PhaseSums, ProfilerConfig, RequestShare,
-    ScheduledRequests, StartOptions, WorkerProfiler,
+    model::ModelShape, Error, IterationDetail, IterationInfo, PhaseSums, ProfilerConfig,
+    RequestShare, ScheduledRequests, StartOptions, WorkerProfiler,
 };
 
 pyo3::create_exception!(
@@ -162,12 +162,14 @@ struct PyIteration {
     shares: Vec<RequestShare>,
 }
 
-/// Each request's part of the iteration from `request_tokens` and `request_prefill`: both or
-/// neither, one per id, tokens not negative.
+/// Each request's part of the iteration from `request_tokens` and `request_prefill` (both or
+/// neither) and `request_computed` (with them, or not at all): one per id (per token count
+/// when no ids are given), counts not negative.
 fn shares_of(
     ids: Option<&Vec<String>>,
     tokens: Option<Vec<i64>>,
     prefill: Option<Vec<bool>>,
+    computed: Option<Vec<i64>>,
 ) -> PyResult<Vec<RequestShare>> {
     let (tokens, prefill) = match (tokens, prefill) {
         (None, None) => return Ok(Vec::new()),
@@ -178,23 +180,28 @@ fn shares_of(
             ))
         }
     };
-    let n = ids.map_or(0, Vec::len);
+    let n = ids.map_or(tokens.len(), Vec::len);
     for (name, len) in [
         ("request_tokens", tokens.len()),
         ("request_prefill", prefill.len()),
+        ("request_computed", computed.as_ref().map_or(n, Vec::len)),
     ] {
         if len != n {
             return Err(PyValueError::new_err(format!(
-                "{name} must have one entry per request id ({n}), got {len}"
+                "{name} must have one entry per request ({n}), got {len}"
             )));
         }
     }
+    let computed = computed.map(|c| c.into_iter().map(Some).collect::<Vec<_>>());
+    let computed = computed.unwrap_or_else(|| vec![None; n]);
     tokens
         .into_iter()
         .zip(prefill)
-        .map(|(t, prefill)| {
+        .zip(computed)
+        .map(|((t, prefill), c)| {
             Ok(RequestShare {
                 tokens: count("request_tokens", t)?,
+                computed: c.map(|c| count("request_computed", c)).transpose()?,
                 prefill,
             })
         })
@@ -209,6 +216,7 @@ impl PyIteration {
         ctx_seq_len_sum = None, ctx_qq_compute = None, ctx_qk_compute = None,
         gen_seq_len_sum = None, gen_qq_compute = None, gen_qk_compute = None,
         request_ids = None, request_tokens = None, request_prefill = None,
+        request_computed = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -225,8 +233,14 @@ impl PyIteration {
         request_ids: Option<Vec<String>>,
         request_tokens: Option<Vec<i64>>,
         request_prefill: Option<Vec<bool>>,
+        request_computed: Option<Vec<i64>>,
     ) -> PyResult<Self> {
-        let shares = shares_of(request_ids.as_ref(), request_tokens, request_prefill)?;
+        let shares = shares_of(
+            request_ids.as_ref(),
+            request_tokens,
+            request_prefill,
+            request_computed,
+        )?;
         let mut info = IterationInfo::new(
             count("num_ctx_reqs", num_ctx_reqs)?,
             count("num_ctx_tokens", num_ctx_tokens)?,
@@ -254,6 +268,9 @@ impl PyIteration {
                     qk_compute: sum("gen_qk_compute", gen_qk_compute)?,
                 },
             });
+        } else if let Some(detail) = IterationDetail::of_shares(&shares) {
+            // The core sums the requests' counts: the one owner of vLLM's rule.
+            info = info.with_detail(detail);
         }
         Ok(PyIteration {
             info,
@@ -493,6 +510,44 @@ impl PyWorkerProfiler {
         self.inner
             .set_trace_metadata(key, json_value)
             .map_err(|e| to_py(&e))
+    }
+
+    /// Records the served model's shape from its Hugging Face config (`config_json`, JSON
+    /// text: `config.json`, or a model config's `to_dict()`) and what only the engine knows,
+    /// for the header and manifest of the traces written from now on (see
+    /// `stepscope.WorkerProfiler.set_model`). Returns the shape recorded, as JSON text.
+    #[pyo3(signature = (config_json, *, tensor_parallel = None, weight_dtype = None,
+        kv_cache_dtype = None, params = None))]
+    fn _set_model(
+        &self,
+        config_json: &str,
+        tensor_parallel: Option<u32>,
+        weight_dtype: Option<String>,
+        kv_cache_dtype: Option<String>,
+        params: Option<u64>,
+    ) -> PyResult<String> {
+        let config: serde_json::Value = serde_json::from_str(config_json)
+            .map_err(|e| PyValueError::new_err(format!("config_json: {e}")))?;
+        if !config.is_object() {
+            return Err(PyValueError::new_err("config_json: not a JSON object"));
+        }
+        let mut shape = ModelShape::from_hf_config(&config);
+        shape.tensor_parallel = tensor_parallel.or(shape.tensor_parallel);
+        shape.weight_dtype = weight_dtype.or(shape.weight_dtype);
+        shape.kv_cache_dtype = kv_cache_dtype;
+        shape.params = params;
+        for (field, known) in [
+            ("weight_dtype", shape.weight_dtype.is_some()),
+            ("kv_cache_dtype", shape.kv_cache_dtype.is_some()),
+            ("tensor_parallel", shape.tensor_parallel.is_some()),
+            ("params", shape.params.is_some()),
+        ] {
+            if !known && !shape.unknown.iter().any(|u| u == field) {
+                shape.unknown.push(field.to_string());
+            }
+        }
+        self.inner.set_model(&shape);
+        serde_json::to_string(&shape).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
     /// Names the next session's traces (vLLM's `set_output_name`); ignored while a session is

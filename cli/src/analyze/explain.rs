@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use stepscope_format::trace::{GpuMean, GpuTime, Step, Verdict};
+use stepscope_format::trace::{GpuMean, GpuTime, Roof, Step, Summary, Verdict};
 
 use crate::diff::shape::GroupKey;
 use crate::text::short;
@@ -27,30 +27,144 @@ pub struct GroupRow {
     /// What bounds the group, judged on its summed figures.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verdict: Option<Verdict>,
+    /// The group against its floor, over its steps that have one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor: Option<GroupFloor>,
+}
+
+/// A group's steps against their floors: sums over the steps with a floor.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct GroupFloor {
+    /// Steps with a floor.
+    pub steps: usize,
+    /// Mean floor per step, µs.
+    pub floor_us: f64,
+    /// Σ floor / Σ wall.
+    pub of_wall: f64,
+    /// Σ floor / Σ GPU busy, over those with device work.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub of_busy: Option<f64>,
+    /// The roof that gives most of their floors (Σ FLOP time against Σ byte time).
+    pub bound: Roof,
+}
+
+impl GroupFloor {
+    /// Of the steps with a floor; `None` when none has one.
+    pub fn of<'a>(steps: impl IntoIterator<Item = &'a Step>) -> Option<GroupFloor> {
+        let (mut n, mut floor, mut wall, mut busy_floor, mut busy) = (0, 0.0, 0.0, 0.0, 0.0);
+        let (mut compute, mut memory) = (0.0, 0.0);
+        for s in steps {
+            let Some(f) = &s.floor else { continue };
+            n += 1;
+            floor += f.floor_us;
+            wall += s.dur_us;
+            compute += f.compute_us;
+            memory += f.memory_us;
+            if let Some(g) = s.gpu.as_ref().filter(|g| g.busy_us > 0.0) {
+                busy_floor += f.floor_us;
+                busy += g.busy_us;
+            }
+        }
+        (n > 0).then(|| GroupFloor {
+            steps: n,
+            floor_us: floor / n as f64,
+            of_wall: if wall > 0.0 { floor / wall } else { 0.0 },
+            of_busy: (busy > 0.0).then(|| busy_floor / busy),
+            bound: if compute >= memory {
+                Roof::Compute
+            } else {
+                Roof::Memory
+            },
+        })
+    }
 }
 
 /// The groups of like steps, in `diff`'s order of groups (stage, requests, tokens).
 pub fn groups(steps: &[Step]) -> Vec<GroupRow> {
-    let mut by: BTreeMap<GroupKey, (usize, usize, f64, GpuTime)> = BTreeMap::new();
+    let mut by: BTreeMap<GroupKey, (usize, usize, f64, GpuTime, Vec<&Step>)> = BTreeMap::new();
     for s in steps {
         let e = by.entry(GroupKey::of(&s.name)).or_default();
         e.0 += 1;
         e.2 += s.dur_us;
+        e.4.push(s);
         if let Some(g) = &s.gpu {
             e.1 += 1;
             e.3.add(g);
         }
     }
     by.into_iter()
-        .map(|(key, (n, on_gpu, wall, gpu))| GroupRow {
+        .map(|(key, (n, on_gpu, wall, gpu, members))| GroupRow {
             group: key.label(),
             steps: n,
             steps_on_gpu: on_gpu,
             mean_wall_us: wall / n.max(1) as f64,
             per_step: gpu.per(n),
             verdict: gpu.verdict,
+            floor: GroupFloor::of(members),
         })
         .collect()
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or("-".into(), |x| format!("{:.1}%", 100.0 * x))
+}
+
+/// Each step against its floor, and its groups; or, once, why there is no floor.
+pub fn render_floors(r: &Summary, rows: &[GroupRow]) -> String {
+    if let Some(why) = &r.floor_missing {
+        return format!("\n  {why}\n");
+    }
+    let Some(peaks) = &r.peaks else {
+        return String::new();
+    };
+    let mut o = format!(
+        "\n  each step against its floor: max(FLOPs at {:.1} TFLOP/s, bytes at {:.0} GB/s; {}) (ms)\n  \
+         step                             tokens    KV read     GFLOP      GB     floor  bound               wall   of wall    busy   of busy\n",
+        peaks.tflops, peaks.gbs, peaks.source
+    );
+    for s in &r.steps {
+        let (Some(f), Some(w)) = (&s.floor, &s.work) else {
+            continue;
+        };
+        let _ = std::fmt::Write::write_fmt(
+            &mut o,
+            format_args!(
+                "  {:<30} {:>8} {:>10} {:>9.3} {:>7.3} {:>9} {:<16} {:>9} {:>9} {:>7} {:>9}\n",
+                short(&s.name, 30),
+                w.tokens(),
+                w.context.sk + w.generation.sk,
+                f.flops / 1e9,
+                f.bytes / 1e9,
+                ms(f.floor_us),
+                f.bound.as_str(),
+                ms(s.dur_us),
+                pct(Some(f.of_wall)),
+                s.gpu.as_ref().map_or("-".into(), |g| ms(g.busy_us)),
+                pct(f.of_busy)
+            ),
+        );
+    }
+    if rows.iter().any(|g| g.floor.is_some()) {
+        o.push_str(
+            "  per group: mean floor, Σ floor / Σ wall, Σ floor / Σ GPU busy, the roof of most of it\n",
+        );
+        for g in rows {
+            let Some(f) = &g.floor else { continue };
+            let _ = std::fmt::Write::write_fmt(
+                &mut o,
+                format_args!(
+                    "  {:<30} {:>5} steps  floor {:>9}  {:>7} of wall  {:>7} of busy  {}\n",
+                    short(&g.group, 30),
+                    f.steps,
+                    ms(f.floor_us),
+                    pct(Some(f.of_wall)),
+                    pct(f.of_busy),
+                    f.bound.as_str()
+                ),
+            );
+        }
+    }
+    o
 }
 
 fn ms(us: f64) -> String {

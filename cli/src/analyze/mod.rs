@@ -178,8 +178,10 @@ pub fn render(r: &TraceReport) -> String {
             ));
         }
     }
+    let groups = explain::groups(&r.steps);
     o.push_str(&explain::render_steps(&r.steps));
-    o.push_str(&explain::render_groups(&explain::groups(&r.steps)));
+    o.push_str(&explain::render_groups(&groups));
+    o.push_str(&explain::render_floors(r, &groups));
     if let Some(slow) = r.trigger.as_ref().map(|t| t.slow_step) {
         o.push_str(&format!(
             "\n  captured after slow step {} ({})\n",
@@ -293,6 +295,7 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
         errors,
         ..
     } = crate::load::load(&a.inputs, a.top)?;
+    crate::floor::apply(reports.iter_mut().map(|r| &mut r.summary), &a.floor)?;
     if let Some(rank) = a.rank {
         reports.retain(|r| r.rank == Some(rank));
         if reports.is_empty() && errors.is_empty() {

@@ -485,6 +485,8 @@ pub(crate) fn test_step(i: u64, ms: f64, reqs: &[(&str, u32, bool)]) -> Step {
         kernel_us: ms * 100.0,
         kernel_count: 1,
         gpu: None,
+        work: None,
+        floor: None,
     }
 }
 

@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
-use stepscope_format::trace::{Breakdown, GpuTime, Summary};
+use stepscope_format::trace::{Breakdown, GpuTime, Step, Summary};
+
+use crate::analyze::explain::GroupFloor;
 
 use super::names::{self, NameRow, Totals};
 use super::noise;
@@ -137,6 +139,9 @@ pub struct GroupDiff {
     /// Which part of its steps' device timeline moved, when both sides had device work.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuChange>,
+    /// The group against its floor before and after, when both sides' steps have floors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor: Option<[GroupFloor; 2]>,
 }
 
 /// A side's device time, per step over all its captures.
@@ -292,19 +297,22 @@ fn gpu_side<'a>(captures: impl Iterator<Item = &'a Capture>) -> GpuSide {
 
 /// Step times and name totals per group, of one side.
 #[derive(Default)]
-struct SideGroups {
+struct SideGroups<'a> {
     times: BTreeMap<GroupKey, Vec<f64>>,
     names: HashMap<GroupKey, Totals>,
     /// The steps' explanations summed, per group.
     gpu: HashMap<GroupKey, GpuTime>,
+    /// The steps, per group (for their floors).
+    steps: HashMap<GroupKey, Vec<&'a Step>>,
 }
 
-fn side_groups(captures: &[Capture]) -> SideGroups {
+fn side_groups(captures: &[Capture]) -> SideGroups<'_> {
     let mut out = SideGroups::default();
     for c in captures {
         for (i, step) in c.summary.steps.iter().enumerate() {
             let key = GroupKey::of(&step.name);
             out.times.entry(key).or_default().push(step.dur_us);
+            out.steps.entry(key).or_default().push(step);
             if let Some(g) = &step.gpu {
                 out.gpu.entry(key).or_default().add(g);
             }
@@ -373,6 +381,12 @@ pub fn compare(
             (Some(x), Some(y)) => Some(why::change(x.per(bt.len()), y.per(at.len()))),
             _ => None,
         };
+        let floor_of = |side: &SideGroups<'_>| {
+            side.steps
+                .get(&key)
+                .and_then(|s| GroupFloor::of(s.iter().copied()))
+        };
+        let floor = floor_of(&b).zip(floor_of(&a)).map(|(x, y)| [x, y]);
         groups.push(GroupDiff {
             group: key.label(),
             key,
@@ -380,6 +394,7 @@ pub fn compare(
             names_compared,
             names: rows,
             gpu,
+            floor,
         });
     }
     decide(groups.iter_mut().map(|g| &mut g.judged), &settings);

@@ -199,7 +199,14 @@ pub fn command(d: &DiffArgs) -> Result<std::process::ExitCode, Error> {
     };
     let before = sources(&d.before, d.steps_only)?;
     let after = sources(&d.after, d.steps_only)?;
-    let (before, after, errors) = load(before, after);
+    let (mut before, mut after, errors) = load(before, after);
+    crate::floor::apply(
+        before
+            .iter_mut()
+            .chain(after.iter_mut())
+            .map(|c| &mut c.summary),
+        &d.floor,
+    )?;
     for (side, captures, input) in [("BEFORE", &before, &d.before), ("AFTER", &after, &d.after)] {
         if captures.is_empty() {
             eprintln!(

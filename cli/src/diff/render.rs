@@ -132,6 +132,24 @@ pub fn why_line(c: &GpuChange) -> String {
     o
 }
 
+/// `floor: 41.0% → 35.2% of wall (further from its floor; memory bandwidth-bound)`.
+pub fn floor_line([b, a]: &[crate::analyze::explain::GroupFloor; 2]) -> String {
+    let way = if a.of_wall > b.of_wall {
+        "closer to"
+    } else if a.of_wall < b.of_wall {
+        "further from"
+    } else {
+        "as close to"
+    };
+    format!(
+        "floor: {:.1}% → {:.1}% of wall ({way} its floor of {} per step; {}-bound after)",
+        100.0 * b.of_wall,
+        100.0 * a.of_wall,
+        dur(a.floor_us),
+        a.bound.as_str()
+    )
+}
+
 fn gpu_rows(o: &mut String, [b, a]: &[GpuSide; 2]) {
     o.push_str("\n== device time per step (all captures)\n");
     o.push_str("                          before        after       change\n");
@@ -239,10 +257,9 @@ pub fn render(r: &DiffReport) -> String {
             changed
         }
     };
-    for g in shown
-        .iter()
-        .filter(|g| (g.names_compared && !g.names.is_empty()) || g.gpu.is_some())
-    {
+    for g in shown.iter().filter(|g| {
+        (g.names_compared && !g.names.is_empty()) || g.gpu.is_some() || g.floor.is_some()
+    }) {
         let _ = writeln!(
             o,
             "\n== {}: per step, largest change first ({}; kernels: device time, operators and annotations: self time)",
@@ -251,6 +268,9 @@ pub fn render(r: &DiffReport) -> String {
         );
         if let Some(c) = &g.gpu {
             let _ = writeln!(o, "  {}", why_line(c));
+        }
+        if let Some(f) = &g.floor {
+            let _ = writeln!(o, "  {}", floor_line(f));
         }
         if g.names_compared && !g.names.is_empty() {
             name_rows(&mut o, &g.names);

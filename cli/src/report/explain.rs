@@ -47,7 +47,8 @@ pub fn section(reports: &[TraceReport], label: impl Fn(&TraceReport, usize) -> S
          computation, communication, copies) and the idle gaps its work ended, by cause: \
          <b>host wait</b> (launched after the GPU went idle), <b>dependency wait</b> (queued \
          before, not started), other (no launch in the trace). The verdict names the largest \
-         part. Definitions: docs/analyze.md.</p><p>",
+         part; a black tick marks the step's floor (the fastest it could run on the device, \
+         when its work and the model's shape are known). Definitions: docs/analyze.md.</p><p>",
     );
     for (name, class) in PARTS {
         let _ = write!(o, "<span class=\"key {class}\">{name}</span> ");
@@ -71,7 +72,7 @@ fn chart(r: &TraceReport, title: &str) -> String {
     let shown = &steps[..steps.len().min(MAX_STEPS)];
     let max = shown
         .iter()
-        .map(|(_, g)| g.timeline_us())
+        .map(|(s, g)| g.timeline_us().max(s.floor.map_or(0.0, |f| f.floor_us)))
         .fold(0.0, f64::max)
         .max(f64::MIN_POSITIVE);
     let (row, label_w, bar_w) = (18.0, 230.0, 520.0);
@@ -109,6 +110,21 @@ fn chart(r: &TraceReport, title: &str) -> String {
                 100.0 * us / g.timeline_us().max(f64::MIN_POSITIVE)
             );
             x += bw;
+        }
+        if let Some(f) = &step.floor {
+            // The floor: the fastest the step could run on this device.
+            let fx = label_w + bar_w * f.floor_us / max;
+            let _ = write!(
+                s,
+                "<line class=\"floor\" x1=\"{fx:.1}\" x2=\"{fx:.1}\" y1=\"{}\" y2=\"{}\">\
+                 <title>{}: floor {:.3} ms ({}-bound), {:.1}% of its wall time</title></line>",
+                y - 1.0,
+                y + row - 3.0,
+                esc(&step.name),
+                f.floor_us / 1000.0,
+                f.bound.as_str(),
+                100.0 * f.of_wall
+            );
         }
         let _ = write!(
             s,

@@ -9,7 +9,10 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use profiler::{Error, IterationInfo, ProfilerConfig, StartOptions, WorkerProfiler};
+use profiler::model::ModelShape;
+use profiler::{
+    Error, IterationDetail, IterationInfo, PhaseSums, ProfilerConfig, StartOptions, WorkerProfiler,
+};
 use stepscope_format::error::panic_message;
 
 /// Success.
@@ -42,6 +45,33 @@ pub struct stepscope_iteration {
     pub num_gen_reqs: u32,
     /// Their scheduled tokens.
     pub num_gen_tokens: u32,
+}
+
+/// One phase's work sums (vLLM's `detailed_trace_annotation` sums), over its requests, `q`
+/// a request's scheduled tokens and `seq` its computed plus scheduled tokens.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+#[allow(non_camel_case_types)]
+pub struct stepscope_phase_work {
+    /// Σ seq: the KV length the phase attends over.
+    pub seq_len_sum: u64,
+    /// Σ q².
+    pub qq_compute: u64,
+    /// Σ q·seq.
+    pub qk_compute: u64,
+}
+
+/// An iteration's work per phase: recorded in the trace's header for `stepscope analyze`'s
+/// floor of the step, and named in the iteration's annotation with
+/// `detailed_trace_annotation`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+#[allow(non_camel_case_types)]
+pub struct stepscope_iteration_work {
+    /// Context (prefill) requests' sums.
+    pub ctx: stepscope_phase_work,
+    /// Generation (decode) requests' sums.
+    pub gen: stepscope_phase_work,
 }
 
 /// An opaque profiler handle.
@@ -409,6 +439,76 @@ pub unsafe extern "C" fn stepscope_step(
             // The range stays open past this call: the C caller closes it with step_end.
             std::mem::forget(p.step(&info));
             p.take_last_error().map_or(Ok(()), Err)
+        })
+    }
+}
+
+/// `stepscope_step` with the iteration's work per phase (NULL: unknown), for engines that
+/// know each request's context length: the trace's header records it and `stepscope analyze`
+/// holds the step against its floor.
+///
+/// # Safety
+/// `p` is a live handle; `iteration` and `work` are each NULL or valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_step_with_work(
+    p: *mut stepscope_profiler,
+    iteration: *const stepscope_iteration,
+    work: *const stepscope_iteration_work,
+) -> c_int {
+    // SAFETY: per the contract.
+    unsafe {
+        with_profiler("stepscope_step_with_work", p, |p| {
+            let mut info = iteration_info(iteration);
+            if !work.is_null() {
+                // SAFETY: non-null and valid per the contract.
+                let w = *work;
+                let sums = |s: stepscope_phase_work| PhaseSums {
+                    seq_len_sum: s.seq_len_sum,
+                    qq_compute: s.qq_compute,
+                    qk_compute: s.qk_compute,
+                };
+                info = info.with_detail(IterationDetail {
+                    ctx: sums(w.ctx),
+                    gen: sums(w.gen),
+                });
+            }
+            std::mem::forget(p.step(&info));
+            p.take_last_error().map_or(Ok(()), Err)
+        })
+    }
+}
+
+/// Records the served model's shape, `json` a UTF-8 JSON object of stepscope's model fields
+/// (`layers`, `hidden_size`, `heads`, `kv_heads`, `head_dim`, `intermediate_size`,
+/// `gated_mlp`, `vocab_size`, `params`, `weight_dtype`, `kv_cache_dtype`, `tensor_parallel`,
+/// `experts`, `experts_per_token`, `architecture`, `unknown`; see docs/analyze.md), in the
+/// header and manifest of the traces written from now on. An unknown field or a bad value is
+/// `STEPSCOPE_ERR_INVALID_ARGUMENT`, naming it.
+///
+/// # Safety
+/// `p` is a live handle; `json` is NULL or a NUL-terminated string valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn stepscope_set_model_json(
+    p: *mut stepscope_profiler,
+    json: *const c_char,
+) -> c_int {
+    // SAFETY: per the contract.
+    unsafe {
+        with_profiler("stepscope_set_model_json", p, |p| {
+            if json.is_null() {
+                return Err(Error::InvalidArgument {
+                    name: "json".into(),
+                    message: "NULL".into(),
+                });
+            }
+            // SAFETY: non-null and NUL-terminated per the contract.
+            let text = CStr::from_ptr(json).to_string_lossy();
+            let shape = ModelShape::from_json(&text).map_err(|message| Error::InvalidArgument {
+                name: "json".into(),
+                message,
+            })?;
+            p.set_model(&shape);
+            Ok(())
         })
     }
 }

@@ -218,6 +218,16 @@ fn every_worker_profiler_case_through_the_c_abi() {
             "stop"
         ]
     );
+    // The iteration's work names it in detail, byte for byte as vLLM's detailed annotation.
+    let work: Vec<&str> = cases["work"]
+        .iter()
+        .filter(|e| e.name() == "push")
+        .map(|e| e.arg(1))
+        .collect();
+    assert_eq!(
+        work,
+        ["execute_6_context_1(sq4sk4sqsq16sqsk16)_generation_2(sq2sk17sqsq2sqsk17)"]
+    );
     // The window begins in the step after the slow one, marked with the slow step's index.
     assert_eq!(
         s("slow_step"),
@@ -273,7 +283,7 @@ fn the_header_declares_exactly_the_exported_functions() {
         .collect();
     exported.sort();
     assert_eq!(declared, exported);
-    assert_eq!(declared.len(), 18, "the ABI has eighteen functions");
+    assert_eq!(declared.len(), 20, "the ABI has twenty functions");
 }
 
 #[test]
@@ -346,8 +356,20 @@ fn the_cpp_wrapper_closes_each_range_with_its_iteration() {
             "start",
             "push 1",
             "requests: cpp-a,cpp-b @1",
+            "stop",
+            // The iteration with its work, named in detail.
+            "start",
+            "push 1",
             "stop"
         ]
+    );
+    let detailed = events
+        .iter()
+        .rfind(|e| e.name() == "push")
+        .map(|e| e.arg(1));
+    assert_eq!(
+        detailed,
+        Some("execute_6_context_1(sq4sk4sqsq16sqsk16)_generation_2(sq2sk17sqsq2sqsk17)")
     );
     // Each range is popped before the next is pushed: one iteration at a time.
     let mut open = 0;

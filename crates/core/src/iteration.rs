@@ -1,5 +1,7 @@
 //! What one engine iteration scheduled: request and token counts, and its stage.
 
+use stepscope_format::trace::{PhaseWork, StepWork};
+
 /// The counts of one engine iteration. A context request is one still in prefill (it has not
 /// produced a token yet); a generation request is one in decode.
 ///
@@ -41,6 +43,25 @@ pub struct IterationDetail {
     pub ctx: PhaseSums,
     /// Sums over generation (decode) requests.
     pub gen: PhaseSums,
+}
+
+impl IterationDetail {
+    /// The sums of the requests' shares, each in its phase, as vLLM's `annotate_profile`
+    /// sums them: `seq` is a request's computed tokens plus those scheduled. `None` when a
+    /// share lacks its computed tokens. The one place stepscope derives them: the engine
+    /// plugins pass each request's counts, never the sums.
+    pub fn of_shares(shares: &[RequestShare]) -> Option<IterationDetail> {
+        let mut d = IterationDetail::default();
+        for s in shares {
+            let q = u64::from(s.tokens);
+            let seq = u64::from(s.computed?) + q;
+            let p = if s.prefill { &mut d.ctx } else { &mut d.gen };
+            p.seq_len_sum += seq;
+            p.qq_compute += q * q;
+            p.qk_compute += q * seq;
+        }
+        Some(d)
+    }
 }
 
 impl IterationInfo {
@@ -105,6 +126,23 @@ impl IterationInfo {
         let mut s = String::with_capacity(64);
         self.write_name(detailed, &mut s);
         s
+    }
+
+    /// The iteration's work per phase, as a trace's header records it, when the detailed sums
+    /// are known.
+    pub fn work(&self) -> Option<StepWork> {
+        let d = self.detail?;
+        let phase = |reqs: u32, tokens: u32, s: &PhaseSums| PhaseWork {
+            requests: reqs.into(),
+            sq: tokens.into(),
+            sk: s.seq_len_sum,
+            sqsq: s.qq_compute,
+            sqsk: s.qk_compute,
+        };
+        Some(StepWork {
+            context: phase(self.num_ctx_reqs, self.num_ctx_tokens, &d.ctx),
+            generation: phase(self.num_gen_reqs, self.num_gen_tokens, &d.gen),
+        })
     }
 
     /// The iteration's stage, from which kinds of request it holds.
@@ -173,6 +211,10 @@ pub trait RequestIds {
 pub struct RequestShare {
     /// Tokens scheduled for the request this iteration.
     pub tokens: u32,
+    /// Tokens of the request already computed (in the KV cache) before this iteration, when
+    /// the engine gave them: what its work per phase is summed from
+    /// ([`IterationDetail::of_shares`]).
+    pub computed: Option<u32>,
     /// The request is in prefill (a chunk of its prompt), not decode.
     pub prefill: bool,
 }
@@ -310,5 +352,38 @@ mod tests {
             "execute_6_context_1(sq4sk4sqsq16sqsk16)_generation_2(sq2sk17sqsq2sqsk17)"
         );
         assert_eq!(info.name(false), "execute_context_1(4)_generation_2(2)");
+    }
+
+    #[test]
+    fn the_sums_come_from_each_requests_share_and_its_computed_tokens() {
+        // The same iteration from its requests: a new one of 4 tokens, decodes at 9 and 6
+        // computed tokens.
+        let share = |tokens, computed, prefill| RequestShare {
+            tokens,
+            computed: Some(computed),
+            prefill,
+        };
+        let shares = [share(4, 0, true), share(1, 9, false), share(1, 6, false)];
+        let info = IterationInfo::new(1, 4, 2, 2)
+            .with_detail(IterationDetail::of_shares(&shares).unwrap());
+        assert_eq!(
+            info.name(true),
+            "execute_6_context_1(sq4sk4sqsq16sqsk16)_generation_2(sq2sk17sqsq2sqsk17)"
+        );
+        let w = info.work().unwrap();
+        assert_eq!(
+            (w.context.requests, w.context.sq, w.generation.sk),
+            (1, 4, 17)
+        );
+        // A share without its computed tokens: no sums.
+        let partial = [
+            share(4, 0, true),
+            RequestShare {
+                tokens: 1,
+                ..RequestShare::default()
+            },
+        ];
+        assert_eq!(IterationDetail::of_shares(&partial), None);
+        assert_eq!(IterationInfo::new(1, 4, 0, 0).work(), None);
     }
 }

@@ -5,6 +5,7 @@
 //! - [`trace`]: Kineto/Chrome trace JSON read as it streams, in bounded memory; the fields an
 //!   analysis reads; stepscope's key in a trace's header; the summary of a trace.
 //! - [`manifest`]: the file beside each trace, its states and its version.
+//! - [`model`]: the served model's shape, as a trace's header and manifest record it.
 //! - [`timeline`]: the step timeline's document (a step's fields, their order, a row read
 //!   back).
 //! - [`window`]: what a header and a manifest record of how a window ended and what fired it.
@@ -19,6 +20,7 @@
 pub mod error;
 pub mod files;
 pub mod manifest;
+pub mod model;
 pub mod requests;
 pub mod timeline;
 pub mod trace;

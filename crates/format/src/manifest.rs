@@ -41,6 +41,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::files::write_atomic;
+use crate::model::ModelShape;
 use crate::trace::{Captured, StepRequests, Summary, Trigger};
 use crate::window::CutShort;
 
@@ -167,9 +168,12 @@ pub struct Manifest {
     /// Why the window ended early, when the capture budget ended it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cut_short: Option<CutShort>,
-    /// Each captured iteration's requests (`stepscope.request_ids`).
+    /// Each captured iteration's requests (`stepscope.request_ids`) and work.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps: Option<Vec<StepRequests>>,
+    /// The served model's shape, when the engine gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelShape>,
     /// The keys the engine added to the trace's header (`set_trace_metadata`), e.g. the SGLang
     /// plugin's `sglang_first_forward_pass`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

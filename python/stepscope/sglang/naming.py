@@ -58,18 +58,24 @@ def stage_of(forward_mode: Any) -> str | None:
     return None
 
 
-def iteration_of(batch: Any, request_ids: list[str] | None = None) -> Any:
+def iteration_of(
+    batch: Any, request_ids: list[str] | None = None, shares: bool = False
+) -> Any:
     """The batch's counts as a :class:`stepscope.Iteration`: extend requests and tokens as the
     context part, decoding requests (one token each) as the generation part; a mixed batch has
-    both; with the requests' ``rid`` s when given, and then each one's tokens (its
-    ``extend_lens`` entry, one in decode) and phase. None for a batch with no model forward."""
+    both; with the requests' ``rid`` s when given, or with ``shares``, each one's tokens (its
+    ``extend_lens`` entry, one in decode), phase, and tokens already computed (its
+    ``prefix_lens`` entry in an extend, its ``seq_lens_cpu`` entry less the token it decodes),
+    from which the core sums the step's work. None for a batch with no model forward."""
     import stepscope
 
     mode = batch.forward_mode
     reqs = len(batch.reqs)
     if mode.is_decode():
-        shares = _shares(request_ids, [1] * reqs, [False] * reqs)
-        return stepscope.Iteration(num_gen_reqs=reqs, num_gen_tokens=reqs, **shares)
+        seq = getattr(batch, "seq_lens_cpu", None)
+        computed = [int(s) - 1 for s in seq.tolist()] if seq is not None else None
+        given = _shares(request_ids, [1] * reqs, [False] * reqs, computed, shares)
+        return stepscope.Iteration(num_gen_reqs=reqs, num_gen_tokens=reqs, **given)
     if not mode.is_extend():
         return None
     running = (batch.decoding_reqs or ()) if mode.is_mixed() else ()
@@ -79,28 +85,38 @@ def iteration_of(batch: Any, request_ids: list[str] | None = None) -> Any:
     # A mixed batch's decoding requests are its last ones, one token each (mix_with_running).
     in_decode = {id(r) for r in running}
     prefill = [id(r) not in in_decode for r in batch.reqs]
-    shares = _shares(request_ids, lens, prefill)
+    prefix = getattr(batch, "prefix_lens", None)
+    computed = [int(p) for p in prefix] if prefix is not None else None
+    given = _shares(request_ids, lens, prefill, computed, shares)
     return stepscope.Iteration(
         num_ctx_reqs=reqs - decoding,
         num_ctx_tokens=max(tokens - decoding, 0),
         num_gen_reqs=decoding,
         num_gen_tokens=decoding,
-        **shares,
+        **given,
     )
 
 
-def _shares(request_ids: list[str] | None, tokens: list[int], prefill: list[bool]) -> dict:
-    """``Iteration`` keywords for the requests: their ids, and each one's tokens and phase
-    when there is one of each per id (else the ids alone)."""
-    if request_ids is None:
+def _shares(
+    request_ids: list[str] | None,
+    tokens: list[int],
+    prefill: list[bool],
+    computed: list[int] | None,
+    shares: bool,
+) -> dict:
+    """``Iteration`` keywords for the requests: their ids when given, and (with ids or
+    ``shares``) each one's tokens, phase and computed tokens when there is one of each per
+    request (else the ids alone; the computed tokens only when known for every one)."""
+    if request_ids is None and not shares:
         return {}
-    if len(tokens) != len(request_ids) or len(prefill) != len(request_ids):
-        return {"request_ids": request_ids}
-    return {
-        "request_ids": request_ids,
-        "request_tokens": [int(t) for t in tokens],
-        "request_prefill": prefill,
-    }
+    n = len(request_ids) if request_ids is not None else len(prefill)
+    ids = {} if request_ids is None else {"request_ids": request_ids}
+    if len(tokens) != n or len(prefill) != n:
+        return ids
+    given = {**ids, "request_tokens": [int(t) for t in tokens], "request_prefill": prefill}
+    if computed is not None and len(computed) == n:
+        given["request_computed"] = computed
+    return given
 
 
 def worker_name() -> str:

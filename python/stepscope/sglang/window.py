@@ -14,6 +14,7 @@ from typing import Any, Callable
 from stepscope.sglang.lifecycles import window_start, write_window
 from stepscope.sglang.interface import sglang_version
 from stepscope.sglang.merge import merge_when_written
+from stepscope.sglang.model import record_model
 from stepscope.sglang.naming import (
     first_rank_in_node,
     global_rank,
@@ -244,10 +245,12 @@ class SchedulerProfiler:
             self.timeline.step(iteration_of(batch))
 
     def on_batch(self, batch: Any) -> None:
-        """One ``step()`` of the running window: the batch's counts (and, with
-        ``stepscope.request_ids``, its requests' ``rid`` s)."""
+        """One ``step()`` of the running window: the batch's counts, each request's tokens,
+        phase and computed tokens (and, with ``stepscope.request_ids``, their ``rid`` s)."""
         ids = [str(r.rid) for r in batch.reqs] if self._wants_ids() else None
-        iteration = iteration_of(batch, ids)
+        # Each request's counts always (the core sums the step's work), the model once.
+        record_model(batch, self.profilers)
+        iteration = iteration_of(batch, ids, shares=True)
         for p in self.profilers:
             p.step(iteration)
 

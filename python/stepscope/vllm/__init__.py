@@ -37,7 +37,9 @@ lines), ``interfaces`` (vLLM's modules and signatures the plugin knows), ``confi
 config as stepscope's, and the profiler made from it), ``factory`` (vLLM's profiler factories,
 replaced), ``frontend`` (the API server's profiler), ``stop`` (a stop returns with its traces
 on disk; a refused start is an error), ``worker`` (``annotate_profile``, the status
-RPC and endpoint), ``lifecycles`` (the request log in the engine core), ``shutdown`` (process
+RPC and endpoint), ``scheduled`` (a ``SchedulerOutput`` as an iteration: counts, each
+request's tokens, phase and computed tokens), ``model`` (the served model's shape, recorded
+once for each step's floor), ``lifecycles`` (the request log in the engine core), ``shutdown`` (process
 managers wait for traces being written), ``__main__`` (``python -m stepscope.vllm --check``). What the SGLang plugin shares with this one is in
 ``stepscope._plugin``; the import hook in ``stepscope._imports``.
 """
@@ -55,6 +57,8 @@ from stepscope.vllm import (
     frontend,
     interfaces,
     lifecycles,
+    model,
+    scheduled,
     shutdown,
     stop,
     worker,
@@ -69,15 +73,8 @@ from stepscope.vllm.environment import (
 )
 from stepscope.vllm.frontend import FrontendProfiler
 from stepscope.vllm.shutdown import wait_for_flushes
-from stepscope.vllm.worker import (
-    Requests,
-    StatusEndpoint,
-    iteration_of,
-    request_ids_of,
-    requests_of,
-    worker_status,
-    worker_timeline,
-)
+from stepscope.vllm.scheduled import Requests, iteration_of, request_ids_of, requests_of
+from stepscope.vllm.worker import StatusEndpoint, worker_status, worker_timeline
 
 __all__ = [
     "CONFIG_ENV",
@@ -96,10 +93,12 @@ __all__ = [
     "iteration_of",
     "lifecycles",
     "make_with_known_fields",
+    "model",
     "rank_of",
     "register",
     "request_ids_of",
     "requests_of",
+    "scheduled",
     "shutdown",
     "stepscope_keys_from_env",
     "stop",

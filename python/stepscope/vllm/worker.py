@@ -13,11 +13,13 @@ import secrets
 import sys
 from contextlib import nullcontext
 from types import ModuleType
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from stepscope.vllm.environment import key_on, logger
 from stepscope.vllm.factory import make_factory
 from stepscope.vllm.interfaces import PATCHED_MARK, WRAPPER, signature_known, warn_unpatched
+from stepscope.vllm.model import record_model
+from stepscope.vllm.scheduled import iteration_of
 
 def _patch_gpu_worker(module: ModuleType) -> None:
     worker = getattr(module, "Worker", None)
@@ -87,12 +89,15 @@ def _make_annotate(
                 profiler.step()
                 return _IDLE
             # The timeline keeps the counts and times the step until the scope exits.
-            profiler.step(iteration_of(scheduler_output, compute_iteration_details, False))
+            profiler.step(iteration_of(scheduler_output, compute_iteration_details))
             return _IterationScope(profiler)
-        detailed = bool(getattr(self.vllm_config.profiler_config, "detailed_trace_annotation", False))
-        # Requests are read only when stepscope.request_ids asks for them.
+        # Armed: each request's counts (the step's work, summed by the core), their ids only
+        # when stepscope.request_ids asks for them, and the model's shape once.
+        record_model(self, profiler)
         wanted = profiler.wants_request_ids
-        profiler.step(iteration_of(scheduler_output, compute_iteration_details, detailed, wanted))
+        profiler.step(
+            iteration_of(scheduler_output, compute_iteration_details, shares=True, ids=wanted)
+        )
         return _IterationScope(profiler)
 
     annotate_profile.__doc__ = original.__doc__
@@ -357,91 +362,3 @@ class _IterationScope:
 
     def __exit__(self, *exc: object) -> None:
         self._profiler.step_end()
-
-
-def request_ids_of(scheduler_output: Any) -> list[str]:
-    """The ids of the requests one ``SchedulerOutput`` schedules, in its order: the keys of
-    ``num_scheduled_tokens`` (new and cached requests alike)."""
-    return [str(r) for r in scheduler_output.num_scheduled_tokens]
-
-
-class Requests(NamedTuple):
-    """The requests one ``SchedulerOutput`` schedules, in its order: their ids, the tokens
-    scheduled for each, and whether each is in its context phase (prefill) as vLLM's
-    ``compute_iteration_details`` counts it (a new request, or a cached one still in it)."""
-
-    ids: list[str]
-    tokens: list[int]
-    prefill: list[bool]
-
-
-def requests_of(scheduler_output: Any, details: Any = None) -> Requests:
-    """The :class:`Requests` of one ``SchedulerOutput``. With its ``compute_iteration_details``
-    (``details``), a step all in one phase (steady decode) takes no per-request test."""
-    scheduled = scheduler_output.num_scheduled_tokens
-    n = len(scheduled)
-    if details is not None and details.num_ctx_requests == 0:
-        prefill = [False] * n
-    elif details is not None and details.num_generation_requests == 0:
-        prefill = [True] * n
-    else:
-        # vLLM's is_context_phase without a call each: a cached request with no output yet
-        # is in context, as is every new request (absent from the cached ones).
-        cached = scheduler_output.scheduled_cached_reqs
-        produced = dict(zip(cached.req_ids, cached.num_output_tokens, strict=False))
-        prefill = [produced.get(r, 0) == 0 for r in scheduled]
-    return Requests(
-        ids=[str(r) for r in scheduled], tokens=list(scheduled.values()), prefill=prefill
-    )
-
-
-def iteration_of(
-    scheduler_output: Any,
-    compute_iteration_details: Any,
-    detailed: bool,
-    requests: list[str] | bool | None = None,
-) -> Any:
-    """The :class:`stepscope.Iteration` of one ``SchedulerOutput``: vLLM's own
-    ``compute_iteration_details`` counts (context = a new request or one still in its context
-    phase), with ``detailed`` vLLM's per-phase roofline sums, and the requests if given: their
-    ids alone, or ``True`` to read them from the output with each one's tokens and phase
-    (:func:`requests_of`)."""
-    import stepscope
-
-    d = compute_iteration_details(scheduler_output)
-    counts = (
-        d.num_ctx_requests,
-        d.num_ctx_tokens,
-        d.num_generation_requests,
-        d.num_generation_tokens,
-    )
-    given: dict[str, Any] = {}
-    if requests is True:
-        r = requests_of(scheduler_output, d)
-        given = {"request_ids": r.ids, "request_tokens": r.tokens, "request_prefill": r.prefill}
-    elif isinstance(requests, list):
-        given = {"request_ids": requests}
-    if not detailed:
-        return stepscope.Iteration(*counts, **given)
-    new_ids = {r.req_id for r in scheduler_output.scheduled_new_reqs}
-    computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
-    cached = scheduler_output.scheduled_cached_reqs
-    computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
-    ctx = [0, 0, 0]
-    gen = [0, 0, 0]
-    for req_id, q in scheduler_output.num_scheduled_tokens.items():
-        seq = computed.get(req_id, 0) + q
-        sums = ctx if (req_id in new_ids or cached.is_context_phase(req_id)) else gen
-        sums[0] += seq
-        sums[1] += q * q
-        sums[2] += q * seq
-    return stepscope.Iteration(
-        *counts,
-        ctx_seq_len_sum=ctx[0],
-        ctx_qq_compute=ctx[1],
-        ctx_qk_compute=ctx[2],
-        gen_seq_len_sum=gen[0],
-        gen_qq_compute=gen[1],
-        gen_qk_compute=gen[2],
-        **given,
-    )

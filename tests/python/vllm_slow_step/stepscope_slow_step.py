@@ -40,12 +40,80 @@ TOKEN_COST_ARCH = "TokenCostLlama"
 TOKEN_COST_S = 0.002
 
 
+# With this variable naming a file, every worker step a stepscope capture is armed for also
+# runs vLLM's own ``Worker.annotate_profile`` on the same ``SchedulerOutput``, detailed, and
+# appends what it names the step to the file, with the step index stepscope gives it: the
+# oracle of the live floor test.
+ANNOTATIONS_ENV = "STEPSCOPE_TEST_ANNOTATIONS"
+
+
 def register() -> None:
+    import os
+
     from vllm import ModelRegistry
 
     for arch in (ARCH, DELAYABLE_ARCH, TOKEN_COST_ARCH):
         if arch not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(arch, f"stepscope_slow_step:{arch}")
+    if os.environ.get(ANNOTATIONS_ENV):
+        import logging
+
+        from stepscope._imports import when_imported
+
+        path = os.environ[ANNOTATIONS_ENV]
+        when_imported(
+            "vllm.v1.worker.gpu_worker",
+            lambda module: _record_vllms_own_annotations(module, path),
+            logging.getLogger(__name__),
+            "no oracle",
+        )
+
+
+def _record_vllms_own_annotations(gpu_worker, path: str) -> None:
+    import json
+    from types import SimpleNamespace
+
+    worker = gpu_worker.Worker
+    if getattr(worker.execute_model, "_stepscope_oracle", False):
+        return
+    execute = worker.execute_model
+
+    class Oracle:
+        """vLLM's profiler as annotate_profile drives it, keeping the name it is given."""
+
+        should_annotate = True
+
+        def __init__(self) -> None:
+            self.name = None
+
+        def step(self) -> None:
+            pass
+
+        def annotate_context_manager(self, name):
+            self.name = name
+            return None
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        profiler = getattr(self, "profiler", None)
+        if getattr(profiler, "is_armed", False):
+            # vLLM's own function, under stepscope's patch (which keeps it).
+            patched = type(self).annotate_profile
+            own = getattr(patched, "__stepscope_original__", patched)
+            oracle = Oracle()
+            stub = SimpleNamespace(
+                profiler=oracle,
+                vllm_config=SimpleNamespace(
+                    profiler_config=SimpleNamespace(detailed_trace_annotation=True)
+                ),
+            )
+            own(stub, scheduler_output)
+            step = profiler.status()["step_index"] + 1
+            with open(path, "a") as f:
+                f.write(json.dumps({"step": step, "name": oracle.name}) + "\n")
+        return execute(self, scheduler_output, *args, **kwargs)
+
+    execute_model._stepscope_oracle = True
+    worker.execute_model = execute_model
 
 
 @functools.cache

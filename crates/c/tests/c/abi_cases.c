@@ -246,6 +246,24 @@ static void cases(void) {
   }
   stepscope_profiler_free(p);
 
+  /* The iteration's work: named in detail with detailed_trace_annotation; a model shape. */
+  mark_case("work");
+  p = make("{\"profiler\": \"cuda\", \"max_iterations\": 1, \"detailed_trace_annotation\": true}");
+  CHECK_CODE(stepscope_set_model_json(p, "{\"layers\": 2, \"hidden_size\": 128}"), STEPSCOPE_OK);
+  CHECK_CODE(stepscope_set_model_json(p, "{\"layrs\": 2}"), STEPSCOPE_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("layrs");
+  CHECK_CODE(stepscope_set_model_json(p, NULL), STEPSCOPE_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(stepscope_start(p, -1, -1), STEPSCOPE_OK);
+  {
+    /* A new request of 4 tokens; two decodes at 9 and 6 computed tokens. */
+    stepscope_iteration it = {1, 4, 2, 2};
+    stepscope_iteration_work work = {{4, 16, 16}, {17, 2, 17}};
+    CHECK_CODE(stepscope_step_with_work(p, &it, &work), STEPSCOPE_OK);
+    CHECK_CODE(stepscope_step_end(p), STEPSCOPE_OK);
+    CHECK_CODE(stepscope_step_with_work(p, &it, NULL), STEPSCOPE_OK); /* past max */
+  }
+  stepscope_profiler_free(p);
+
   /* The step timeline: the last 16 of 20 steps, a capture in steps 18-19 among them. */
   mark_case("timeline");
   p = make("{\"profiler\": \"cuda\", \"stepscope\": {\"timeline\": {\"steps\": 16}}}");
@@ -361,6 +379,8 @@ static void bad_arguments(void) {
   (void)sig_shutdown; (void)sig_is_active; (void)sig_is_running; (void)sig_flush;
   (void)sig_start_at; (void)sig_set_rank; (void)sig_status_json; (void)sig_timeline_json;
   CHECK_CODE(stepscope_step_with_requests(NULL, NULL, NULL, 0), STEPSCOPE_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(stepscope_step_with_work(NULL, NULL, NULL), STEPSCOPE_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(stepscope_set_model_json(NULL, "{}"), STEPSCOPE_ERR_INVALID_ARGUMENT);
   CHECK(stepscope_wants_request_ids(NULL) == 0);
 }
 

@@ -107,6 +107,20 @@ int main() {
     CHECK(!p.wants_request_ids());
   }
 
+  {
+    // The iteration's work and the model's shape.
+    stepscope::Profiler p(R"({"profiler": "cuda", "max_iterations": 1, "detailed_trace_annotation": true})", "cpp");
+    p.set_model_json(R"({"layers": 2})");
+    try {
+      p.set_model_json(R"({"layrs": 2})");
+      CHECK(false);
+    } catch (const stepscope::Error &e) {
+      CHECK(std::strstr(e.what(), "layrs") != nullptr);
+    }
+    p.start();
+    { auto it = p.step({1, 4, 2, 2}, stepscope_iteration_work{{4, 16, 16}, {17, 2, 17}}); CHECK(it.status() == STEPSCOPE_OK); }
+  }
+
   CHECK(!stepscope::version().empty());
   std::printf("wrapper: %d checks, %d failed\n", checks, failures);
   return failures ? 1 : 0;

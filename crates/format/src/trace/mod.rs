@@ -30,6 +30,7 @@
 
 mod event;
 mod explain;
+mod floor;
 mod header;
 mod scan;
 mod stream;
@@ -39,7 +40,8 @@ pub use event::{Args, DeviceProperties, Event, Id, Meta, RawArgs};
 pub use explain::{
     Bound, BusySplit, GpuMean, GpuTime, IdleSplit, LaunchStats, StreamIdle, Verdict, KERNEL_WAIT_US,
 };
-pub use header::{Captured, StepRequests, TraceHeader, Trigger};
+pub use floor::{peaks, Cost, DevicePeaks, Floor, PeakOverride, Peaks, Roof, DEVICES};
+pub use header::{Captured, PhaseWork, StepRequests, StepWork, TraceHeader, Trigger};
 pub use scan::{FromTrace, RawEvent, Serde, Skip};
 pub use stream::{EventSink, EventStream, ReadError, StreamError, StreamErrorKind};
 pub use summary::{

@@ -16,8 +16,10 @@ use super::explain::{
     explain, launch_of, CallKind, DeviceOp, Explained, GpuTime, Inputs, Launch, LaunchStats,
     OpClass, StreamIdle, NO_CORRELATION, NO_NAME,
 };
-use super::header::{StepRequests, Trigger};
+use super::floor::{peaks, Cost, Floor, PeakOverride, Peaks};
+use super::header::{StepRequests, StepWork, Trigger};
 use super::stream::EventSink;
+use crate::model::ModelShape;
 
 /// What a device event's time counts as, as Holistic Trace Analysis classifies kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -153,6 +155,13 @@ pub struct Step {
     /// Why the step took what it took on its GPUs (absent without device work or launches).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuTime>,
+    /// Its work per phase: from stepscope's header, else from a detailed annotation name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work: Option<StepWork>,
+    /// How close it ran to its floor (see `floor.rs`), when its work, the model's shape and
+    /// the device's peaks are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<Floor>,
 }
 
 /// The summary of one trace.
@@ -198,9 +207,56 @@ pub struct Summary {
     /// What started the capture, from stepscope's header (`{"slow_step": …}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<Trigger>,
+    /// The served model's shape, from stepscope's header (or `analyze --model`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelShape>,
+    /// The peaks the steps' floors were computed with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peaks: Option<Peaks>,
+    /// Why the steps have no floor, when they have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor_missing: Option<String>,
 }
 
 impl Summary {
+    /// Computes each step's floor (see `floor.rs`) from its work, the model's shape and the
+    /// device's peaks (the table's, each overridden by `given`), or says in
+    /// [`Summary::floor_missing`] which of them is missing.
+    pub fn apply_floor(&mut self, given: PeakOverride) {
+        for s in &mut self.steps {
+            s.floor = None;
+        }
+        self.peaks = None;
+        self.floor_missing = None;
+        let with_work = self.steps.iter().filter(|s| s.work.is_some()).count();
+        let no_work = "no step carries its work (the tokens and context lengths stepscope's \
+                       plugins record, or vLLM's detailed_trace_annotation names)";
+        let cost = match (&self.model, with_work) {
+            (None, 0) => Err(format!(
+                "{no_work}, and the trace has no model shape (give analyze --model config.json)"
+            )),
+            (_, 0) => Err(no_work.to_string()),
+            (None, _) => {
+                Err("the trace has no model shape (give analyze --model config.json)".to_string())
+            }
+            (Some(m), _) => Cost::of(m),
+        };
+        let device = self.devices.first().and_then(|d| d.name.as_deref());
+        let floor = cost.and_then(|c| Ok((peaks(device, c.weight_bytes(), given)?, c)));
+        match floor {
+            Err(why) => self.floor_missing = Some(format!("no floor: {why}")),
+            Ok((peaks, cost)) => {
+                for s in &mut self.steps {
+                    if let Some(w) = &s.work {
+                        let busy = s.gpu.as_ref().map(|g| g.busy_us);
+                        s.floor = Some(cost.floor(w, &peaks, s.dur_us, busy));
+                    }
+                }
+                self.peaks = Some(peaks);
+            }
+        }
+    }
+
     /// Keeps the `top` longest kernels and operators (0: all).
     pub fn keep_top(&mut self, top: usize) {
         if top > 0 {
@@ -551,7 +607,11 @@ impl Summarizer {
             steps,
             cpu_ops,
             trigger: meta.stepscope.trigger,
+            model: meta.stepscope.model,
+            peaks: None,
+            floor_missing: None,
         };
+        summary.apply_floor(PeakOverride::default());
         summary.keep_top(top);
         summary
     }
@@ -614,7 +674,12 @@ impl Summarizer {
                     }
                     _ => (Vec::new(), Vec::new()),
                 };
+                let work = listed
+                    .and_then(|s| s.work)
+                    .or_else(|| StepWork::from_annotation(&a.name));
                 Step {
+                    work,
+                    floor: None,
                     name: std::mem::take(&mut a.name),
                     step: a.step,
                     requests,
