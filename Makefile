@@ -42,6 +42,9 @@ demo: setup python
 	@echo "== stepscope analyze out/vllm: the worker's and the API server's traces, from their manifests"
 	$(CARGO) run --quiet --release -p stepscope-cli -- analyze --top 5 out/vllm
 	@echo
+	@echo "== each captured step against its floor: the model's shape and each step's work are in the traces; a CPU is not in the device table, so its peaks are measured now (scripts/cpu_peaks.py)"
+	$(CARGO) run --quiet --release -p stepscope-cli -- analyze --top 0 $$($(PYTHON) scripts/cpu_peaks.py) out/vllm | sed -n '/each step against its floor/,/^$$/p'
+	@echo
 	$(CARGO) run --quiet --release --example engine
 	@echo
 	@echo "== the torch (Kineto) backend: a toy engine on libtorch, iterations 4-6 captured"

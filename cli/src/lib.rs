@@ -11,6 +11,7 @@ pub mod load;
 pub mod merge;
 pub mod par;
 pub mod report;
+pub mod requests;
 pub mod stats;
 pub mod text;
 pub mod trace;

@@ -69,6 +69,7 @@ class Iteration:
         request_tokens: list[int] | None = None,
         request_prefill: list[bool] | None = None,
         request_computed: list[int] | None = None,
+        request_outputs: list[int] | None = None,
     ) -> Self: ...
     @property
     def request_ids(self) -> list[str] | None:
@@ -200,6 +201,7 @@ class RequestLog:
         tokens: Iterable[int],
         computed: Iterable[int],
         prefill: Iterable[bool] | None = None,
+        outputs: Iterable[int] | None = None,
     ) -> None: ...
     def preempted(self, step: int, ids: Iterable[str]) -> None: ...
     def discard_step(self, step: int) -> bool: ...

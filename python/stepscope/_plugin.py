@@ -115,13 +115,3 @@ def make_request_log(
     return made
 
 
-def finish_reason(name: str) -> str:
-    """An engine's finish reason, by its name (vLLM's ``FinishReason.STOP`` or
-    ``RequestStatus.FINISHED_ABORTED``, SGLang's ``FINISH_MATCHED_TOKEN``, ...), as the request
-    log names it."""
-    name = name.upper()
-    for key, value in (("ABORT", "abort"), ("STOP", "stop"), ("LENGTH", "length"),
-                       ("ERROR", "error"), ("MATCHED", "stop")):  # fmt: skip
-        if key in name:
-            return value
-    return "other"

@@ -299,16 +299,26 @@ def test_short_requests_behind_a_long_chunked_prefill_are_charged_its_steps(serv
 
 
 def test_a_request_preempted_for_kv_cache_shows_its_preemption(server):
+    traces = Path(server.workdir) / "traces"
+    before = set(traces.glob("*.json")) if traces.exists() else set()
+    oracle = Path(server.workdir) / "vllm_annotations.jsonl"
+    seen = len(oracle.read_text().splitlines()) if oracle.exists() else 0
     since = log(server)["step_index"]
-    # Three requests of 200 + 400 tokens: 15 blocks of 128 against 12.
-    threads = [
-        threading.Thread(target=server.completion_of, args=(prompt(200, 80 + k), 400))
-        for k in range(3)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    status, answer, _ = server.post("/start_profile")
+    assert status == 200, answer
+    try:
+        # Three requests of 200 + 400 tokens: 15 blocks of 128 against 12.
+        threads = [
+            threading.Thread(target=server.completion_of, args=(prompt(200, 80 + k), 400))
+            for k in range(3)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        status, answer, _ = server.post("/stop_profile")
+    assert status == 200, answer
     doc = log(server, since)
     mine = [r for r in doc["requests"] if r["prompt_tokens"] == 200]
     assert len(mine) == 3, doc["requests"]
@@ -320,8 +330,10 @@ def test_a_request_preempted_for_kv_cache_shows_its_preemption(server):
         for p, back in zip(r["preempted_at"], r["resumed_at"], strict=True):
             assert p < back <= r["finished_step"], r
             assert steps[p]["preempted"] >= 1, steps[p]
-        # A recompute is prefill again.
-        assert r["prefill_steps"] > -(-200 // BUDGET), r
+        # vLLM's rule: prefill until the first token; the return after a preemption (past
+        # the first token here: the KV cache runs out while the requests decode) is decode.
+        assert r["prefill_steps"] == -(-200 // BUDGET), r
+        assert r["last_prefill_step"] < r["preempted_at"][0], r
         assert r["output_tokens"] == 400 and r["finish"] == "length", r
     # One request's every step: out from each preemption until its return.
     r = preempted[0]
@@ -331,7 +343,34 @@ def test_a_request_preempted_for_kv_cache_shows_its_preemption(server):
     roles = {c["step"]: c["role"] for c in b["costliest"]}
     for p, back in zip(r["preempted_at"], r["resumed_at"], strict=True):
         assert all(roles[s] == "preempted" for s in range(p, back) if s in steps), (p, back, roles)
-        assert roles[back] in ("prefill", "decode"), roles
+        assert roles[back] == "decode", roles
+
+    # Step by step, the request's role in each step that scheduled it agrees: in the log
+    # (`ctl requests`), in the capture (`analyze --request`), and in vLLM's own view of the
+    # same SchedulerOutputs (its is_context_phase, run in the worker beside stepscope's).
+    by_log = [c["role"] for c in b["costliest"] if c["role"] in ("prefill", "decode")]
+    assert by_log.count("prefill") == r["prefill_steps"], by_log
+    assert by_log.count("decode") == r["decode_steps"], by_log
+    (manifest,) = [
+        json.loads(p.read_text()) for p in set(traces.glob("rank0*.stepscope.json")) - before
+    ]
+    trace = traces / manifest["trace_file"]
+    out = subprocess.run(
+        [stepscope_cli(), "analyze", "--json", "--request", r["id"], str(trace)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    ((captured,),) = [t["requests"] for t in json.loads(out.stdout)["requests"]]
+    by_trace = [c["role"] for c in captured["costliest"]]
+    vllms = []
+    for line in oracle.read_text().splitlines()[seen:]:
+        entry = json.loads(line)
+        if r["id"] in entry["requests"]:
+            n, computed, context = entry["requests"][r["id"]]
+            vllms.append(("prefill" if context else "decode", n))
+    assert by_log == by_trace == [role for role, _ in vllms], (by_log, by_trace, vllms)
+    # And the tokens each step scheduled for it, as vLLM scheduled them.
+    assert [c["own_tokens"] for c in captured["costliest"]] == [n for _, n in vllms]
 
 
 def test_a_captured_long_prefill_and_its_requests_agree_with_the_request_log(server):

@@ -77,22 +77,23 @@ def test_each_requests_phase_is_vllms_own_in_mixed_and_single_phase_steps(vllm_l
     from vllm.v1.utils import compute_iteration_details
 
     mixed = scheduler_output()
-    d = compute_iteration_details(mixed)
-    r = plugin.scheduled.requests_of(mixed, d)
-    assert (r.ids, r.tokens, r.prefill) == (["a", "c", "b"], [5, 4, 1], [True, True, False])
+    r = plugin.scheduled.requests_of(mixed)
+    assert (r.ids, r.tokens, r.outputs) == (["a", "c", "b"], [5, 4, 1], [0, 0, 2])
     assert r.computed == [0, 8, 9]
-    # vLLM's own test, request by request: new, or a cached one still in its context phase.
+    # The core decides each phase from the outputs: vLLM's own test, request by request (new,
+    # or a cached one still in its context phase), and vLLM's own counts.
+    it = plugin.iteration_of(mixed, compute_iteration_details, shares=True, ids=True)
     cached = mixed.scheduled_cached_reqs
-    assert r.prefill == [i == "a" or cached.is_context_phase(i) for i in r.ids]
-    # A step of one phase takes its phase from the counts: the same answer.
+    assert it.request_prefill == [i == "a" or cached.is_context_phase(i) for i in r.ids]
+    d = compute_iteration_details(mixed)
+    assert sum(it.request_prefill) == d.num_ctx_requests
     for keep in (["b"], ["a", "c"]):
         one = scheduler_output()
         one.num_scheduled_tokens = {k: v for k, v in one.num_scheduled_tokens.items() if k in keep}
         if "a" not in keep:
             one.scheduled_new_reqs = []
-        fast = plugin.scheduled.requests_of(one, compute_iteration_details(one))
-        assert fast == plugin.scheduled.requests_of(one), keep
-        assert fast.prefill == [k != "b" for k in keep]
+        it = plugin.iteration_of(one, compute_iteration_details, shares=True)
+        assert it.request_prefill == [k != "b" for k in keep], keep
 
 
 def bare_worker(gpu_worker, profiler_config, rank=3):
@@ -976,4 +977,9 @@ def test_the_request_log_patches_vllms_scheduler_only_when_asked(vllm_loaded, mo
     # vLLM's reasons, as the log names them.
     reasons = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT,
                RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_LENGTH_CAPPED)  # fmt: skip
-    assert [lifecycles._finish_name(r) for r in reasons] == ["stop", "length", "abort", "abort", "length"]
+    named = stepscope.RequestLog(16, 16)
+    for i, r in enumerate(reasons):
+        named.arrived(f"r{i}", 1)
+        named.finished(None, f"r{i}", lifecycles._finish_name(r))
+    doc = json.loads(named.document_json(0))
+    assert [x["finish"] for x in doc["requests"]] == ["stop", "length", "abort", "abort", "length"]

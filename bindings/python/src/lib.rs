@@ -162,21 +162,38 @@ struct PyIteration {
     shares: Vec<RequestShare>,
 }
 
-/// Each request's part of the iteration from `request_tokens` and `request_prefill` (both or
-/// neither) and `request_computed` (with them, or not at all): one per id (per token count
-/// when no ids are given), counts not negative.
+/// Each request's part of the iteration from `request_tokens` and its phase, given as
+/// `request_prefill` or decided by the core from `request_outputs` (the tokens each had
+/// produced before: `requests::in_prefill`, the one rule), and `request_computed` (with them,
+/// or not at all): one per id (per token count when no ids are given), counts not negative.
 fn shares_of(
     ids: Option<&Vec<String>>,
     tokens: Option<Vec<i64>>,
     prefill: Option<Vec<bool>>,
+    outputs: Option<Vec<i64>>,
     computed: Option<Vec<i64>>,
 ) -> PyResult<Vec<RequestShare>> {
+    let prefill = match (prefill, outputs) {
+        (Some(_), Some(_)) => {
+            return Err(PyValueError::new_err(
+                "request_prefill and request_outputs say the same: give one",
+            ))
+        }
+        (Some(p), None) => Some(p),
+        (None, Some(o)) => Some(
+            o.into_iter()
+                .map(|n| count("request_outputs", n).map(stepscope::requests::in_prefill))
+                .collect::<PyResult<Vec<bool>>>()?,
+        ),
+        (None, None) => None,
+    };
     let (tokens, prefill) = match (tokens, prefill) {
         (None, None) => return Ok(Vec::new()),
         (Some(t), Some(p)) => (t, p),
         _ => {
             return Err(PyValueError::new_err(
-                "request_tokens and request_prefill go together: give both or neither",
+                "request_tokens and request_prefill (or request_outputs) go together: give \
+                 both or neither",
             ))
         }
     };
@@ -216,7 +233,7 @@ impl PyIteration {
         ctx_seq_len_sum = None, ctx_qq_compute = None, ctx_qk_compute = None,
         gen_seq_len_sum = None, gen_qq_compute = None, gen_qk_compute = None,
         request_ids = None, request_tokens = None, request_prefill = None,
-        request_computed = None,
+        request_computed = None, request_outputs = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -234,11 +251,13 @@ impl PyIteration {
         request_tokens: Option<Vec<i64>>,
         request_prefill: Option<Vec<bool>>,
         request_computed: Option<Vec<i64>>,
+        request_outputs: Option<Vec<i64>>,
     ) -> PyResult<Self> {
         let shares = shares_of(
             request_ids.as_ref(),
             request_tokens,
             request_prefill,
+            request_outputs,
             request_computed,
         )?;
         let mut info = IterationInfo::new(

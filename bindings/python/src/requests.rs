@@ -6,7 +6,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use stepscope::config::RequestLogSize;
-use stepscope::requests::{Finish, RequestLog};
+use stepscope::requests::{Finish, RequestLog, RoleHint};
 
 use crate::parse_config;
 
@@ -108,10 +108,11 @@ impl PyRequestLog {
     }
 
     /// Step ``step`` scheduled ``tokens[i]`` tokens of request ``ids[i]``, of which the engine
-    /// had computed ``computed[i]`` before (three sequences of one length); ``prefill``, when
-    /// given, each one's role (``True``: prefill) as the engine knows it, else the log infers
-    /// it (prefill until the request has produced a token, or while it recomputes).
-    #[pyo3(signature = (step, ids, tokens, computed, prefill = None))]
+    /// had computed ``computed[i]`` before (three sequences of one length). What the engine
+    /// knows of each one's role, at most one of: ``outputs``, the tokens each had produced
+    /// before (the log decides by them: prefill until the first token), or ``prefill``, each
+    /// one's role itself (``True``: prefill); neither: the log's own count decides.
+    #[pyo3(signature = (step, ids, tokens, computed, prefill = None, outputs = None))]
     fn scheduled(
         &mut self,
         step: u64,
@@ -119,28 +120,42 @@ impl PyRequestLog {
         tokens: &Bound<'_, PyAny>,
         computed: &Bound<'_, PyAny>,
         prefill: Option<&Bound<'_, PyAny>>,
+        outputs: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        if prefill.is_some() && outputs.is_some() {
+            return Err(PyValueError::new_err("give prefill or outputs, not both"));
+        }
         let mut t = tokens.try_iter()?;
         let mut c = computed.try_iter()?;
         let mut p = prefill.map(|p| p.try_iter()).transpose()?;
-        let short =
-            || PyValueError::new_err("ids, tokens, computed and prefill must have one length");
+        let mut o = outputs.map(|o| o.try_iter()).transpose()?;
+        let short = || {
+            PyValueError::new_err(
+                "ids, tokens, computed and prefill or outputs must have one length",
+            )
+        };
         each(ids, "ids", |item| {
             let n = count(&t.next().ok_or_else(short)??, "tokens")?;
             let before = count(&c.next().ok_or_else(short)??, "computed")?;
-            let role = match p.as_mut() {
-                Some(p) => Some(
+            let hint = match (p.as_mut(), o.as_mut()) {
+                (Some(p), _) => RoleHint::Prefill(
                     p.next()
                         .ok_or_else(short)??
                         .extract::<bool>()
                         .map_err(|_| PyValueError::new_err("prefill must be bools"))?,
                 ),
-                None => None,
+                (None, Some(o)) => {
+                    RoleHint::OutputsBefore(count(&o.next().ok_or_else(short)??, "outputs")?)
+                }
+                (None, None) => RoleHint::Infer,
             };
-            self.log.scheduled_as(step, id_of(&item)?, n, before, role);
+            self.log.scheduled_as(step, id_of(&item)?, n, before, hint);
             Ok(())
         })?;
-        if t.next().is_some() || c.next().is_some() || p.is_some_and(|mut p| p.next().is_some()) {
+        let more = |i: Option<pyo3::Bound<'_, pyo3::types::PyIterator>>| {
+            i.is_some_and(|mut i| i.next().is_some())
+        };
+        if t.next().is_some() || c.next().is_some() || more(p) || more(o) {
             return Err(short());
         }
         Ok(())

@@ -105,6 +105,15 @@ pub fn groups(steps: &[Step]) -> Vec<GroupRow> {
         .collect()
 }
 
+/// `#12 decode 5-8 req 5-8 tok`: the step's index and its group, shorter than its name.
+fn step_label(s: &Step) -> String {
+    let key = GroupKey::of(&s.name);
+    match s.step {
+        Some(i) => format!("#{i} {}", key.label()),
+        None => short(&s.name, 30),
+    }
+}
+
 fn pct(x: Option<f64>) -> String {
     x.map_or("-".into(), |x| format!("{:.1}%", 100.0 * x))
 }
@@ -130,7 +139,7 @@ pub fn render_floors(r: &Summary, rows: &[GroupRow]) -> String {
             &mut o,
             format_args!(
                 "  {:<30} {:>8} {:>10} {:>9.3} {:>7.3} {:>9} {:<16} {:>9} {:>9} {:>7} {:>9}\n",
-                short(&s.name, 30),
+                short(&step_label(s), 30),
                 w.tokens(),
                 w.context.sk + w.generation.sk,
                 f.flops / 1e9,

@@ -12,9 +12,9 @@ use serde::Serialize;
 use stepscope_format::requests::{RequestsDocument, ID_BYTES};
 use stepscope_format::trace::Step;
 
-use crate::ctl::requests::render::lifecycle;
-use crate::ctl::requests::{breakdowns, Breakdown};
 use crate::flags::RankBy;
+use crate::requests::render::lifecycle;
+use crate::requests::{breakdowns, RequestBreakdown};
 
 /// How a request's share of an iteration's time is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -29,7 +29,7 @@ pub enum ShareBy {
 /// What a request did in one captured iteration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Role {
+pub enum IterationRole {
     /// A chunk of its prompt.
     Prefill,
     /// Decode.
@@ -38,13 +38,13 @@ pub enum Role {
     Scheduled,
 }
 
-impl Role {
+impl IterationRole {
     /// `prefill`, `decode` or `scheduled`, as `--json` writes it.
     pub fn as_str(self) -> &'static str {
         match self {
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-            Role::Scheduled => "scheduled",
+            IterationRole::Prefill => "prefill",
+            IterationRole::Decode => "decode",
+            IterationRole::Scheduled => "scheduled",
         }
     }
 }
@@ -56,7 +56,7 @@ pub struct InStep {
     pub step: Option<u64>,
     /// Its position among the trace's iterations (0 is the first).
     pub index: usize,
-    pub role: Role,
+    pub role: IterationRole,
     /// Tokens scheduled for this request (when the engine gave them).
     pub own_tokens: Option<u32>,
     /// The iteration's wall time, CPU operator time and GPU kernel time, ms.
@@ -124,7 +124,7 @@ pub struct TraceRequest {
     /// engine steps that cost it most, those it waited through included. Engine steps count
     /// the engine's schedules, not the trace's iterations.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub log: Option<Breakdown>,
+    pub log: Option<RequestBreakdown>,
 }
 
 /// Iterations listed per request in the table.
@@ -181,9 +181,9 @@ impl<'a> StepLoad<'a> {
             step: self.step.step,
             index,
             role: match self.shares.then(|| self.step.prefill[pos]) {
-                Some(true) => Role::Prefill,
-                Some(false) => Role::Decode,
-                None => Role::Scheduled,
+                Some(true) => IterationRole::Prefill,
+                Some(false) => IterationRole::Decode,
+                None => IterationRole::Scheduled,
             },
             own_tokens,
             ms: self.step.dur_us / 1e3,
@@ -201,7 +201,7 @@ impl<'a> StepLoad<'a> {
     }
 }
 
-fn phase(steps: &[InStep], role: Role) -> Option<Phase> {
+fn phase(steps: &[InStep], role: IterationRole) -> Option<Phase> {
     let of: Vec<&InStep> = steps.iter().filter(|s| s.role == role).collect();
     if of.is_empty() {
         return None;
@@ -259,8 +259,8 @@ pub fn requests(steps: &[Step], keep: Option<usize>) -> Vec<TraceRequest> {
                 absent_steps: (last - first + 1).saturating_sub(its.len()),
                 at_start: first == 0,
                 at_end: last == last_index,
-                prefill: phase(&its, Role::Prefill),
-                decode: phase(&its, Role::Decode),
+                prefill: phase(&its, IterationRole::Prefill),
+                decode: phase(&its, IterationRole::Decode),
                 wall_ms: its.iter().map(|s| s.ms).sum(),
                 cpu_ms: its.iter().map(|s| s.share * s.cpu_ms).sum(),
                 gpu_ms: its.iter().map(|s| s.share * s.gpu_ms).sum(),
@@ -301,7 +301,8 @@ pub fn join_logs(
             return;
         }
         let found = breakdowns(file, doc, RankBy::Ttft, keep);
-        let by_id: HashMap<&str, &Breakdown> = found.iter().map(|b| (b.id.as_str(), b)).collect();
+        let by_id: HashMap<&str, &RequestBreakdown> =
+            found.iter().map(|b| (b.id.as_str(), b)).collect();
         for r in requests.iter_mut().filter(|r| r.log.is_none()) {
             // A log keeps an id cut to its first ID_BYTES bytes.
             let cut = (0..=ID_BYTES.min(r.id.len()))
@@ -376,6 +377,18 @@ pub fn render(all: &[TraceRequest], top: usize) -> String {
         all.len(),
         if by_tokens { "tokens" } else { "request (tokens not recorded)" }
     ));
+    let partial = all
+        .iter()
+        .filter(|r| r.log.as_ref().is_some_and(|l| l.partial))
+        .count();
+    let unjoined = all.iter().filter(|r| r.log.is_none()).count();
+    if partial > 0 || (unjoined > 0 && unjoined < all.len()) {
+        o.push_str(&format!(
+            "  their engines' logs: {partial} record(s) partial (the log lost their start: \
+             prompt, cached and output tokens unknown), {unjoined} request(s) not in any log \
+             beside the trace\n"
+        ));
+    }
     o.push_str("  request                               steps   prefill (chunks, tokens, ms)   decode (steps, mean, max)      wall         CPU share    GPU share\n");
     for r in all.iter().take(shown) {
         let prefill = r.prefill.map_or_else(
@@ -610,7 +623,7 @@ mod tests {
         assert_eq!(all[0].share_by, ShareBy::Requests);
         assert!((all[0].cpu_ms - 2.5).abs() < 1e-9);
         assert!(all[0].prefill.is_none() && all[0].decode.is_none());
-        assert_eq!(all[0].costliest[0].role, Role::Scheduled);
+        assert_eq!(all[0].costliest[0].role, IterationRole::Scheduled);
         assert!(render(&all, 0).contains("tokens not recorded"));
     }
 }

@@ -16,8 +16,8 @@ pub struct EngineStep {
     pub start_unix_ns: u64,
     /// From the start of its scheduling to the end of its output's processing, ns.
     pub duration_ns: u64,
-    /// Requests scheduled in prefill (a chunk of their prompt, or a recompute after a
-    /// preemption).
+    /// Requests scheduled in prefill: before their first token (the log's role rule, decided
+    /// once in the library's `requests` module).
     pub prefill_reqs: u32,
     /// Tokens scheduled for requests in prefill.
     pub prefill_tokens: u32,
@@ -58,12 +58,19 @@ impl EngineStep {
 pub struct RequestRecord {
     /// The engine's id of the request (cut to [`ID_BYTES`] bytes when longer).
     pub id: String,
-    /// Its prompt, tokens (0 when it was first seen scheduled, not arriving).
-    pub prompt_tokens: u32,
-    /// Tokens of its prompt the engine had at its first scheduling (prefix cache).
-    pub cached_tokens: u32,
-    /// Tokens it produced.
-    pub output_tokens: u32,
+    /// The log lost the start of it: first seen scheduled rather than arriving (it ran before
+    /// the log was on, or the ring dropped it while it ran). Its prompt, cached and output
+    /// tokens are then absent, and its step counts and first times are those since it was
+    /// seen again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partial: bool,
+    /// Its prompt, tokens; absent for a partial record.
+    pub prompt_tokens: Option<u32>,
+    /// Tokens of its prompt the engine had at its first scheduling (prefix cache); absent
+    /// before it, and for a partial record.
+    pub cached_tokens: Option<u32>,
+    /// Tokens it produced; absent for a partial record.
+    pub output_tokens: Option<u32>,
     /// When it arrived at the engine's front door (vLLM: the API server), if the engine said:
     /// on this document's clock, `queued_unix_ns` less the lead the wall clock gave when it
     /// was queued.
@@ -78,7 +85,7 @@ pub struct RequestRecord {
     pub first_scheduled_step: Option<u64>,
     /// When that step began.
     pub first_scheduled_unix_ns: Option<u64>,
-    /// Steps that scheduled it in prefill (its chunks; recomputes after a preemption too).
+    /// Steps that scheduled it in prefill (its chunks, before its first token).
     pub prefill_steps: u32,
     /// Tokens scheduled for it in prefill.
     pub prefill_tokens: u32,
@@ -86,8 +93,13 @@ pub struct RequestRecord {
     pub first_token_step: Option<u64>,
     /// When that step ended.
     pub first_token_unix_ns: Option<u64>,
-    /// Steps that scheduled it in decode.
+    /// Steps that scheduled it in decode (after its first token, a return after a preemption
+    /// included).
     pub decode_steps: u32,
+    /// The last step that scheduled it in prefill: each step that scheduled it up to this one
+    /// was prefill, each later one decode ([`RequestRecord::role_in`]).
+    #[serde(default)]
+    pub last_prefill_step: Option<u64>,
     /// When the step that produced its last token so far ended.
     pub last_token_unix_ns: Option<u64>,
     /// The last step that scheduled it.
@@ -104,7 +116,35 @@ pub struct RequestRecord {
     pub finish: Option<String>,
 }
 
+/// Whether a step that schedules a request is its prefill, by the tokens it had produced
+/// before the step: until its first token it is (vLLM's rule: `is_context_phase`,
+/// `compute_iteration_details`, and its `request_prefill_time`, which ends at the first
+/// token); after it, its decode, a return after a preemption included. The one place the rule
+/// is written: the request log, the engines' iterations (the trace header's `prefill`) and the
+/// readers take it from here or from what it recorded.
+pub fn in_prefill(outputs_before: u32) -> bool {
+    outputs_before == 0
+}
+
+/// A request's role in a step that scheduled it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduledAs {
+    /// Prefill: a chunk of its prompt, before its first token.
+    Prefill,
+    /// Decode.
+    Decode,
+}
+
 impl RequestRecord {
+    /// Its role in step `step`, one that scheduled it, as the log decided it.
+    pub fn role_in(&self, step: u64) -> ScheduledAs {
+        match self.last_prefill_step {
+            Some(p) if step <= p => ScheduledAs::Prefill,
+            _ => ScheduledAs::Decode,
+        }
+    }
+
     /// The last step it did something in: the one it was queued within, the last that
     /// scheduled it, or the one it finished in.
     pub fn last_activity(&self) -> u64 {
@@ -148,7 +188,8 @@ pub struct RequestsDocument {
     pub clock: String,
     /// What the log keeps.
     pub capacity: Counts,
-    /// What it has recorded in all.
+    /// What it has recorded in all: the requests that reached the scheduler while it was on
+    /// (each once, however often the ring dropped it), and the steps begun.
     pub recorded: Counts,
     /// Requests dropped from the log while still running, to make room for new ones.
     pub evicted_running: u64,

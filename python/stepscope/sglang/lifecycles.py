@@ -40,6 +40,7 @@ from typing import Any, Callable
 from stepscope import _plugin
 from stepscope._plugin import POS, signature_of
 from stepscope.sglang.interface import warn_once
+from stepscope.sglang.naming import roles_of
 
 logger = logging.getLogger("stepscope.sglang")
 
@@ -160,14 +161,12 @@ def _record_begin(log: Any, scheduler: Any, batch: Any) -> int | None:
     if mode.is_extend():
         tokens = [int(n) for n in batch.extend_lens]
         computed = [int(n) for n in batch.prefix_lens]
-        decoding = {id(r) for r in (batch.decoding_reqs or ())} if mode.is_mixed() else set()
-        prefill = [id(r) not in decoding for r in reqs]
     else:
         tokens = [1] * len(reqs)
         # All but the token it feeds; at least its prompt (in the overlap loop the token the
         # last batch made is not in its output_ids until that batch's result is processed).
         computed = [max(r.seqlen - 1, len(r.origin_input_ids)) for r in reqs]
-        prefill = [False] * len(reqs)
+    prefill = roles_of(batch)
     waiting = getattr(scheduler, "waiting_queue", None)
     step = log.begin_step(len(waiting) if waiting is not None else 0)
     # The batch's roles, not the log's inference: in the overlap loop a request's first
@@ -194,7 +193,8 @@ def _record_result(log: Any, scheduler: Any, before: list[tuple[Any, int, bool]]
             ids.append(rid)
             grown.append(new)
         if req.finished() and not was_finished:
-            log.finished(step, rid, _plugin.finish_reason(type(req.finished_reason).__name__))
+            # The engine's name as it is: the log reads it (its one finish-reason table).
+            log.finished(step, rid, type(req.finished_reason).__name__)
     if ids:
         log.produced(step, ids, grown)
 

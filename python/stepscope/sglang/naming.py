@@ -74,17 +74,14 @@ def iteration_of(
     if mode.is_decode():
         seq = getattr(batch, "seq_lens_cpu", None)
         computed = [int(s) - 1 for s in seq.tolist()] if seq is not None else None
-        given = _shares(request_ids, [1] * reqs, [False] * reqs, computed, shares)
+        given = _shares(request_ids, [1] * reqs, roles_of(batch), computed, shares)
         return stepscope.Iteration(num_gen_reqs=reqs, num_gen_tokens=reqs, **given)
     if not mode.is_extend():
         return None
-    running = (batch.decoding_reqs or ()) if mode.is_mixed() else ()
-    decoding = len(running)
+    prefill = roles_of(batch)
+    decoding = prefill.count(False)
     tokens = int(batch.extend_num_tokens or 0)
     lens = list(getattr(batch, "extend_lens", None) or ())
-    # A mixed batch's decoding requests are its last ones, one token each (mix_with_running).
-    in_decode = {id(r) for r in running}
-    prefill = [id(r) not in in_decode for r in batch.reqs]
     prefix = getattr(batch, "prefix_lens", None)
     computed = [int(p) for p in prefix] if prefix is not None else None
     given = _shares(request_ids, lens, prefill, computed, shares)
@@ -95,6 +92,19 @@ def iteration_of(
         num_gen_tokens=decoding,
         **given,
     )
+
+
+def roles_of(batch: Any) -> list[bool]:
+    """Each request's role in a forward batch as SGLang's batch gives it (``True``: prefill):
+    a decode batch decodes every request; an extend batch prefills each, but a mixed batch's
+    ``decoding_reqs`` (its last ones, one token each: ``mix_with_running``). SGLang's own
+    classification, which its step spans and profiler stages follow: the plugin's one rule
+    for the trace header's phases and the request log's roles (the log records it as given)."""
+    if batch.forward_mode.is_decode():
+        return [False] * len(batch.reqs)
+    running = (batch.decoding_reqs or ()) if batch.forward_mode.is_mixed() else ()
+    in_decode = {id(r) for r in running}
+    return [id(r) not in in_decode for r in batch.reqs]
 
 
 def _shares(

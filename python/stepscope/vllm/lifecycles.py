@@ -35,7 +35,7 @@ import time
 from types import ModuleType
 from typing import Any, Callable
 
-from stepscope._plugin import finish_reason, make_request_log
+from stepscope._plugin import make_request_log
 from stepscope.vllm.environment import key_on, logger, stepscope_keys, warn_once
 from stepscope.vllm.interfaces import PATCHED_MARK, warn_unpatched
 
@@ -70,8 +70,9 @@ def _guarded(what: str, record: Callable[..., None], *args: Any) -> None:
 
 
 def _finish_name(reason: Any) -> str:
-    """vLLM's ``FinishReason`` or ``RequestStatus`` as the log's reason."""
-    return finish_reason(str(getattr(reason, "name", reason)))
+    """vLLM's ``FinishReason`` or ``RequestStatus`` by its name, as the log reads it (the log
+    keeps the one finish-reason table)."""
+    return str(getattr(reason, "name", reason))
 
 
 def _record_arrival(log: Any, request: Any) -> None:
@@ -88,13 +89,16 @@ def _record_schedule(log: Any, step: int, out: Any) -> None:
     setattr(out, STEP_ATTR, step)
     tokens = out.num_scheduled_tokens
     new = out.scheduled_new_reqs
+    # vLLM's own counts of each request's output decide its role in the log (a new request
+    # has none; a cached one vLLM's num_output_tokens, what its is_context_phase reads).
     if new:
         ids = [r.req_id for r in new]
-        log.scheduled(step, ids, [tokens[i] for i in ids], [r.num_computed_tokens for r in new])
+        log.scheduled(step, ids, [tokens[i] for i in ids], [r.num_computed_tokens for r in new],
+                      outputs=[0] * len(ids))  # fmt: skip
     cached = out.scheduled_cached_reqs
     if cached.req_ids:
         log.scheduled(step, cached.req_ids, [tokens[i] for i in cached.req_ids],
-                      cached.num_computed_tokens)  # fmt: skip
+                      cached.num_computed_tokens, outputs=cached.num_output_tokens)  # fmt: skip
     if preempted:
         log.preempted(step, preempted)
 

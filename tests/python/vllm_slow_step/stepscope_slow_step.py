@@ -42,8 +42,8 @@ TOKEN_COST_S = 0.002
 
 # With this variable naming a file, every worker step a stepscope capture is armed for also
 # runs vLLM's own ``Worker.annotate_profile`` on the same ``SchedulerOutput``, detailed, and
-# appends what it names the step to the file, with the step index stepscope gives it: the
-# oracle of the live floor test.
+# appends what it names the step to the file, with the step index stepscope gives it and
+# vLLM's own view of each request in it: the oracle of the live floor and role tests.
 ANNOTATIONS_ENV = "STEPSCOPE_TEST_ANNOTATIONS"
 
 
@@ -108,8 +108,19 @@ def _record_vllms_own_annotations(gpu_worker, path: str) -> None:
             )
             own(stub, scheduler_output)
             step = profiler.status()["step_index"] + 1
+            # vLLM's own view of each request in the step: tokens scheduled, tokens computed
+            # before, and whether vLLM counts it in its context phase.
+            new = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+            cached = scheduler_output.scheduled_cached_reqs
+            computed = dict(new)
+            computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
+            requests = {
+                str(r): [n, computed.get(r, 0), r in new or cached.is_context_phase(r)]
+                for r, n in scheduler_output.num_scheduled_tokens.items()
+            }
             with open(path, "a") as f:
-                f.write(json.dumps({"step": step, "name": oracle.name}) + "\n")
+                f.write(json.dumps({"step": step, "name": oracle.name, "requests": requests}))
+                f.write("\n")
         return execute(self, scheduler_output, *args, **kwargs)
 
     execute_model._stepscope_oracle = True

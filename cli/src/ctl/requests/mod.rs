@@ -3,10 +3,13 @@
 //! `GET /stepscope/requests`, or from each SGLang scheduler's log of its last steps in
 //! `/server_info`.
 //!
-//! - `breakdown`: one request's stretches and costliest steps, and the ranking (no I/O);
+//! - `crate::requests`: one request's stretches and costliest steps, the ranking and their text
+//!   (no I/O; shared with `analyze --requests`);
 //! - `render`: the text; this module: the command, the servers' answers, `--json`.
 
 use std::process::ExitCode;
+
+mod render;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -20,10 +23,7 @@ use crate::error::{partial, Error};
 use crate::flags::{Engine, RequestsArgs};
 use crate::par::par_map;
 
-mod breakdown;
-pub(crate) mod render;
-
-pub use breakdown::{breakdowns, rank, Breakdown};
+pub(crate) use crate::requests::{breakdowns, rank, RequestBreakdown};
 
 /// One engine's log as a server sent it.
 pub struct EngineLog {
@@ -57,7 +57,7 @@ pub fn command(a: &RequestsArgs) -> Result<ExitCode, Error> {
             }),
         }
     }
-    let mut all: Vec<Breakdown> = logs
+    let mut all: Vec<RequestBreakdown> = logs
         .iter()
         .flat_map(|l| {
             breakdowns(
@@ -120,7 +120,7 @@ struct Report<'a> {
     requests_seen: usize,
     engines: Vec<EngineSummary>,
     engines_without_log: usize,
-    requests: &'a [Breakdown],
+    requests: &'a [RequestBreakdown],
     errors: &'a [Failure],
 }
 

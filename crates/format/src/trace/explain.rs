@@ -36,7 +36,39 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::summary::KernelKind;
+/// What a device event's time counts as, as Holistic Trace Analysis classifies kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelKind {
+    /// Compute kernels.
+    Computation,
+    /// Collectives (NCCL, gloo).
+    Communication,
+    /// Memcpy and memset.
+    Memory,
+}
+
+impl KernelKind {
+    /// The kind of a kernel by its name.
+    pub fn of(name: &str) -> Self {
+        if name.starts_with("nccl") || name.contains("gloo:") {
+            KernelKind::Communication
+        } else if name.contains("Memcpy") || name.contains("Memset") {
+            KernelKind::Memory
+        } else {
+            KernelKind::Computation
+        }
+    }
+
+    /// `computation`, `communication` or `memory`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KernelKind::Computation => "computation",
+            KernelKind::Communication => "communication",
+            KernelKind::Memory => "memory",
+        }
+    }
+}
 
 /// HTA's `consecutive_kernel_delay` default: 30, compared with timestamps in µs (HTA's docs
 /// say ns; its code compares it with the trace's µs), so 30 µs.

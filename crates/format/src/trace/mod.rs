@@ -38,13 +38,14 @@ mod summary;
 
 pub use event::{Args, DeviceProperties, Event, Id, Meta, RawArgs};
 pub use explain::{
-    Bound, BusySplit, GpuMean, GpuTime, IdleSplit, LaunchStats, StreamIdle, Verdict, KERNEL_WAIT_US,
+    Bound, BusySplit, GpuMean, GpuTime, IdleSplit, KernelKind, LaunchStats, StreamIdle, Verdict,
+    KERNEL_WAIT_US,
 };
 pub use floor::{peaks, Cost, DevicePeaks, Floor, PeakOverride, Peaks, Roof, DEVICES};
 pub use header::{Captured, PhaseWork, StepRequests, StepWork, TraceHeader, Trigger};
 pub use scan::{FromTrace, RawEvent, Serde, Skip};
 pub use stream::{EventSink, EventStream, ReadError, StreamError, StreamErrorKind};
 pub use summary::{
-    Breakdown, Gap, KernelKind, KernelStat, Kernels, NameCategory, NameTime, OpStat, Split, Step,
-    Summarizer, Summary,
+    Breakdown, Gap, KernelStat, Kernels, NameCategory, NameTime, OpStat, Split, Step, Summarizer,
+    Summary,
 };

@@ -13,47 +13,13 @@ use serde::{Deserialize, Serialize};
 
 use super::event::{DeviceProperties, Event, Id, Meta};
 use super::explain::{
-    explain, launch_of, CallKind, DeviceOp, Explained, GpuTime, Inputs, Launch, LaunchStats,
-    OpClass, StreamIdle, NO_CORRELATION, NO_NAME,
+    explain, launch_of, CallKind, DeviceOp, Explained, GpuTime, Inputs, KernelKind, Launch,
+    LaunchStats, OpClass, StreamIdle, NO_CORRELATION, NO_NAME,
 };
 use super::floor::{peaks, Cost, Floor, PeakOverride, Peaks};
 use super::header::{StepRequests, StepWork, Trigger};
 use super::stream::EventSink;
 use crate::model::ModelShape;
-
-/// What a device event's time counts as, as Holistic Trace Analysis classifies kernels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KernelKind {
-    /// Compute kernels.
-    Computation,
-    /// Collectives (NCCL, gloo).
-    Communication,
-    /// Memcpy and memset.
-    Memory,
-}
-
-impl KernelKind {
-    /// The kind of a kernel by its name.
-    pub fn of(name: &str) -> Self {
-        if name.starts_with("nccl") || name.contains("gloo:") {
-            KernelKind::Communication
-        } else if name.contains("Memcpy") || name.contains("Memset") {
-            KernelKind::Memory
-        } else {
-            KernelKind::Computation
-        }
-    }
-
-    /// `computation`, `communication` or `memory`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KernelKind::Computation => "computation",
-            KernelKind::Communication => "communication",
-            KernelKind::Memory => "memory",
-        }
-    }
-}
 
 /// Per kernel name.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -1,6 +1,18 @@
 //! The request log (`stepscope.requests`): each request's lifecycle in an engine and the
-//! engine steps it lived through, recorded by the engine's scheduler hooks, for
-//! `stepscope ctl requests` (which requests paid for a slow step, and why).
+//! engine steps it lived through, recorded by the engine's scheduler hooks, for its readers:
+//! `stepscope ctl requests` (which requests paid for a slow step, and why) from a live engine,
+//! and `stepscope analyze --requests` and `report` from a capture's window of it.
+//!
+//! # A request's role in a step: decided here, once
+//! A step that schedules a request is its **prefill** until the request has produced its first
+//! token, and its **decode** from then on, the step that brings it back after a preemption
+//! included: vLLM's own rule (`compute_iteration_details`, `is_context_phase`: a request with
+//! output is in its generation phase; its `request_prefill_time` ends at the first token). The
+//! engine may say what it knows instead ([`RoleHint`]): the output tokens it has counted (vLLM,
+//! whose scheduler knows them when this log's count lags), or the role itself (SGLang's batch,
+//! whose overlap loop schedules a decode before the last chunk's token is processed). The role
+//! is recorded with the request ([`RequestRecord::last_prefill_step`]: its steps up to it were
+//! prefill, the later ones decode) and every reader takes it from there.
 //!
 //! # Calls, in an engine step's order
 //! [`arrived`](RequestLog::arrived) when a request reaches the scheduler;
@@ -18,22 +30,31 @@
 //! up to [`ID_BYTES`] bytes, and the lifecycle's counters and times), steps, and preemption
 //! events. Ids are found through an open-addressing table of slot indices (linear probing,
 //! deletion by backward shift) keyed by a per-log random SipHash of the id: no allocation and
-//! no lock on any recording call. A request's slot is reused once `requests` newer ones have
-//! arrived; one still running then is dropped and counted (`evicted_running`).
+//! no lock on any recording call (`table.rs`). A request's slot is reused once `requests`
+//! newer ones have arrived; one still running then is dropped and counted
+//! (`evicted_running`). A request the log does not hold when the engine schedules it (dropped
+//! so, or running before the log was on) gets a record again, marked **partial**: what the
+//! log missed of it (its prompt, cached and output tokens) is absent, not 0. `recorded`
+//! counts the requests that reached the scheduler while the log was on, each once.
 //!
 //! # Threads
 //! Recording takes `&mut self` and reading `&self`: the engine's scheduler thread owns the log
 //! (vLLM answers its utility calls on that same thread, between steps), and a reader on
 //! another thread goes through whatever lock the owner keeps (Python's: the object's borrow).
 
+mod record;
+mod table;
+
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
-use crate::clock::{unix_now_ns, Clock, Scale};
+use table::IdTable;
+
+use crate::clock::{unix_now_ns, Clock};
 use crate::config::{RequestLogSize, REQUEST_LOG_RANGE};
 
 pub use stepscope_format::requests::{
-    Counts, EngineStep, RequestRecord, RequestsDocument, ID_BYTES,
+    in_prefill, Counts, EngineStep, RequestRecord, RequestsDocument, ScheduledAs, ID_BYTES,
 };
 
 /// Why a request finished.
@@ -53,17 +74,28 @@ pub enum Finish {
 }
 
 impl Finish {
-    /// The reason named `name` (an engine's, in any case; unknown names are `Other`).
+    /// The reason an engine names (in any case, as vLLM's `FinishReason.STOP`,
+    /// `RequestStatus.FINISHED_ABORTED` or SGLang's `FINISH_MATCHED_TOKEN` name it, or the
+    /// log's own names): `ABORT` → abort, `STOP`, `EOS` or `MATCHED` → stop, `LENGTH` → length,
+    /// `ERROR` → error, else other. The one finish-reason table: the plugins pass the engine's
+    /// name as it is.
     pub fn from_name(name: &str) -> Finish {
-        match name.to_ascii_lowercase().as_str() {
-            "stop" | "eos" => Finish::Stop,
-            "length" => Finish::Length,
-            "abort" | "aborted" => Finish::Abort,
-            "error" => Finish::Error,
-            _ => Finish::Other,
+        let n = name.to_ascii_uppercase();
+        let has = |k: &str| n.contains(k);
+        if has("ABORT") {
+            Finish::Abort
+        } else if has("STOP") || has("EOS") || has("MATCHED") {
+            Finish::Stop
+        } else if has("LENGTH") {
+            Finish::Length
+        } else if has("ERROR") {
+            Finish::Error
+        } else {
+            Finish::Other
         }
     }
 
+    /// The log's name of a reason's code (`stop`, `length`, …).
     fn name(code: u8) -> Option<&'static str> {
         Some(match code {
             1 => "stop",
@@ -76,8 +108,16 @@ impl Finish {
     }
 }
 
-/// No slot: an empty table entry, or a time not yet taken.
-const NONE: u32 = u32::MAX;
+/// What an engine says of a scheduled request's role (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoleHint {
+    /// Nothing: the log's own count of the request's output decides.
+    Infer,
+    /// The tokens the request had produced before this step, as the engine counts them.
+    OutputsBefore(u32),
+    /// The role itself (`true`: prefill).
+    Prefill(bool),
+}
 
 /// One request's slot.
 #[derive(Clone, Copy)]
@@ -96,6 +136,10 @@ struct Req {
     decode_steps: u32,
     /// Preempted, and not scheduled again yet.
     out: bool,
+    /// First seen scheduled (or producing) rather than arriving: what came before is missing.
+    partial: bool,
+    /// The last step that scheduled it in prefill, 0: none.
+    last_prefill_step: u64,
     finish: u8,
     /// How long before it was queued it arrived at the engine's front door, ns (the engine's
     /// wall clock against ours, read together: no drift between the two clocks enters it);
@@ -129,6 +173,8 @@ impl Req {
         prefill_tokens: 0,
         decode_steps: 0,
         out: false,
+        partial: false,
+        last_prefill_step: 0,
         finish: 0,
         arrival_lead_ns: None,
         queued: 0,
@@ -195,8 +241,10 @@ pub struct RequestLog {
     clock: Clock,
     hasher: RandomState,
     requests: Box<[Req]>,
-    /// Open addressing over slot indices ([`NONE`]: empty), twice the requests' size.
-    table: Box<[u32]>,
+    /// The slots by id.
+    table: IdTable,
+    /// Requests that reached the scheduler while the log was on (each once).
+    arrivals: u64,
     steps: Box<[Step]>,
     events: Box<[Event]>,
     /// Requests seen in all; the next goes into slot `next_seq % requests`.
@@ -221,7 +269,8 @@ impl RequestLog {
             clock: Clock::fastest(),
             hasher: RandomState::new(),
             requests: vec![Req::EMPTY; requests].into_boxed_slice(),
-            table: vec![NONE; requests * 2].into_boxed_slice(),
+            table: IdTable::new(requests),
+            arrivals: 0,
             steps: vec![Step::default(); steps].into_boxed_slice(),
             // A preemption and its return for every request the ring holds.
             events: vec![Event::default(); requests * 2].into_boxed_slice(),
@@ -243,7 +292,7 @@ impl RequestLog {
     /// Its memory, bytes: the rings and the table, allocated once.
     pub fn memory_bytes(&self) -> usize {
         std::mem::size_of_val(&*self.requests)
-            + std::mem::size_of_val(&*self.table)
+            + self.table.memory_bytes()
             + std::mem::size_of_val(&*self.steps)
             + std::mem::size_of_val(&*self.events)
     }
@@ -263,6 +312,7 @@ impl RequestLog {
             self.remove(at);
         }
         let at = self.insert(hash, id.as_bytes());
+        self.arrivals += 1;
         let after = self.next_step;
         let r = &mut self.requests[at];
         r.prompt_tokens = prompt_tokens;
@@ -293,22 +343,21 @@ impl RequestLog {
     }
 
     /// Step `step` scheduled `tokens` tokens of request `id`, whose first `computed_before`
-    /// tokens the engine had computed. Its role: prefill until it has produced a token, or
-    /// while recomputing what it had before a preemption; else decode.
+    /// tokens the engine had computed, in the role the log's own count of its output gives
+    /// (module docs).
     pub fn scheduled(&mut self, step: u64, id: &str, tokens: u32, computed_before: u32) {
-        self.scheduled_as(step, id, tokens, computed_before, None);
+        self.scheduled_as(step, id, tokens, computed_before, RoleHint::Infer);
     }
 
-    /// [`RequestLog::scheduled`], in the role the engine gives (`Some(true)`: prefill), for an
-    /// engine that schedules a request's next step before the log has its last step's token
-    /// (SGLang's overlap loop); `None`: the role `scheduled` infers.
+    /// [`RequestLog::scheduled`] with what the engine knows of the request's role
+    /// ([`RoleHint`]).
     pub fn scheduled_as(
         &mut self,
         step: u64,
         id: &str,
         tokens: u32,
         computed_before: u32,
-        prefill: Option<bool>,
+        hint: RoleHint,
     ) {
         let Some(s) = self.step_slot(step) else {
             return;
@@ -323,12 +372,17 @@ impl RequestLog {
             r.cached_tokens = computed_before;
         }
         let resumed = std::mem::take(&mut r.out);
-        let known = r.prompt_tokens.saturating_add(r.output_tokens);
-        let prefill =
-            prefill.unwrap_or(r.output_tokens == 0 || computed_before.saturating_add(1) < known);
+        // The one rule (module docs).
+        let prefill = match hint {
+            RoleHint::Prefill(p) => p,
+            RoleHint::OutputsBefore(n) => in_prefill(n),
+            // A partial record's count began mid-flight: a token before it is unknown.
+            RoleHint::Infer => in_prefill(r.output_tokens) && !r.partial,
+        };
         if prefill {
             r.prefill_steps += 1;
             r.prefill_tokens = r.prefill_tokens.saturating_add(tokens);
+            r.last_prefill_step = step;
         } else {
             r.decode_steps += 1;
         }
@@ -439,7 +493,7 @@ impl RequestLog {
             .steps
             .iter()
             .filter(|s| s.step > since && s.end != 0)
-            .map(|s| self.engine_step(&scale, s))
+            .map(|s| record::engine_step(&scale, s, self.by_seq_id(s.largest_prefill_seq)))
             .collect();
         steps.sort_unstable_by_key(|s| s.step);
         let mut requests: Vec<&Req> = self
@@ -454,7 +508,7 @@ impl RequestLog {
         events.sort_unstable_by_key(|e| (e.seq, e.step, e.resumed));
         let requests = requests
             .into_iter()
-            .map(|r| record(&scale, r, &events))
+            .map(|r| record::record(&scale, r, &events))
             .collect();
         RequestsDocument {
             pid: std::process::id(),
@@ -463,7 +517,7 @@ impl RequestLog {
             clock: self.clock.name().to_string(),
             capacity: self.capacity(),
             recorded: Counts {
-                requests: self.next_seq,
+                requests: self.arrivals,
                 steps: self.next_step,
             },
             evicted_running: self.evicted_running,
@@ -472,26 +526,12 @@ impl RequestLog {
         }
     }
 
-    fn engine_step(&self, scale: &Scale, s: &Step) -> EngineStep {
-        let largest = (s.largest_prefill_seq != 0)
-            .then(|| self.by_seq(s.largest_prefill_seq))
+    /// The id of the request of `seq` while the ring holds it (0: none).
+    fn by_seq_id(&self, seq: u64) -> Option<String> {
+        (seq != 0)
+            .then(|| self.by_seq(seq))
             .flatten()
-            .map(Req::id_str);
-        // Both ends converted alike, so that a step's end is the time its tokens are given.
-        let start_unix_ns = scale.unix_ns(s.begin);
-        EngineStep {
-            step: s.step,
-            start_unix_ns,
-            duration_ns: scale.unix_ns(s.end).saturating_sub(start_unix_ns),
-            prefill_reqs: s.prefill_reqs,
-            prefill_tokens: s.prefill_tokens,
-            decode_reqs: s.decode_reqs,
-            decode_tokens: s.decode_tokens,
-            preempted: s.preempted,
-            waiting: s.waiting,
-            largest_prefill_tokens: s.largest_prefill_tokens,
-            largest_prefill_request: largest,
-        }
+            .map(Req::id_str)
     }
 
     fn by_seq(&self, seq: u64) -> Option<&Req> {
@@ -528,35 +568,26 @@ impl RequestLog {
         self.next_event += 1;
     }
 
-    /// The slot of request `id`, which a log not holding it gets now, first seen scheduled.
+    /// The slot of request `id`, which a log not holding it gets now, marked partial (first
+    /// seen scheduled, or producing: dropped from the ring while it ran, or running before the
+    /// log was on). Not counted as an arrival: it was counted when it arrived, or it arrived
+    /// before the log was on.
     fn find_or_insert(&mut self, id: &str) -> usize {
         let hash = self.hasher.hash_one(id.as_bytes());
-        match self.find(hash, id.as_bytes()) {
-            Some(at) => at,
-            None => self.insert(hash, id.as_bytes()),
+        if let Some(at) = self.find(hash, id.as_bytes()) {
+            return at;
         }
-    }
-
-    fn table_mask(&self) -> usize {
-        self.table.len() - 1
+        let at = self.insert(hash, id.as_bytes());
+        self.requests[at].partial = true;
+        at
     }
 
     fn find(&self, hash: u64, id: &[u8]) -> Option<usize> {
-        let mask = self.table_mask();
-        let mut i = (hash as usize) & mask;
-        loop {
-            let at = self.table[i];
-            if at == NONE {
-                return None;
-            }
-            if self.requests[at as usize].id_matches(hash, id) {
-                return Some(at as usize);
-            }
-            i = (i + 1) & mask;
-        }
+        self.table
+            .find(hash, |at| self.requests[at].id_matches(hash, id))
     }
 
-    /// A new request in the next slot, evicting its occupant.
+    /// A new request in the next slot, evicting its occupant (a running one is counted).
     fn insert(&mut self, hash: u64, id: &[u8]) -> usize {
         self.next_seq += 1;
         let seq = self.next_seq;
@@ -574,88 +605,16 @@ impl RequestLog {
         let n = id.len().min(ID_BYTES);
         r.id[..n].copy_from_slice(&id[..n]);
         self.requests[at] = r;
-        let mask = self.table_mask();
-        let mut i = (hash as usize) & mask;
-        while self.table[i] != NONE {
-            i = (i + 1) & mask;
-        }
-        self.table[i] = at as u32;
+        self.table.insert(hash, at);
         at
     }
 
-    /// Empties slot `at` and takes it out of the table (backward-shift deletion: the entries
-    /// after it in its probe run move up, so that every lookup still finds its entry).
+    /// Empties slot `at` and takes it out of the table.
     fn remove(&mut self, at: usize) {
-        let mask = self.table_mask();
         let hash = self.requests[at].hash;
         self.requests[at].seq = 0;
-        let mut i = (hash as usize) & mask;
-        while self.table[i] != at as u32 {
-            if self.table[i] == NONE {
-                return;
-            }
-            i = (i + 1) & mask;
-        }
-        let mut hole = i;
-        let mut j = i;
-        loop {
-            j = (j + 1) & mask;
-            let e = self.table[j];
-            if e == NONE {
-                break;
-            }
-            let home = (self.requests[e as usize].hash as usize) & mask;
-            // Move e into the hole unless its home lies cyclically in (hole, j].
-            let stays = if hole <= j {
-                hole < home && home <= j
-            } else {
-                hole < home || home <= j
-            };
-            if !stays {
-                self.table[hole] = e;
-                hole = j;
-            }
-        }
-        self.table[hole] = NONE;
-    }
-}
-
-/// Request `r` as the document gives it; `events` are sorted by request.
-fn record(scale: &Scale, r: &Req, events: &[&Event]) -> RequestRecord {
-    let time = |ticks: u64| (ticks != 0).then(|| scale.unix_ns(ticks));
-    let step = |s: u64| (s != 0).then_some(s);
-    let from = events.partition_point(|e| e.seq < r.seq);
-    let to = from + events[from..].partition_point(|e| e.seq == r.seq);
-    let mine = events[from..to].iter();
-    RequestRecord {
-        id: r.id_str(),
-        prompt_tokens: r.prompt_tokens,
-        cached_tokens: r.cached_tokens,
-        output_tokens: r.output_tokens,
-        arrival_unix_ns: r
-            .arrival_lead_ns
-            .zip(time(r.queued))
-            .map(|(lead, queued)| queued.saturating_sub(lead)),
-        queued_unix_ns: time(r.queued),
-        queued_after_step: r.queued_after_step,
-        first_scheduled_step: step(r.first_scheduled_step),
-        first_scheduled_unix_ns: time(r.first_scheduled),
-        prefill_steps: r.prefill_steps,
-        prefill_tokens: r.prefill_tokens,
-        first_token_step: step(r.first_token_step),
-        first_token_unix_ns: time(r.first_token),
-        decode_steps: r.decode_steps,
-        last_token_unix_ns: time(r.last_token),
-        last_step: step(r.last_step),
-        preempted_at: mine
-            .clone()
-            .filter(|e| !e.resumed)
-            .map(|e| e.step)
-            .collect(),
-        resumed_at: mine.filter(|e| e.resumed).map(|e| e.step).collect(),
-        finished_step: step(r.finished_step),
-        finished_unix_ns: time(r.finished),
-        finish: Finish::name(r.finish).map(str::to_string),
+        let requests = &self.requests;
+        self.table.remove(hash, at, |slot| requests[slot].hash);
     }
 }
 
@@ -763,7 +722,7 @@ mod tests {
         assert_eq!((long.prefill_steps, long.prefill_tokens), (3, 600));
         assert_eq!(long.first_scheduled_step, Some(1));
         assert_eq!(long.first_token_step, Some(3));
-        assert_eq!((long.decode_steps, long.output_tokens), (2, 3));
+        assert_eq!((long.decode_steps, long.output_tokens), (2, Some(3)));
         assert_eq!(
             (long.finished_step, long.finish.as_deref()),
             (Some(5), Some("length"))
@@ -803,7 +762,7 @@ mod tests {
     }
 
     #[test]
-    fn a_preempted_request_recomputes_in_prefill_and_shows_both_events() {
+    fn a_preempted_request_returns_in_decode_and_shows_both_events() {
         let mut l = log(16, 16);
         l.arrived("a", 4, None);
         let s = l.begin_step(3);
@@ -831,7 +790,21 @@ mod tests {
             (a.preempted_at.clone(), a.resumed_at.clone()),
             (vec![3], vec![4])
         );
-        assert_eq!((a.prefill_steps, a.decode_steps), (2, 2));
+        // vLLM's rule: after its first token, the step that brings it back (recomputing 2
+        // tokens) is decode, as vLLM's compute_iteration_details counts it.
+        assert_eq!((a.prefill_steps, a.decode_steps), (1, 3));
+        assert_eq!(a.last_prefill_step, Some(1));
+        assert_eq!(
+            (1..=5).map(|s| a.role_in(s)).collect::<Vec<_>>(),
+            [
+                ScheduledAs::Prefill,
+                ScheduledAs::Decode,
+                ScheduledAs::Decode,
+                ScheduledAs::Decode,
+                ScheduledAs::Decode
+            ]
+        );
+        assert_eq!(d.steps[3].decode_tokens, 2);
         assert_eq!(a.first_token_step, Some(1));
         assert_eq!(a.arrival_unix_ns, None);
         assert_eq!(d.steps[2].preempted, 1);
@@ -849,14 +822,75 @@ mod tests {
         assert_eq!(d.requests.len(), 1);
         let r = &d.requests[0];
         assert_eq!((r.queued_unix_ns, r.first_scheduled_step), (None, Some(1)));
+        // What the log missed is absent, and the record says so.
+        assert!(r.partial);
+        assert_eq!(
+            (r.prompt_tokens, r.cached_tokens, r.output_tokens),
+            (None, None, None)
+        );
+        assert_eq!(d.recorded.requests, 0);
         // A step that was never begun, or has left the ring, records nothing.
         l.scheduled(99, "x", 1, 0);
         assert_eq!(l.document(0).requests.len(), 1);
         // An abort between steps.
-        l.finished(None, "before-the-log", Finish::from_name("ABORT"));
+        l.finished(
+            None,
+            "before-the-log",
+            Finish::from_name("FINISHED_ABORTED"),
+        );
         let d = l.document(0);
         assert_eq!(d.requests[0].finish.as_deref(), Some("abort"));
         assert_eq!(d.requests[0].finished_step, Some(1));
+    }
+
+    #[test]
+    fn a_running_request_the_ring_dropped_comes_back_partial_and_is_counted_once() {
+        // A ring of 16 and 24 requests in flight: the first 8 are dropped while running.
+        let mut l = log(16, 64);
+        for i in 0..24 {
+            l.arrived(&format!("r{i}"), 10, None);
+        }
+        assert_eq!(l.document(0).evicted_running, 8);
+        // The engine decodes r0 (it had 3 tokens): the log makes it a record again.
+        let s = l.begin_step(0);
+        l.scheduled_as(s, "r0", 1, 12, RoleHint::OutputsBefore(3));
+        l.end_step(s);
+        l.produced(s, "r0", 1);
+        let d = l.document(0);
+        let r0 = get(&d, "r0");
+        assert!(r0.partial);
+        assert_eq!((r0.prompt_tokens, r0.output_tokens), (None, None));
+        assert_eq!((r0.prefill_steps, r0.decode_steps), (0, 1));
+        // 24 requests, each counted once though r0 was recorded twice.
+        assert_eq!(d.recorded.requests, 24);
+        // One running before the log was on is a partial record, not an arrival.
+        let s = l.begin_step(0);
+        l.scheduled(s, "stranger", 1, 40);
+        assert_eq!(l.document(0).recorded.requests, 24);
+        // Without the engine's count, a partial record's step is decode: a token before it is
+        // unknown, prefill is not assumed.
+        assert_eq!(get(&l.document(0), "stranger").decode_steps, 1);
+    }
+
+    #[test]
+    fn engines_finish_reasons_read_by_one_table() {
+        for (name, want) in [
+            ("STOP", Finish::Stop),
+            ("stop", Finish::Stop),
+            ("FINISH_MATCHED_TOKEN", Finish::Stop),
+            ("FINISH_MATCHED_STR", Finish::Stop),
+            ("eos", Finish::Stop),
+            ("LENGTH", Finish::Length),
+            ("FINISH_LENGTH", Finish::Length),
+            ("FINISHED_LENGTH_CAPPED", Finish::Length),
+            ("FINISHED_ABORTED", Finish::Abort),
+            ("FINISH_ABORT", Finish::Abort),
+            ("abort", Finish::Abort),
+            ("FINISHED_ERROR", Finish::Error),
+            ("REPETITION", Finish::Other),
+        ] {
+            assert_eq!(Finish::from_name(name), want, "{name}");
+        }
     }
 
     #[test]

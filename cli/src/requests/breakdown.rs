@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
-use stepscope_format::requests::{EngineStep, RequestRecord, RequestsDocument};
+use stepscope_format::requests::{EngineStep, RequestRecord, RequestsDocument, ScheduledAs};
 
 use crate::flags::RankBy;
 
@@ -18,7 +18,7 @@ pub struct Stretch {
 /// What a request did in one step it lived through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Role {
+pub enum Lived {
     /// It waited through it, to reach the scheduler or in its queue.
     Waiting,
     /// It was scheduled in prefill (a chunk of its prompt).
@@ -33,7 +33,7 @@ pub enum Role {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepCost {
     pub step: u64,
-    pub role: Role,
+    pub role: Lived,
     pub ms: f64,
     pub requests: u32,
     pub tokens: u32,
@@ -48,13 +48,16 @@ pub struct StepCost {
 
 /// A request's breakdown.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Breakdown {
+pub struct RequestBreakdown {
     /// The server it ran on.
     pub server: String,
     pub id: String,
-    pub prompt_tokens: u32,
-    pub cached_tokens: u32,
-    pub output_tokens: u32,
+    /// The log lost the start of it (see `RequestRecord::partial`): the figures it missed are
+    /// absent.
+    pub partial: bool,
+    pub prompt_tokens: Option<u32>,
+    pub cached_tokens: Option<u32>,
+    pub output_tokens: Option<u32>,
     /// Arrival at the API server (else the scheduler's queue) to its first token.
     pub ttft_ms: Option<f64>,
     /// Arrival to its end (finished requests).
@@ -88,7 +91,7 @@ pub struct Breakdown {
     pub steps_missing: u64,
 }
 
-impl Breakdown {
+impl RequestBreakdown {
     /// The figure `by` ranks by.
     pub fn key(&self, by: RankBy) -> Option<f64> {
         match by {
@@ -100,12 +103,12 @@ impl Breakdown {
     }
 }
 
-fn ms(ns: u64) -> f64 {
+fn ns_ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
 fn span_ms(from: Option<u64>, to: Option<u64>) -> Option<f64> {
-    Some(ms(to?.saturating_sub(from?)))
+    Some(ns_ms(to?.saturating_sub(from?)))
 }
 
 /// The breakdowns of `doc`'s requests (from server `server`), each with up to `keep` of its
@@ -116,7 +119,7 @@ pub fn breakdowns(
     doc: &RequestsDocument,
     by: RankBy,
     keep: Option<usize>,
-) -> Vec<Breakdown> {
+) -> Vec<RequestBreakdown> {
     let steps: HashMap<u64, &EngineStep> = doc.steps.iter().map(|s| (s.step, s)).collect();
     doc.requests
         .iter()
@@ -131,7 +134,7 @@ fn breakdown(
     steps: &HashMap<u64, &EngineStep>,
     by: RankBy,
     keep: Option<usize>,
-) -> Breakdown {
+) -> RequestBreakdown {
     let start = r.arrival_unix_ns.or(r.queued_unix_ns);
     let end = r.finished_unix_ns.filter(|_| r.finish.is_some());
     // The steps it lived through, from the one in flight when it arrived (an engine takes new
@@ -151,17 +154,17 @@ fn breakdown(
         .or(r.last_step)
         .unwrap_or(doc.step_index)
         .max(first);
-    let lived: Vec<(u64, Role)> = (first..=last)
+    let lived: Vec<(u64, Lived)> = (first..=last)
         .filter_map(|s| role_in(r, s).map(|k| (s, k)))
         .collect();
     let held = |s: &u64| steps.contains_key(s);
     let steps_missing = lived.iter().filter(|(s, _)| !held(s)).count() as u64;
-    let durations = |k: Role| -> Vec<f64> {
+    let durations = |k: Lived| -> Vec<f64> {
         lived
             .iter()
             .filter(|(_, role)| *role == k)
             .filter_map(|(s, _)| steps.get(s))
-            .map(|s| ms(s.duration_ns))
+            .map(|s| ns_ms(s.duration_ns))
             .collect()
     };
     // Waiting: before it reached the scheduler (intake: the steps that ended by then) and
@@ -172,7 +175,7 @@ fn breakdown(
             .zip(t)
             .is_some_and(|(st, t)| st.end_unix_ns() <= t)
     };
-    let waiting = || lived.iter().filter(|(_, k)| *k == Role::Waiting);
+    let waiting = || lived.iter().filter(|(_, k)| *k == Lived::Waiting);
     let intake_steps = waiting()
         .filter(|(s, _)| ended_by(*s, r.queued_unix_ns))
         .count() as u32;
@@ -199,7 +202,7 @@ fn breakdown(
         steps: r.decode_steps,
         ms: span_ms(r.first_token_unix_ns, r.last_token_unix_ns).unwrap_or(0.0),
     });
-    let decoding = durations(Role::Decode);
+    let decoding = durations(Lived::Decode);
     let decode_step_mean_ms =
         (!decoding.is_empty()).then(|| decoding.iter().sum::<f64>() / decoding.len() as f64);
     let decode_step_max_ms = decoding.iter().copied().reduce(f64::max);
@@ -210,7 +213,7 @@ fn breakdown(
         .chain(
             lived
                 .iter()
-                .filter(|(_, k)| *k == Role::Decode)
+                .filter(|(_, k)| *k == Lived::Decode)
                 .map(|(s, _)| *s),
         )
         .filter_map(|s| steps.get(&s).map(|st| st.end_unix_ns()))
@@ -218,7 +221,7 @@ fn breakdown(
     token_ends.sort_unstable();
     let itl_max_ms = token_ends
         .windows(2)
-        .map(|w| ms(w[1] - w[0]))
+        .map(|w| ns_ms(w[1] - w[0]))
         .reduce(f64::max);
 
     // The steps that cost it most for `by`.
@@ -226,7 +229,7 @@ fn breakdown(
         (Some(_), RankBy::Ttft | RankBy::Queue) => r.first_token_step.unwrap_or(last),
         _ => last,
     };
-    let counts = |k: Role| keep.is_none() || by != RankBy::Itl || k == Role::Decode;
+    let counts = |k: Lived| keep.is_none() || by != RankBy::Itl || k == Lived::Decode;
     let mut costs: Vec<StepCost> = lived
         .iter()
         .filter(|(s, k)| *s <= until && counts(*k))
@@ -236,9 +239,10 @@ fn breakdown(
         costs.sort_by(|a, b| b.ms.total_cmp(&a.ms).then(a.step.cmp(&b.step)));
         costs.truncate(n);
     }
-    Breakdown {
+    RequestBreakdown {
         server: server.to_string(),
         id: r.id.clone(),
+        partial: r.partial,
         prompt_tokens: r.prompt_tokens,
         cached_tokens: r.cached_tokens,
         output_tokens: r.output_tokens,
@@ -261,13 +265,13 @@ fn breakdown(
 
 /// What request `r` did in step `s` (one after it arrived), `None` when it was not there
 /// (after it ended).
-fn role_in(r: &RequestRecord, s: u64) -> Option<Role> {
+fn role_in(r: &RequestRecord, s: u64) -> Option<Lived> {
     let first_sched = r.first_scheduled_step.unwrap_or(u64::MAX);
     if s < first_sched {
         // Waiting (the caller starts at the step in flight when it arrived). Unknown arrival:
         // not counted.
         let known = r.queued_unix_ns.is_some() || r.arrival_unix_ns.is_some();
-        return known.then_some(Role::Waiting);
+        return known.then_some(Lived::Waiting);
     }
     if r.finished_step.is_some_and(|f| s > f) {
         return None;
@@ -278,23 +282,24 @@ fn role_in(r: &RequestRecord, s: u64) -> Option<Role> {
         s >= p && s < back
     });
     if out {
-        return Some(Role::Preempted);
+        return Some(Lived::Preempted);
     }
     if r.last_step.is_some_and(|l| s > l) {
         // Past its last scheduling and not finished: nothing known of it.
         return None;
     }
-    match r.first_token_step {
-        Some(t) if s > t => Some(Role::Decode),
-        _ => Some(Role::Prefill),
-    }
+    // The log's decision, recorded with the request.
+    Some(match r.role_in(s) {
+        ScheduledAs::Prefill => Lived::Prefill,
+        ScheduledAs::Decode => Lived::Decode,
+    })
 }
 
-fn cost(s: &EngineStep, role: Role, id: &str) -> StepCost {
+fn cost(s: &EngineStep, role: Lived, id: &str) -> StepCost {
     StepCost {
         step: s.step,
         role,
-        ms: ms(s.duration_ns),
+        ms: ns_ms(s.duration_ns),
         requests: s.requests(),
         tokens: s.tokens(),
         prefill_reqs: s.prefill_reqs,
@@ -307,7 +312,7 @@ fn cost(s: &EngineStep, role: Role, id: &str) -> StepCost {
 }
 
 /// `all` ranked by `by`, slowest first (those without the figure last, in arrival order).
-pub fn rank(mut all: Vec<Breakdown>, by: RankBy) -> Vec<Breakdown> {
+pub fn rank(mut all: Vec<RequestBreakdown>, by: RankBy) -> Vec<RequestBreakdown> {
     all.sort_by(|a, b| match (a.key(by), b.key(by)) {
         (Some(x), Some(y)) => y.total_cmp(&x),
         (Some(_), None) => std::cmp::Ordering::Less,
@@ -345,9 +350,10 @@ mod tests {
     fn request(id: &str) -> RequestRecord {
         RequestRecord {
             id: id.into(),
-            prompt_tokens: 0,
-            cached_tokens: 0,
-            output_tokens: 0,
+            partial: false,
+            prompt_tokens: Some(0),
+            cached_tokens: Some(0),
+            output_tokens: Some(0),
             arrival_unix_ns: None,
             queued_unix_ns: None,
             queued_after_step: 0,
@@ -358,6 +364,7 @@ mod tests {
             first_token_step: None,
             first_token_unix_ns: None,
             decode_steps: 0,
+            last_prefill_step: None,
             last_token_unix_ns: None,
             last_step: None,
             preempted_at: vec![],
@@ -380,8 +387,8 @@ mod tests {
             step(6, 320 * MS, 10, None, 2),
         ];
         let long = RequestRecord {
-            prompt_tokens: 600,
-            output_tokens: 4,
+            prompt_tokens: Some(600),
+            output_tokens: Some(4),
             arrival_unix_ns: Some(0),
             queued_unix_ns: Some(0),
             first_scheduled_step: Some(1),
@@ -389,6 +396,7 @@ mod tests {
             prefill_steps: 3,
             prefill_tokens: 600,
             first_token_step: Some(3),
+            last_prefill_step: Some(3),
             first_token_unix_ns: Some(300 * MS),
             decode_steps: 3,
             last_token_unix_ns: Some(330 * MS),
@@ -399,8 +407,8 @@ mod tests {
             ..request("long")
         };
         let short = RequestRecord {
-            prompt_tokens: 8,
-            output_tokens: 3,
+            prompt_tokens: Some(8),
+            output_tokens: Some(3),
             arrival_unix_ns: Some(49 * MS),
             queued_unix_ns: Some(50 * MS),
             queued_after_step: 1,
@@ -409,6 +417,7 @@ mod tests {
             prefill_steps: 1,
             prefill_tokens: 8,
             first_token_step: Some(4),
+            last_prefill_step: Some(4),
             first_token_unix_ns: Some(310 * MS),
             decode_steps: 2,
             last_token_unix_ns: Some(330 * MS),
@@ -454,7 +463,7 @@ mod tests {
         );
         assert_eq!(short.prefill, Some(Stretch { steps: 1, ms: 10.0 }));
         assert_eq!(short.decode, Some(Stretch { steps: 2, ms: 20.0 }));
-        let costly: Vec<(u64, Role, bool)> = short
+        let costly: Vec<(u64, Lived, bool)> = short
             .costliest
             .iter()
             .map(|c| {
@@ -468,9 +477,9 @@ mod tests {
         assert_eq!(
             costly,
             [
-                (1, Role::Waiting, true),
-                (2, Role::Waiting, true),
-                (3, Role::Waiting, true)
+                (1, Lived::Waiting, true),
+                (2, Lived::Waiting, true),
+                (3, Lived::Waiting, true)
             ]
         );
         let long = all.iter().find(|b| b.id == "long").unwrap();
@@ -478,7 +487,7 @@ mod tests {
         assert!(long
             .costliest
             .iter()
-            .all(|c| c.own_prefill && c.role == Role::Prefill));
+            .all(|c| c.own_prefill && c.role == Lived::Prefill));
         assert_eq!(
             (long.decode_step_mean_ms, long.itl_max_ms),
             (Some(10.0), Some(10.0))
@@ -497,7 +506,7 @@ mod tests {
         let by_itl = breakdowns("s", &doc(), RankBy::Itl, Some(0));
         assert!(by_itl
             .iter()
-            .all(|b| b.costliest.iter().all(|c| c.role == Role::Decode)));
+            .all(|b| b.costliest.iter().all(|c| c.role == Lived::Decode)));
     }
 
     #[test]
@@ -534,16 +543,16 @@ mod tests {
             .into_iter()
             .find(|b| b.id == "short")
             .unwrap();
-        let roles: Vec<(u64, Role)> = b.costliest.iter().map(|c| (c.step, c.role)).collect();
+        let roles: Vec<(u64, Lived)> = b.costliest.iter().map(|c| (c.step, c.role)).collect();
         assert_eq!(
             roles,
             [
-                (1, Role::Waiting),
-                (2, Role::Waiting),
-                (3, Role::Waiting),
-                (4, Role::Prefill),
-                (5, Role::Preempted),
-                (6, Role::Decode)
+                (1, Lived::Waiting),
+                (2, Lived::Waiting),
+                (3, Lived::Waiting),
+                (4, Lived::Prefill),
+                (5, Lived::Preempted),
+                (6, Lived::Decode)
             ]
         );
         assert_eq!(b.e2e_ms, Some(281.0));
