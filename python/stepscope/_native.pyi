@@ -12,7 +12,10 @@ __all__ = [
     "RequestLog",
     "_add_kineto_glue_dir",
     "kineto_glue",
-    "_read_manifest_json",
+    "read_manifest",
+    "stepscope_keys_from_env",
+    "request_log_name",
+    "engine_log_stem",
     "manifest_name",
     "manifest_trace_path",
     "flushing_marker",
@@ -127,7 +130,14 @@ class WorkerProfiler:
     def flush(self, timeout: float | None = None) -> bool: ...
     def set_output_name(self, name: str) -> None: ...
     def write_ticket(self) -> int: ...
-    def _writes_since_json(self, ticket: int) -> str: ...
+    def writes_since(self, ticket: int) -> dict[str, Any]:
+        """Where the traces since ``ticket`` (``write_ticket``, taken before a stop) stand:
+        ``{"settled", "stopping", "pending_writes", "traces": [...]}``."""
+    def status(self) -> dict[str, Any]:
+        """The profiler's state as a dict (``phase``, ``step_index``, the window, the capture
+        budget, ``pending_writes``, ``rank``, ``last_error``, ...)."""
+    def timeline_dict(self, since: int = 0, last: int | None = None) -> dict[str, Any]:
+        """``timeline_json``'s document as a dict."""
     def set_trace_name(self, name: str | None) -> bool:
         """Names the next capture's files exactly: ``{name}.trace.json.gz`` (``.json``
         without gzip), ``{name}.stepscope.json`` and ``{name}.profiler_out.txt``, in place of
@@ -143,12 +153,18 @@ class WorkerProfiler:
         weight_dtype: str | None = None,
         kv_cache_dtype: str | None = None,
         params: int | None = None,
-    ) -> str: ...
+    ) -> dict[str, Any]: ...
     def _reconfigure(self, config: Union[Mapping[str, Any], str, os.PathLike[str]]) -> bool: ...
     @property
     def config_json(self) -> str:
         """The config the next session uses, every field filled in (``set_profiler_kwargs``
         applied)."""
+    @property
+    def config(self) -> dict[str, Any]:
+        """The config the next session uses, every field filled in, as a dict (a copy)."""
+    @property
+    def base_config(self) -> dict[str, Any]:
+        """The config the profiler was made with, as a dict."""
     @property
     def base_config_json(self) -> str:
         """The config the profiler was made with."""
@@ -209,6 +225,7 @@ class RequestLog:
     def produced(self, step: int, ids: Iterable[str], tokens: Iterable[int]) -> None: ...
     def finished(self, step: int | None, id: str, reason: str) -> None: ...
     def document_json(self, since: int = 0) -> str: ...
+    def document(self, since: int = 0) -> dict[str, Any]: ...
     def write_json(self, path: str | os.PathLike[str], since: int = 0) -> None: ...
 
 MANIFEST_SUFFIX: str
@@ -223,7 +240,17 @@ def flushing_marker(pid: int) -> str: ...
 def flushing_markers() -> dict[int, float]:
     """The flushing markers there are: ``{pid: flush timeout in seconds}``."""
 
-def _read_manifest_json(path: str | os.PathLike[str]) -> str: ...
+def request_log_name(stem: str) -> str:
+    """A window's request log's file name: ``{stem}.requests.json``."""
+def engine_log_stem(engine: int, stop_ns: int) -> str:
+    """An engine core's window log's stem: ``engine{N}.{stop ns}``."""
+def stepscope_keys_from_env() -> dict[str, Any]:
+    """The ``"stepscope"`` object of ``STEPSCOPE_CONFIG`` (empty when unset); raises
+    ``ConfigError`` naming what is wrong."""
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest at ``path`` as a dict, read through the library's manifest type; raises
+    ``OSError`` when it cannot be read and ``ValueError`` (naming the file) when it is not a
+    manifest."""
 
 def _add_kineto_glue_dir(dir: str) -> None: ...
 def kineto_glue() -> dict[str, str]:

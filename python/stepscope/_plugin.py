@@ -6,7 +6,6 @@ plugins."""
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 from typing import Any, Callable
@@ -43,43 +42,14 @@ def signature_of(fn: Any) -> tuple[tuple[str, Any], ...] | None:
 
 
 def stepscope_keys_from_env() -> dict[str, Any]:
-    """The ``"stepscope"`` object of ``STEPSCOPE_CONFIG`` (empty when unset).
+    """The ``"stepscope"`` object of ``STEPSCOPE_CONFIG`` (empty when unset), read and its
+    form checked by the library (``ProfilerConfig::stepscope_keys_from_env``, the one reader
+    of the variable); the keys' values are validated with the engine's fields when a worker's
+    profiler is made. Raises :class:`stepscope.ConfigError` (a ``ValueError``) naming what is
+    wrong."""
+    from stepscope._native import stepscope_keys_from_env as read
 
-    Only its form is checked here (readable, JSON, an object holding only ``"stepscope"``);
-    the keys' values are validated with the engine's fields when a worker's profiler is made,
-    since some depend on them (``repeat`` needs ``max_iterations``). Raises
-    :class:`stepscope.ConfigError` (a ``ValueError``) naming what is wrong.
-    """
-    import stepscope
-
-    spec = os.environ.get(CONFIG_ENV, "").strip()
-    if not spec:
-        return {}
-    if spec.startswith("{"):
-        text, origin = spec, CONFIG_ENV
-    else:
-        try:
-            with open(spec, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise stepscope.ConfigError(f"{CONFIG_ENV}: cannot read {spec}: {e}") from e
-        origin = spec
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise stepscope.ConfigError(f"{origin}: invalid JSON: {e}") from e
-    if not isinstance(value, dict):
-        raise stepscope.ConfigError(f"{origin}: expected a JSON object")
-    others = sorted(k for k in value if k != "stepscope")
-    if others:
-        raise stepscope.ConfigError(
-            f"{origin}: {', '.join(others)}: vLLM's keys come from --profiler-config; "
-            f"{CONFIG_ENV} holds only the \"stepscope\" object"
-        )
-    keys = value.get("stepscope", {})
-    if not isinstance(keys, dict):
-        raise stepscope.ConfigError(f"{origin}: \"stepscope\" must be a JSON object")
-    return keys
+    return read()
 
 
 def key_on(name: str, keys: Callable[[], dict[str, Any]] = stepscope_keys_from_env) -> bool:

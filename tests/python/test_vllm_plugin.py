@@ -906,7 +906,7 @@ def test_the_profile_routes_answer_a_refusal_with_503_and_an_unwritten_trace_wit
 def test_the_routes_key_rule_is_vllms(monkeypatch):
     """``--api-key`` (one or several) over ``VLLM_API_KEY``; ``Bearer`` (any case) with one of
     them; a server without a key answers everyone."""
-    from stepscope.vllm.worker import api_tokens, authorized
+    from stepscope.vllm.endpoints import api_tokens, authorized
 
     monkeypatch.setenv("VLLM_API_KEY", "from-env")
     tokens = api_tokens(SimpleNamespace(api_key=["k1", "k2"]))

@@ -8,7 +8,7 @@ use pyo3::types::PyString;
 use stepscope::config::RequestLogSize;
 use stepscope::requests::{Finish, RequestLog, RoleHint};
 
-use crate::parse_config;
+use crate::config::parse_config;
 
 /// Each request's lifecycle in the engine (queued, scheduled, prefill chunks, first token,
 /// decode, preemptions, end) and the engine steps it lived through, in rings allocated once:
@@ -69,7 +69,7 @@ impl PyRequestLog {
         }))
     }
 
-    /// ``{"requests": N, "steps": M}``: what it keeps.
+    /// ``(requests, steps)``: what it keeps, each rounded up to a power of two.
     #[getter]
     fn capacity(&self) -> (u64, u64) {
         let c = self.log.capacity();
@@ -213,6 +213,12 @@ impl PyRequestLog {
     #[pyo3(signature = (since = 0))]
     fn document_json(&self, since: u64) -> String {
         serde_json::to_string(&self.log.document(since)).unwrap_or_default()
+    }
+
+    /// ``document_json(since)`` as a dict.
+    #[pyo3(signature = (since = 0))]
+    fn document(&self, py: Python<'_>, since: u64) -> PyResult<Py<PyAny>> {
+        crate::value::serialized(py, &self.log.document(since))
     }
 
     /// Writes ``document_json(since)`` to ``path``, whole or not at all: into a temporary

@@ -263,7 +263,7 @@ pub(crate) fn request_logs(dir: &Path) -> Vec<(String, RequestsDocument)> {
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.ends_with(".requests.json") && !n.starts_with('.'))
+                .is_some_and(stepscope_format::manifest::is_request_log_name)
         })
         .collect();
     paths.sort();

@@ -5,6 +5,7 @@
 
 use serde::Serialize;
 use serde_json::Value;
+use stepscope_format::requests::RequestsDocument;
 use stepscope_format::timeline::{field_positions, TimelineStep};
 
 use crate::flags::Engine;
@@ -84,7 +85,7 @@ pub(super) fn status_workers(engine: Engine, body: &str) -> Result<Vec<Value>, S
 
 /// Each answering scheduler's request log in SGLang's `/server_info` (its `stepscope.requests`:
 /// a log's document, or null where the log is off), in order.
-pub(super) fn sglang_request_logs(body: &str) -> Result<Vec<Value>, String> {
+fn sglang_request_logs(body: &str) -> Result<Vec<Value>, String> {
     let value = json(body)?;
     Ok(sglang_states(&value, body)?
         .iter()
@@ -176,6 +177,53 @@ fn timeline_worker(url: &str, w: &Value) -> Result<WorkerTimeline, String> {
         now_unix_ns: num("now_unix_ns"),
         steps,
     })
+}
+
+/// Each engine's request log in a `ctl requests` answer, and how many engines keep none:
+/// vLLM's `GET /stepscope/requests` (`{"engines": [...]}`), SGLang's `/server_info` (each
+/// scheduler's log of its last steps).
+pub(super) fn request_logs(
+    engine: Engine,
+    body: &str,
+) -> Result<(Vec<RequestsDocument>, usize), String> {
+    match engine {
+        Engine::Vllm => vllm_request_logs(body),
+        Engine::Sglang => documents(&sglang_request_logs(body)?),
+    }
+}
+
+/// `{"engines": [document, ...]}`: the documents of the engines that keep a log, and how many
+/// keep none (`"requests": null`).
+fn vllm_request_logs(body: &str) -> Result<(Vec<RequestsDocument>, usize), String> {
+    let value = json(body)?;
+    let engines = value
+        .get("engines")
+        .and_then(Value::as_array)
+        .ok_or_else(|| {
+            format!(
+                "the answer is not {{\"engines\": [...]}}: {}",
+                excerpt(body)
+            )
+        })?;
+    documents(engines)
+}
+
+/// The logs among engines' answers (a log's document each, `null` or `"requests": null` where
+/// an engine keeps none), and how many keep none.
+fn documents(engines: &[Value]) -> Result<(Vec<RequestsDocument>, usize), String> {
+    let mut docs = Vec::new();
+    let mut off = 0;
+    for e in engines {
+        if e.get("requests").is_none_or(Value::is_null) {
+            off += 1;
+            continue;
+        }
+        docs.push(
+            serde_json::from_value(e.clone())
+                .map_err(|err| format!("an engine's request log is not in its form: {err}"))?,
+        );
+    }
+    Ok((docs, off))
 }
 
 #[cfg(test)]

@@ -19,6 +19,12 @@ pub enum Action {
     /// plugin's endpoint), SGLang's `GET /server_info` (each answering scheduler's
     /// `internal_states[i].stepscope`, which the plugin adds).
     Status,
+    /// Each server's engines' request logs: vLLM's `GET /stepscope/requests`, SGLang's
+    /// `/server_info` (`ctl requests`).
+    Requests,
+    /// Each server's workers' step timelines: vLLM's `GET /stepscope/timeline`, SGLang's
+    /// `/server_info` (`ctl top`, `ctl timeline`).
+    Timeline,
 }
 
 impl Action {
@@ -28,7 +34,11 @@ impl Action {
             (Action::Stop, _) => "/stop_profile",
             (Action::Workers, _) => "/health",
             (Action::Status, Engine::Vllm) => "/stepscope/status",
-            (Action::Status, Engine::Sglang) => "/server_info",
+            (Action::Requests, Engine::Vllm) => "/stepscope/requests",
+            (Action::Timeline, Engine::Vllm) => "/stepscope/timeline",
+            (Action::Status | Action::Requests | Action::Timeline, Engine::Sglang) => {
+                "/server_info"
+            }
         }
     }
 }

@@ -82,7 +82,8 @@ pub(super) fn explain_transport(e: &ureq::Error, url: &str) -> String {
     }
 }
 
-/// What an HTTP error status means for this action and engine.
+/// What an HTTP error status means for this action and engine: the one explanation of every
+/// `ctl` command's answers.
 pub(super) fn explain_status(engine: Engine, action: Action, status: u16, body: &str) -> String {
     let path = action.path(engine);
     match (status, engine, action) {
@@ -91,10 +92,10 @@ pub(super) fn explain_status(engine: Engine, action: Action, status: u16, body: 
              with --profiler-config '{{\"profiler\": \"torch\", \"torch_profiler_dir\": \
              \"/path/to/traces\"}}' (or \"profiler\": \"cuda\")"
         ),
-        (404, Engine::Vllm, Action::Status) => format!(
-            "{path} not found: stepscope's status endpoint is an opt-in vLLM endpoint plugin; \
-             install stepscope in the server's environment and start vllm serve with \
-             VLLM_PLUGINS naming stepscope (see docs/vllm.md)"
+        (404, Engine::Vllm, Action::Status | Action::Requests | Action::Timeline) => format!(
+            "{path} not found: stepscope's routes are an opt-in vLLM endpoint plugin; install \
+             stepscope in the server's environment and start vllm serve with VLLM_PLUGINS \
+             naming stepscope (see docs/vllm.md)"
         ),
         (404, Engine::Sglang, _) => format!(
             "{path} not found: is this an SGLang server (sglang.launch_server)? For vLLM use \
@@ -106,7 +107,10 @@ pub(super) fn explain_status(engine: Engine, action: Action, status: u16, body: 
              key with --api-key or STEPSCOPE_API_KEY"
         ),
         (s, _, _) if s >= 500 => {
-            format!("server error {s}: {} (see the worker's log)", excerpt(body))
+            format!(
+                "server error {s}: {} (HTTP {s}; see the worker's log)",
+                excerpt(body)
+            )
         }
         (s, _, _) => format!("HTTP {s}: {}", excerpt(body)),
     }
@@ -160,7 +164,7 @@ pub fn call_worker(
     let start = Instant::now();
     let url = format!("{worker}{}", action.path(engine));
     let (result, attempt) = retrying(retries, || match action {
-        Action::Workers | Action::Status => get(agent, &url),
+        Action::Workers | Action::Status | Action::Requests | Action::Timeline => get(agent, &url),
         Action::Start | Action::Stop => post(agent, &url, body),
     });
     let elapsed_ms = start.elapsed().as_millis() as u64;

@@ -48,7 +48,7 @@ pub fn render_table(action: Action, outcomes: &[Outcome], total: Duration) -> St
         Action::Start => "started",
         Action::Stop => "stopped",
         Action::Workers => "healthy",
-        Action::Status => "answered",
+        Action::Status | Action::Requests | Action::Timeline => "answered",
     };
     out.push_str(&format!(
         "{ok} of {} workers {verb}, {} failed, in {:.2} s\n",

@@ -48,9 +48,12 @@ pub struct IterationDetail {
 impl IterationDetail {
     /// The sums of the requests' shares, each in its phase, as vLLM's `annotate_profile`
     /// sums them: `seq` is a request's computed tokens plus those scheduled. `None` when a
-    /// share lacks its computed tokens. The one place stepscope derives them: the engine
+    /// share lacks its computed tokens, or there is none. The one place stepscope derives them: the engine
     /// plugins pass each request's counts, never the sums.
     pub fn of_shares(shares: &[RequestShare]) -> Option<IterationDetail> {
+        if shares.is_empty() {
+            return None;
+        }
         let mut d = IterationDetail::default();
         for s in shares {
             let q = u64::from(s.tokens);
@@ -384,6 +387,7 @@ mod tests {
             },
         ];
         assert_eq!(IterationDetail::of_shares(&partial), None);
+        assert_eq!(IterationDetail::of_shares(&[]), None);
         assert_eq!(IterationInfo::new(1, 4, 0, 0).work(), None);
     }
 }

@@ -57,6 +57,27 @@ pub fn manifest_name(stem: &str) -> String {
     format!("{stem}{MANIFEST_SUFFIX}")
 }
 
+/// A capture window's request log beside its traces ends so: `{stem}.requests.json`.
+pub const REQUEST_LOG_SUFFIX: &str = ".requests.json";
+
+/// The file name of a window's request log with stem `stem`: the stem of the trace it goes
+/// with (SGLang's schedulers), or [`engine_log_stem`] (vLLM's engine cores, which write no
+/// trace of their own).
+pub fn request_log_name(stem: &str) -> String {
+    format!("{stem}{REQUEST_LOG_SUFFIX}")
+}
+
+/// The stem of engine core `engine`'s request log of the window that stopped at `stop_ns`
+/// (ns since the Unix epoch): `engine{N}.{stop ns}`; the later stop sorts later.
+pub fn engine_log_stem(engine: u32, stop_ns: u128) -> String {
+    format!("engine{engine}.{stop_ns}")
+}
+
+/// Whether a file name is a window's request log's (not a temporary still being written).
+pub fn is_request_log_name(name: &str) -> bool {
+    name.ends_with(REQUEST_LOG_SUFFIX) && !name.starts_with('.')
+}
+
 /// Whether a file name is a manifest's (a hidden name is a temporary still being written).
 pub fn is_manifest_name(name: &str) -> bool {
     name.ends_with(MANIFEST_SUFFIX) && !name.starts_with('.')

@@ -1,7 +1,9 @@
 //! The request log's document (`stepscope.requests`): each request's lifecycle in an engine
 //! (queued, scheduled, its prefill chunks, first token, decode, preemptions, end) and the
 //! engine steps it lived through, as the library serves it (the vLLM plugin's
-//! `GET /stepscope/requests`) and `stepscope ctl requests` reads it. Times are ns since the
+//! `GET /stepscope/requests`, SGLang's `/server_info`, and a capture window's log beside its
+//! traces) and its readers read it: `stepscope ctl requests`, `stepscope analyze --requests`
+//! and `stepscope report`. Times are ns since the
 //! Unix epoch on the engine process's clock; steps are that engine's step indices (the first
 //! step is 1).
 

@@ -31,7 +31,6 @@ the scheduler: a failure is logged once and the log goes on.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import deque
 from pathlib import Path
@@ -247,8 +246,9 @@ def server_info_log() -> Any:
     log = request_log()
     if log is None:
         return None
-    return _guarded("server_info", lambda: json.loads(
-        log.document_json(max(0, log.step_index - SERVER_INFO_STEPS))))  # fmt: skip
+    return _guarded(
+        "server_info", lambda: log.document(max(0, log.step_index - SERVER_INFO_STEPS))
+    )
 
 
 def window_start() -> int | None:
@@ -263,7 +263,9 @@ def write_window(output_dir: Path, stem: str, since: int | None) -> None:
     log = request_log()
     if log is None or since is None:
         return
-    path = Path(output_dir) / f"{stem}.requests.json"
+    from stepscope._native import request_log_name
+
+    path = Path(output_dir) / request_log_name(stem)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         log.write_json(str(path), since)

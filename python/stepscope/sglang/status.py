@@ -3,7 +3,6 @@ its step timeline."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from stepscope import _plugin
@@ -36,7 +35,7 @@ def status_of(state: Any) -> dict[str, Any]:
 
     workers = []
     for p in state.profilers if state is not None else []:
-        workers.append(json.loads(p.status_json()))
+        workers.append(p.status())
     timeline = getattr(state, "timeline", None)
     return {
         "plugin": "sglang",
@@ -51,4 +50,4 @@ def timeline_of(profiler: Any) -> dict[str, Any]:
     """One scheduler's timeline as ``/server_info`` carries it: the form of vLLM's
     ``GET /stepscope/timeline`` workers (``stepscope ctl top --engine sglang`` reads both), built
     by the native profiler."""
-    return json.loads(profiler.timeline_json(0, SERVER_INFO_STEPS))
+    return profiler.timeline_dict(0, SERVER_INFO_STEPS)

@@ -36,8 +36,9 @@ Modules, one job each: ``environment`` (the switch, ``STEPSCOPE_CONFIG``, the on
 lines), ``interfaces`` (vLLM's modules and signatures the plugin knows), ``config`` (vLLM's
 config as stepscope's, and the profiler made from it), ``factory`` (vLLM's profiler factories,
 replaced), ``frontend`` (the API server's profiler), ``stop`` (a stop returns with its traces
-on disk; a refused start is an error), ``worker`` (``annotate_profile``, the status
-RPC and endpoint), ``scheduled`` (a ``SchedulerOutput`` as an iteration: counts, each
+on disk; a refused start is an error), ``worker`` (``annotate_profile`` patched), ``rpc`` (the
+worker's ``collective_rpc`` answers), ``endpoints`` (the API server's ``/stepscope/*`` routes,
+made by one function), ``scheduled`` (a ``SchedulerOutput`` as an iteration: counts, each
 request's tokens, phase and computed tokens), ``model`` (the served model's shape, recorded
 once for each step's floor), ``lifecycles`` (the request log in the engine core), ``shutdown`` (process
 managers wait for traces being written), ``__main__`` (``python -m stepscope.vllm --check``). What the SGLang plugin shares with this one is in
@@ -57,7 +58,9 @@ from stepscope.vllm import (
     frontend,
     interfaces,
     lifecycles,
+    endpoints,
     model,
+    rpc,
     scheduled,
     shutdown,
     stop,
@@ -74,7 +77,8 @@ from stepscope.vllm.environment import (
 from stepscope.vllm.frontend import FrontendProfiler
 from stepscope.vllm.shutdown import wait_for_flushes
 from stepscope.vllm.scheduled import Requests, iteration_of, request_ids_of, requests_of
-from stepscope.vllm.worker import StatusEndpoint, worker_status, worker_timeline
+from stepscope.vllm.endpoints import StatusEndpoint
+from stepscope.vllm.rpc import worker_status, worker_timeline
 
 __all__ = [
     "CONFIG_ENV",
@@ -94,6 +98,8 @@ __all__ = [
     "lifecycles",
     "make_with_known_fields",
     "model",
+    "endpoints",
+    "rpc",
     "rank_of",
     "register",
     "request_ids_of",

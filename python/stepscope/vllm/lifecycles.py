@@ -197,8 +197,11 @@ WINDOW_ATTR = "_stepscope_requests_since"
 
 
 def window_file(engine: int, stop_ns: int) -> str:
-    """The name of one engine core's request log of a capture window."""
-    return f"engine{engine}.{stop_ns}.requests.json"
+    """The name of one engine core's request log of a capture window (the format's rule:
+    ``engine{N}.{stop ns}.requests.json``)."""
+    from stepscope._native import engine_log_stem, request_log_name
+
+    return request_log_name(engine_log_stem(engine, stop_ns))
 
 
 def _write_window(core: Any, log: Any, since: int) -> None:

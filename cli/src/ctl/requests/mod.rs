@@ -12,12 +12,12 @@ use std::process::ExitCode;
 mod render;
 
 use serde::Serialize;
-use serde_json::Value;
 use stepscope_format::requests::RequestsDocument;
 
-use super::answers::{excerpt, sglang_request_logs};
+use super::answers::request_logs;
 use super::discovery::servers;
-use super::http::{after_tries, agent, explain_transport, get, retrying};
+use super::fleet::Action;
+use super::http::{after_tries, agent, explain_status, explain_transport, get, retrying};
 use super::top::Failure;
 use crate::error::{partial, Error};
 use crate::flags::{Engine, RequestsArgs};
@@ -164,58 +164,17 @@ fn fetch(
     };
     let (answer, spent) = retrying(retries, || get(agent, &full));
     match answer {
-        Ok((200, body)) => match engine {
-            Engine::Vllm => engine_logs(&body),
-            Engine::Sglang => documents(&sglang_request_logs(&body)?)
-                .map(|(docs, off)| (docs.into_iter().map(|d| d.after_step(since)).collect(), off)),
-        },
-        Ok((404, _)) if engine == Engine::Vllm => Err(format!(
-            "{url}/stepscope/requests: 404: the server has no stepscope requests route (start \
-             vLLM with stepscope installed and VLLM_PLUGINS naming stepscope; see docs/vllm.md)"
-        )),
-        Ok((401, _)) => Err(format!(
-            "{full}: 401: the server has an API key: pass the same key with --api-key or \
-             STEPSCOPE_API_KEY"
-        )),
+        Ok((200, body)) => request_logs(engine, &body).map(|(docs, off)| {
+            // SGLang's /server_info carries each scheduler's last steps whatever `since`.
+            (docs.into_iter().map(|d| d.after_step(since)).collect(), off)
+        }),
         Ok((s, body)) => Err(after_tries(
-            format!("{full}: HTTP {s}: {}", excerpt(&body)),
+            format!(
+                "{url}: {}",
+                explain_status(engine, Action::Requests, s, &body)
+            ),
             spent,
         )),
         Err(e) => Err(after_tries(explain_transport(&e, url), spent)),
     }
-}
-
-/// `{"engines": [document, ...]}`: the documents of the engines that keep a log, and how many
-/// keep none (`"requests": null`).
-pub fn engine_logs(body: &str) -> Result<(Vec<RequestsDocument>, usize), String> {
-    let value: Value = serde_json::from_str(body)
-        .map_err(|e| format!("the answer is not JSON ({e}): {}", excerpt(body)))?;
-    let engines = value
-        .get("engines")
-        .and_then(Value::as_array)
-        .ok_or_else(|| {
-            format!(
-                "the answer is not {{\"engines\": [...]}}: {}",
-                excerpt(body)
-            )
-        })?;
-    documents(engines)
-}
-
-/// The logs among engines' answers (a log's document each, `null` or `"requests": null` where
-/// an engine keeps none), and how many keep none.
-fn documents(engines: &[Value]) -> Result<(Vec<RequestsDocument>, usize), String> {
-    let mut docs = Vec::new();
-    let mut off = 0;
-    for e in engines {
-        if e.get("requests").is_none_or(Value::is_null) {
-            off += 1;
-            continue;
-        }
-        docs.push(
-            serde_json::from_value(e.clone())
-                .map_err(|err| format!("an engine's request log is not in its form: {err}"))?,
-        );
-    }
-    Ok((docs, off))
 }

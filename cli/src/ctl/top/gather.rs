@@ -6,10 +6,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::ctl::answers::excerpt;
 use crate::ctl::answers::{timeline_workers, WorkerTimeline};
-use crate::ctl::fleet::Worker;
-use crate::ctl::http::{after_tries, explain_transport, get, retrying};
+use crate::ctl::fleet::{Action, Worker};
+use crate::ctl::http::{after_tries, explain_status, explain_transport, get, retrying};
 use crate::flags::Engine;
 use crate::par::par_map;
 
@@ -128,12 +127,11 @@ fn fetch(
     let (answer, spent) = retrying(retries, || get(agent, &full));
     match answer {
         Ok((200, body)) => timeline_workers(engine, url, &body),
-        Ok((404, _)) if engine == Engine::Vllm => Err(format!(
-            "{url}/stepscope/timeline: 404: the server has no stepscope timeline route (start \
-             vLLM with stepscope installed and VLLM_PLUGINS naming stepscope; see docs/vllm.md)"
-        )),
         Ok((s, body)) => Err(after_tries(
-            format!("{full}: HTTP {s}: {}", excerpt(&body)),
+            format!(
+                "{url}: {}",
+                explain_status(engine, Action::Timeline, s, &body)
+            ),
             spent,
         )),
         Err(e) => Err(after_tries(explain_transport(&e, url), spent)),

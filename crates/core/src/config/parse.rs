@@ -50,6 +50,59 @@ impl ProfilerConfig {
         }
     }
 
+    /// The `"stepscope"` object of `STEPSCOPE_CONFIG` as the engine plugins take it (empty
+    /// when the variable is unset): only its form checked here (readable, JSON, an object
+    /// holding only `"stepscope"`, itself an object), since some keys' values are validated
+    /// with the engine's own fields when a worker's profiler is made (`repeat` needs
+    /// `max_iterations`). An error names what is wrong. The one reader of the variable for
+    /// every surface.
+    pub fn stepscope_keys_from_env() -> Result<Map<String, Value>> {
+        let spec = match std::env::var(CONFIG_ENV) {
+            Ok(v) if !v.trim().is_empty() => v,
+            Ok(_) | Err(std::env::VarError::NotPresent) => return Ok(Map::new()),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(Error::Json {
+                    source: CONFIG_ENV.into(),
+                    message: "the variable is not valid UTF-8".into(),
+                })
+            }
+        };
+        let spec = spec.trim();
+        let (text, origin) = if spec.starts_with('{') {
+            (spec.to_string(), CONFIG_ENV.to_string())
+        } else {
+            let text = std::fs::read_to_string(spec).map_err(|e| Error::Json {
+                source: CONFIG_ENV.into(),
+                message: format!("cannot read {spec}: {e}"),
+            })?;
+            (text, spec.to_string())
+        };
+        let bad = |message: String| Error::Json {
+            source: origin.clone(),
+            message,
+        };
+        let value: Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+        let Value::Object(mut map) = value else {
+            return Err(bad("expected a JSON object".into()));
+        };
+        let mut others: Vec<&String> = map.keys().filter(|k| *k != "stepscope").collect();
+        others.sort();
+        if !others.is_empty() {
+            let others: Vec<&str> = others.iter().map(|k| k.as_str()).collect();
+            return Err(bad(format!(
+                "{}: vLLM's keys come from --profiler-config; {CONFIG_ENV} holds only the \
+                 \"stepscope\" object",
+                others.join(", ")
+            )));
+        }
+        match map.remove("stepscope") {
+            None => Ok(Map::new()),
+            Some(Value::Object(keys)) => Ok(keys),
+            Some(_) => Err(bad("\"stepscope\" must be a JSON object".into())),
+        }
+    }
+
     /// JSON text if `spec` starts with `{`, otherwise a path to a JSON file. `origin` names
     /// where the spec came from in error messages.
     pub fn from_spec(spec: &str, origin: &str) -> Result<Self> {
