@@ -43,11 +43,13 @@
 //! another thread goes through whatever lock the owner keeps (Python's: the object's borrow).
 
 mod record;
+mod slots;
 mod table;
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
+use slots::{Event, Req, Step};
 use table::IdTable;
 
 use crate::clock::{unix_now_ns, Clock};
@@ -117,123 +119,6 @@ pub enum RoleHint {
     OutputsBefore(u32),
     /// The role itself (`true`: prefill).
     Prefill(bool),
-}
-
-/// One request's slot.
-#[derive(Clone, Copy)]
-struct Req {
-    /// Its arrival order, from 1; 0: the slot is empty.
-    seq: u64,
-    hash: u64,
-    /// The id's full length (only the first [`ID_BYTES`] are kept).
-    id_len: u32,
-    id: [u8; ID_BYTES],
-    prompt_tokens: u32,
-    cached_tokens: u32,
-    output_tokens: u32,
-    prefill_steps: u32,
-    prefill_tokens: u32,
-    decode_steps: u32,
-    /// Preempted, and not scheduled again yet.
-    out: bool,
-    /// First seen scheduled (or producing) rather than arriving: what came before is missing.
-    partial: bool,
-    /// The last step that scheduled it in prefill, 0: none.
-    last_prefill_step: u64,
-    finish: u8,
-    /// How long before it was queued it arrived at the engine's front door, ns (the engine's
-    /// wall clock against ours, read together: no drift between the two clocks enters it);
-    /// `None`: not said.
-    arrival_lead_ns: Option<u64>,
-    /// Clock ticks, 0: not seen.
-    queued: u64,
-    queued_after_step: u64,
-    /// Step indices, 0: not yet.
-    first_scheduled_step: u64,
-    first_token_step: u64,
-    last_step: u64,
-    finished_step: u64,
-    /// Clock ticks, 0: not yet.
-    first_scheduled: u64,
-    first_token: u64,
-    last_token: u64,
-    finished: u64,
-}
-
-impl Req {
-    const EMPTY: Req = Req {
-        seq: 0,
-        hash: 0,
-        id_len: 0,
-        id: [0; ID_BYTES],
-        prompt_tokens: 0,
-        cached_tokens: 0,
-        output_tokens: 0,
-        prefill_steps: 0,
-        prefill_tokens: 0,
-        decode_steps: 0,
-        out: false,
-        partial: false,
-        last_prefill_step: 0,
-        finish: 0,
-        arrival_lead_ns: None,
-        queued: 0,
-        queued_after_step: 0,
-        first_scheduled_step: 0,
-        first_token_step: 0,
-        last_step: 0,
-        finished_step: 0,
-        first_scheduled: 0,
-        first_token: 0,
-        last_token: 0,
-        finished: 0,
-    };
-
-    fn id_matches(&self, hash: u64, id: &[u8]) -> bool {
-        self.seq != 0
-            && self.hash == hash
-            && self.id_len as usize == id.len()
-            && self.id[..id.len().min(ID_BYTES)] == id[..id.len().min(ID_BYTES)]
-    }
-
-    fn id_str(&self) -> String {
-        let n = (self.id_len as usize).min(ID_BYTES);
-        String::from_utf8_lossy(&self.id[..n]).into_owned()
-    }
-
-    /// The last step it did something in.
-    fn last_activity(&self) -> u64 {
-        (self.queued_after_step + 1)
-            .max(self.last_step)
-            .max(self.finished_step)
-    }
-}
-
-/// One step's slot.
-#[derive(Clone, Copy, Default)]
-struct Step {
-    /// Its index, 0: empty.
-    step: u64,
-    begin: u64,
-    /// 0: not ended.
-    end: u64,
-    prefill_reqs: u32,
-    prefill_tokens: u32,
-    decode_reqs: u32,
-    decode_tokens: u32,
-    preempted: u32,
-    waiting: u32,
-    largest_prefill_tokens: u32,
-    /// The seq of that chunk's request, 0: none.
-    largest_prefill_seq: u64,
-}
-
-/// A preemption or a resumption.
-#[derive(Clone, Copy, Default)]
-struct Event {
-    seq: u64,
-    step: u64,
-    resumed: bool,
 }
 
 /// Each request's lifecycle and the engine's steps, in bounded rings (module docs).

@@ -1,6 +1,7 @@
 //! The log's slots as its document gives them ([`RequestRecord`], [`EngineStep`]).
 
-use super::{Event, Finish, Req, Step};
+use super::slots::{Event, Req, Step};
+use super::Finish;
 use crate::clock::Scale;
 use stepscope_format::requests::{EngineStep, RequestRecord};
 

@@ -28,24 +28,26 @@
 //! # Ok::<(), stepscope_format::trace::StreamError>(())
 //! ```
 
+mod breakdown;
 mod event;
 mod explain;
 mod floor;
+mod gpu_time;
 mod header;
 mod scan;
 mod stream;
+mod summarizer;
 mod summary;
 
+pub use breakdown::{Breakdown, NameCategory, NameTime};
 pub use event::{Args, DeviceProperties, Event, Id, Meta, RawArgs};
-pub use explain::{
-    Bound, BusySplit, GpuMean, GpuTime, IdleSplit, KernelKind, LaunchStats, StreamIdle, Verdict,
-    KERNEL_WAIT_US,
-};
+pub use explain::KERNEL_WAIT_US;
 pub use floor::{peaks, Cost, DevicePeaks, Floor, PeakOverride, Peaks, Roof, DEVICES};
+pub use gpu_time::{
+    Bound, BusySplit, GpuMean, GpuTime, IdleSplit, KernelKind, LaunchStats, StreamIdle, Verdict,
+};
 pub use header::{Captured, PhaseWork, StepRequests, StepWork, TraceHeader, Trigger};
 pub use scan::{FromTrace, RawEvent, Serde, Skip};
 pub use stream::{EventSink, EventStream, ReadError, StreamError, StreamErrorKind};
-pub use summary::{
-    Breakdown, Gap, KernelStat, Kernels, NameCategory, NameTime, OpStat, Split, Step, Summarizer,
-    Summary,
-};
+pub use summarizer::Summarizer;
+pub use summary::{Gap, KernelStat, Kernels, OpStat, Split, Step, Summary};

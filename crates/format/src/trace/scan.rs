@@ -15,6 +15,10 @@
 //! Numbers are read as JSON defines them and rounded correctly: a mantissa of up to 15 digits
 //! with up to 22 decimals (every timestamp Kineto writes) is exact in one division; others go
 //! to the standard library's parser.
+//!
+//! Kept whole although it is long: it is one job, the scanner, whose parts (the types a sink
+//! takes an event as, the byte-level search, the number reader and the [`Scanner`] that walks
+//! an event with them) make one hot path, read together.
 
 use std::borrow::Cow;
 

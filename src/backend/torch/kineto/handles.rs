@@ -1,0 +1,262 @@
+//! The safe wrappers over the glue's functions: the glue ready ([`Kineto`]), a session taken
+//! off the engine thread ([`Detached`]), its result ([`TraceResult`]) and the iteration
+//! annotation ([`Range`]); each owned handle frees what it owns once.
+
+use std::ffi::{c_char, c_int};
+use std::ptr::{self, NonNull};
+
+use super::glue::{call, failed, Api, Options, RawDetached, RawEvent, RawRange, RawResult};
+use super::provider::provider;
+use crate::error::Result;
+
+/// One event of a finished session, as the op table needs it.
+pub(crate) struct EventRow {
+    pub name: String,
+    pub thread: u64,
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    /// Recorded on a device (a kernel, memcpy, memset), not on the CPU.
+    pub device: bool,
+    pub is_async: bool,
+}
+
+/// The glue, ready: the only way to the functions above.
+#[derive(Clone, Copy)]
+pub(crate) struct Kineto {
+    api: &'static Api,
+}
+
+impl Kineto {
+    /// The glue, linked or loaded (loading happens once per process, at the first call).
+    pub(crate) fn get() -> Result<Kineto> {
+        provider().map(|(api, _)| Kineto { api })
+    }
+
+    pub(crate) fn cuda_available(self) -> bool {
+        // SAFETY: a glue function without arguments; it catches every exception.
+        unsafe { (self.api.cuda_available)() != 0 }
+    }
+
+    pub(crate) fn prepare(self, o: &Options) -> Result<()> {
+        // SAFETY: o outlives the call; the buffer is call()'s.
+        call("prepareProfiler", |err, len| unsafe {
+            (self.api.prepare)(o, err, len)
+        })
+    }
+
+    pub(crate) fn enable(self, o: &Options) -> Result<usize> {
+        let mut session = 0usize;
+        // SAFETY: o and session outlive the call.
+        call("enableProfiler", |err, len| unsafe {
+            (self.api.enable)(o, &mut session, err, len)
+        })?;
+        Ok(session)
+    }
+
+    pub(crate) fn detach(self, session: usize) -> Result<Detached> {
+        let mut out = ptr::null_mut();
+        // SAFETY: out outlives the call; the glue checks the session against this thread's.
+        call("disableProfiler", |err, len| unsafe {
+            (self.api.detach)(session, &mut out, err, len)
+        })?;
+        NonNull::new(out)
+            .map(|ptr| Detached { api: self.api, ptr })
+            .ok_or_else(|| failed("disableProfiler", "the glue returned no session"))
+    }
+
+    pub(crate) fn toggle(self, enable: bool, o: &Options) -> Result<()> {
+        // SAFETY: o outlives the call.
+        call("toggleCollectionDynamic", |err, len| unsafe {
+            (self.api.toggle)(c_int::from(enable), o, err, len)
+        })
+    }
+
+    pub(crate) fn add_metadata(self, key: &str, json: &str) -> Result<()> {
+        // SAFETY: (pointer, length) pairs of live strings.
+        call("addMetadataJson", |err, len| unsafe {
+            (self.api.add_metadata)(
+                key.as_ptr().cast(),
+                key.len(),
+                json.as_ptr().cast(),
+                json.len(),
+                err,
+                len,
+            )
+        })
+    }
+
+    pub(crate) fn new_range(self) -> Result<Range> {
+        let mut out = ptr::null_mut();
+        // SAFETY: out outlives the call.
+        call("RecordFunction", |err, len| unsafe {
+            (self.api.range_new)(&mut out, err, len)
+        })?;
+        NonNull::new(out)
+            .map(|ptr| Range {
+                api: self.api,
+                ptr,
+                id_ptrs: Vec::new(),
+                id_lens: Vec::new(),
+            })
+            .ok_or_else(|| failed("RecordFunction", "the glue returned no range"))
+    }
+}
+
+/// A profiling session taken off the engine thread: no longer recording, not yet finalized.
+pub(crate) struct Detached {
+    api: &'static Api,
+    ptr: NonNull<RawDetached>,
+}
+
+// SAFETY: a detached session is no longer reachable from the engine thread (its state was
+// popped from that thread and its callback removed); the finalizer thread owns it alone.
+unsafe impl Send for Detached {}
+
+impl Detached {
+    /// The expensive half of disableProfiler (Kineto's stopTrace), on the calling thread.
+    pub(crate) fn finalize(&mut self) -> Result<TraceResult> {
+        const WHAT: &str = "finalizing the session (disableProfiler)";
+        let mut out = ptr::null_mut();
+        // SAFETY: ptr is live until drop; the glue refuses a session finalized before.
+        call(WHAT, |err, len| unsafe {
+            (self.api.finalize)(self.ptr.as_ptr(), &mut out, err, len)
+        })?;
+        NonNull::new(out)
+            .map(|ptr| TraceResult { api: self.api, ptr })
+            .ok_or_else(|| failed(WHAT, "the glue returned no result"))
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from detach and is freed once, here.
+        unsafe { (self.api.detached_free)(self.ptr.as_ptr()) }
+    }
+}
+
+/// A finished session's events and trace, owned until saved.
+pub(crate) struct TraceResult {
+    api: &'static Api,
+    ptr: NonNull<RawResult>,
+}
+
+// SAFETY: a result is plain data once the session is disabled (Kineto's events and activity
+// buffers, owned by it alone); the writer thread is its only user, and it is dropped there.
+unsafe impl Send for TraceResult {}
+
+impl TraceResult {
+    /// Kineto writes the trace JSON (to `{path}.tmp`, then renamed to `path`).
+    pub(crate) fn save(&mut self, path: &str) -> Result<()> {
+        // SAFETY: ptr is live; path is a live (pointer, length) pair.
+        call(&format!("saving the trace to {path}"), |err, len| unsafe {
+            (self.api.save)(
+                self.ptr.as_ptr(),
+                path.as_ptr().cast(),
+                path.len(),
+                err,
+                len,
+            )
+        })
+    }
+
+    pub(crate) fn events(&self) -> Result<Vec<EventRow>> {
+        // SAFETY: ptr is live.
+        let n = unsafe { (self.api.event_count)(self.ptr.as_ptr()) };
+        let mut rows = Vec::with_capacity(n);
+        let mut name = vec![0u8; 256];
+        for i in 0..n {
+            let mut raw = RawEvent::default();
+            loop {
+                // SAFETY: raw and name outlive the call; name's capacity is passed.
+                call("reading the session's events", |err, len| unsafe {
+                    (self.api.event_at)(
+                        self.ptr.as_ptr(),
+                        i,
+                        &mut raw,
+                        name.as_mut_ptr().cast(),
+                        name.len(),
+                        err,
+                        len,
+                    )
+                })?;
+                if raw.name_len <= name.len() {
+                    break;
+                }
+                name.resize(raw.name_len, 0);
+            }
+            rows.push(EventRow {
+                name: String::from_utf8_lossy(&name[..raw.name_len]).into_owned(),
+                thread: raw.thread,
+                start_ns: raw.start_ns,
+                duration_ns: raw.duration_ns,
+                device: raw.device != 0,
+                is_async: raw.is_async != 0,
+            });
+        }
+        Ok(rows)
+    }
+}
+
+impl Drop for TraceResult {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from finalize and is freed once, here.
+        unsafe { (self.api.result_free)(self.ptr.as_ptr()) }
+    }
+}
+
+/// A reusable `USER_SCOPE` `RecordFunction` range: one iteration's annotation at a time.
+pub(crate) struct Range {
+    api: &'static Api,
+    ptr: NonNull<RawRange>,
+    /// The (pointer, length) pairs of the request ids passed to the glue, reused so that
+    /// captured iterations allocate no new arrays for them; empty between calls.
+    id_ptrs: Vec<*const c_char>,
+    id_lens: Vec<usize>,
+}
+
+// SAFETY: the range is only begun and ended on the engine thread (the profiler's thread rules);
+// the backend that owns it may be moved between threads only while no range is open.
+unsafe impl Send for Range {}
+
+impl Range {
+    /// Opens the annotation `name` of step `step`, with the ids of the requests it serves.
+    pub(crate) fn begin(&mut self, name: &str, step: u64, requests: &[String]) -> Result<()> {
+        self.id_ptrs
+            .extend(requests.iter().map(|r| r.as_ptr().cast::<c_char>()));
+        self.id_lens.extend(requests.iter().map(String::len));
+        let (ptrs, lens) = (&self.id_ptrs, &self.id_lens);
+        // SAFETY: ptr is live; name is a live (pointer, length) pair; `ptrs` and `lens` hold
+        // `requests.len()` (pointer, length) pairs of strings alive for the call.
+        let result = call("RecordFunction begin", |err, len| unsafe {
+            (self.api.range_begin)(
+                self.ptr.as_ptr(),
+                name.as_ptr().cast(),
+                name.len(),
+                step,
+                ptrs.as_ptr(),
+                lens.as_ptr(),
+                requests.len(),
+                err,
+                len,
+            )
+        });
+        // No pointer outlives the call.
+        self.id_ptrs.clear();
+        self.id_lens.clear();
+        result
+    }
+
+    pub(crate) fn end(&mut self) -> Result<()> {
+        // SAFETY: ptr is live.
+        call("RecordFunction end", |err, len| unsafe {
+            (self.api.range_end)(self.ptr.as_ptr(), err, len)
+        })
+    }
+}
+
+impl Drop for Range {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from range_new and is freed once, here.
+        unsafe { (self.api.range_free)(self.ptr.as_ptr()) }
+    }
+}

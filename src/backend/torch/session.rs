@@ -1,0 +1,98 @@
+//! What a session records, from the config ([`SessionOptions`]), and what a capture in
+//! progress carries into its trace's header and manifest ([`Session`]).
+
+use std::sync::Arc;
+
+use super::kineto::Options;
+use super::op_table;
+use super::schedule::TorchSchedule;
+use crate::config::{ProfilerConfig, TorchActivity};
+use crate::schedule::{CutShort, SlowStepSeen};
+use crate::trace::{Captured, StepRequests};
+
+/// The capture in progress: what goes into the trace's metadata and the manifest.
+pub(super) struct Session {
+    /// The worker and the steps captured so far.
+    pub(super) captured: Captured,
+    pub(super) trace_name: Option<String>,
+    pub(super) start_unix_ns: u128,
+    /// The slow step this capture follows.
+    pub(super) trigger: Option<SlowStepSeen>,
+    /// The requests (`stepscope.request_ids`) and work of each captured iteration, in step
+    /// order.
+    pub(super) steps: Vec<StepRequests>,
+    /// Why the capture ended early, when the budget ended it.
+    pub(super) cut_short: Option<CutShort>,
+    /// What the capture holds in memory at its peak, as the profiler projected it.
+    pub(super) held_bytes: u64,
+}
+
+/// What a session records, from the config: changeable between sessions
+/// ([`Backend::reconfigure`](crate::backend::Backend::reconfigure)), unlike where traces go.
+pub(super) struct SessionOptions {
+    /// `torch_profiler_activities`; `None`: CPU, and CUDA when libtorch sees a device.
+    activities: Option<Vec<TorchActivity>>,
+    /// The options with the activities as configured (CUDA added at start when defaulted).
+    pub(super) options: Options,
+    dump_device_time_total: bool,
+    pub(super) schedule: Option<TorchSchedule>,
+    /// The config as JSON, for the manifests (shared, never copied on the engine thread).
+    pub(super) config: Arc<serde_json::Value>,
+}
+
+impl SessionOptions {
+    pub(super) fn from_config(config: &ProfilerConfig) -> Self {
+        let schedule =
+            (config.warmup_iterations > 0 || config.wait_iterations > 0).then_some(TorchSchedule {
+                wait: config.wait_iterations,
+                warmup: config.warmup_iterations,
+                active: config.active_iterations,
+            });
+        let activities = config.torch_profiler_activities.clone();
+        let has = |a| {
+            activities
+                .as_ref()
+                .map_or(a == TorchActivity::Cpu, |l| l.contains(&a))
+        };
+        let options = Options {
+            cpu: has(TorchActivity::Cpu),
+            cuda: has(TorchActivity::Cuda),
+            xpu: has(TorchActivity::Xpu),
+            privateuse1: has(TorchActivity::PrivateUse1),
+            record_shapes: config.torch_profiler_record_shapes,
+            profile_memory: config.torch_profiler_with_memory,
+            with_stack: config.torch_profiler_with_stack,
+            with_flops: config.torch_profiler_with_flops,
+            with_modules: config.stepscope.torch_with_modules,
+        };
+        SessionOptions {
+            activities,
+            options,
+            dump_device_time_total: config.torch_profiler_dump_cuda_time_total,
+            schedule,
+            config: Arc::new(serde_json::to_value(config).unwrap_or(serde_json::Value::Null)),
+        }
+    }
+
+    /// The options for a session, with the default activities resolved (CUDA when libtorch
+    /// sees a device, as torch.profiler's default).
+    pub(super) fn resolve(&mut self, cuda_available: bool) {
+        if self.activities.is_none() {
+            self.options.cuda = cuda_available;
+        }
+    }
+
+    /// vLLM's choice of table: device time when any device activity is recorded (and the dump
+    /// is on), else CPU time when CPU is the only activity.
+    pub(super) fn table(&self) -> Option<op_table::SortBy> {
+        let o = &self.options;
+        let devices = [o.cuda, o.xpu, o.privateuse1];
+        if devices.iter().any(|d| *d) && self.dump_device_time_total {
+            Some(op_table::SortBy::SelfDevice)
+        } else if o.cpu && !devices.iter().any(|d| *d) {
+            Some(op_table::SortBy::SelfCpu)
+        } else {
+            None
+        }
+    }
+}
