@@ -322,27 +322,30 @@ pub enum CtlCommand {
     Requests(RequestsArgs),
 }
 
-/// What `ctl requests` ranks requests by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RankBy {
-    /// Time to first token: arrival to the end of the step that gave it
-    Ttft,
-    /// End to end: arrival to the end
-    E2e,
-    /// The longest gap between two of its tokens
-    Itl,
-    /// Queue wait: reaching the scheduler to its first scheduling (the wait others' steps
-    /// cause)
-    Queue,
+pub use stepscope_format::requests::RankBy;
+
+/// `--by`'s value (the format crate's [`RankBy`]).
+fn rank_by(s: &str) -> Result<RankBy, String> {
+    match s {
+        "ttft" => Ok(RankBy::Ttft),
+        "e2e" => Ok(RankBy::E2e),
+        "itl" => Ok(RankBy::Itl),
+        "queue" => Ok(RankBy::Queue),
+        other => Err(format!(
+            "{other:?}: ttft (time to first token), e2e (end to end), itl (the longest gap \
+             between two tokens) or queue (reaching the scheduler to the first scheduling)"
+        )),
+    }
 }
 
 #[derive(Args)]
 pub struct RequestsArgs {
     #[command(flatten)]
     pub common: Common,
-    /// What the slowest requests are ranked by
-    #[arg(long, value_enum, default_value = "ttft")]
+    /// What the slowest requests are ranked by: ttft (arrival to the end of the step that gave
+    /// the first token), e2e (arrival to the end), itl (the longest gap between two tokens),
+    /// queue (reaching the scheduler to the first scheduling: the wait others' steps cause)
+    #[arg(long, value_name = "BY", value_parser = rank_by, default_value = "ttft")]
     pub by: RankBy,
     /// Requests listed (0: all)
     #[arg(long, value_name = "N", default_value_t = 10)]

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::breakdown::{Lived, RequestBreakdown, StepCost, Stretch};
+use super::{Lived, RequestBreakdown, StepCost, Stretch};
 use crate::text::short;
 
 /// A duration for people: ms below 10 s, else s.

@@ -1,17 +1,32 @@
 //! One request's breakdown from its engine's request log: where its time went (queue, prefill,
-//! decode, preemptions) and the steps that cost it most, with what they carried. No I/O.
+//! decode, preemptions) and the steps that cost it most, with what they carried. No I/O. What
+//! `stepscope ctl requests`, `analyze --requests` and the OpenTelemetry spans (`spans.rs`) read.
 
 use std::collections::HashMap;
 
+use super::{EngineStep, RequestRecord, RequestsDocument, ScheduledAs};
 use serde::Serialize;
-use stepscope_format::requests::{EngineStep, RequestRecord, RequestsDocument, ScheduledAs};
 
-use crate::flags::RankBy;
+/// What requests are ranked by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RankBy {
+    /// Time to first token: arrival to the end of the step that gave it.
+    Ttft,
+    /// End to end: arrival to the end.
+    E2e,
+    /// The longest gap between two of its tokens.
+    Itl,
+    /// Queue wait: reaching the scheduler to its first scheduling.
+    Queue,
+}
 
 /// A stretch of a request's life: how many engine steps, and how long.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Stretch {
+    /// Engine steps.
     pub steps: u32,
+    /// Its length, ms.
     pub ms: f64,
 }
 
@@ -32,15 +47,25 @@ pub enum Lived {
 /// One step a request lived through, with what the step carried.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepCost {
+    /// The step's index.
     pub step: u64,
+    /// What the request did in it.
     pub role: Lived,
+    /// The step's duration, ms.
     pub ms: f64,
+    /// Requests it scheduled.
     pub requests: u32,
+    /// Tokens it scheduled.
     pub tokens: u32,
+    /// Of which requests in prefill.
     pub prefill_reqs: u32,
+    /// Their tokens.
     pub prefill_tokens: u32,
+    /// Requests in decode.
     pub decode_reqs: u32,
+    /// Its largest prefill chunk, tokens.
     pub largest_prefill_tokens: u32,
+    /// Whose it was, while the log holds that request.
     pub largest_prefill_request: Option<String>,
     /// The largest prefill chunk is this request's own.
     pub own_prefill: bool,
@@ -51,12 +76,16 @@ pub struct StepCost {
 pub struct RequestBreakdown {
     /// The server it ran on.
     pub server: String,
+    /// The request's id.
     pub id: String,
     /// The log lost the start of it (see `RequestRecord::partial`): the figures it missed are
     /// absent.
     pub partial: bool,
+    /// Its prompt, tokens.
     pub prompt_tokens: Option<u32>,
+    /// Of which the engine had cached.
     pub cached_tokens: Option<u32>,
+    /// Tokens it produced.
     pub output_tokens: Option<u32>,
     /// Arrival at the API server (else the scheduler's queue) to its first token.
     pub ttft_ms: Option<f64>,
@@ -74,13 +103,15 @@ pub struct RequestBreakdown {
     pub prefill: Option<Stretch>,
     /// Its first token to its last; the steps are its decode steps.
     pub decode: Option<Stretch>,
-    /// Its decode steps' mean and longest duration.
+    /// Its decode steps' mean duration, ms.
     pub decode_step_mean_ms: Option<f64>,
+    /// Its longest decode step, ms.
     pub decode_step_max_ms: Option<f64>,
     /// The longest gap between two of its tokens (the ends of the steps that gave them).
     pub itl_max_ms: Option<f64>,
-    /// The steps that preempted it and those that scheduled it again.
+    /// The steps that preempted it.
     pub preempted_at: Vec<u64>,
+    /// The steps that scheduled it again after each preemption.
     pub resumed_at: Vec<u64>,
     /// Why it finished; `None` while it runs.
     pub finish: Option<String>,
@@ -325,7 +356,7 @@ pub fn rank(mut all: Vec<RequestBreakdown>, by: RankBy) -> Vec<RequestBreakdown>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stepscope_format::requests::Counts;
+    use crate::requests::Counts;
 
     const MS: u64 = 1_000_000;
 

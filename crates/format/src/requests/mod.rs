@@ -7,7 +7,11 @@
 //! Unix epoch on the engine process's clock; steps are that engine's step indices (the first
 //! step is 1).
 
+mod breakdown;
+
 use serde::{Deserialize, Serialize};
+
+pub use breakdown::{breakdowns, rank, Lived, RankBy, RequestBreakdown, StepCost, Stretch};
 
 /// One engine step: what it scheduled, and how long it took.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
