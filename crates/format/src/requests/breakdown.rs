@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::{EngineStep, RequestRecord, RequestsDocument, ScheduledAs};
+use super::document::{EngineStep, RequestRecord, RequestsDocument, ScheduledAs};
 use serde::Serialize;
 
 /// What requests are ranked by.
@@ -158,7 +158,7 @@ pub fn breakdowns(
         .collect()
 }
 
-fn breakdown(
+pub(super) fn breakdown(
     server: &str,
     r: &RequestRecord,
     doc: &RequestsDocument,
@@ -356,7 +356,7 @@ pub fn rank(mut all: Vec<RequestBreakdown>, by: RankBy) -> Vec<RequestBreakdown>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::requests::Counts;
+    use crate::requests::document::Counts;
 
     const MS: u64 = 1_000_000;
 
