@@ -56,7 +56,8 @@ use crate::clock::{unix_now_ns, Clock};
 use crate::config::{RequestLogSize, REQUEST_LOG_RANGE};
 
 pub use stepscope_format::requests::{
-    in_prefill, Counts, EngineStep, RequestRecord, RequestsDocument, ScheduledAs, ID_BYTES,
+    in_prefill, otlp_json, request_spans, Counts, EngineStep, RequestRecord, RequestsDocument,
+    ScheduledAs, SpanOptions, SpanParent, ID_BYTES,
 };
 
 /// Why a request finished.
@@ -392,6 +393,64 @@ impl RequestLog {
         let mut events: Vec<&Event> = self.events.iter().filter(|e| e.seq != 0).collect();
         events.sort_unstable_by_key(|e| (e.seq, e.step, e.resumed));
         let requests = requests
+            .into_iter()
+            .map(|r| record::record(&scale, r, &events))
+            .collect();
+        RequestsDocument {
+            pid: std::process::id(),
+            step_index: self.next_step,
+            now_unix_ns: scale.unix_ns(self.clock.ticks()),
+            clock: self.clock.name().to_string(),
+            capacity: self.capacity(),
+            recorded: Counts {
+                requests: self.arrivals,
+                steps: self.next_step,
+            },
+            evicted_running: self.evicted_running,
+            steps,
+            requests,
+        }
+    }
+
+    /// The document of the requests `ids` alone (those the log holds), with the steps they
+    /// lived through (from the one in flight when the first was queued to the last one's
+    /// last activity) and their events: what their spans are built from, in time proportional
+    /// to those requests' steps, not to the log's size.
+    pub fn document_of(&self, ids: &[&str]) -> RequestsDocument {
+        let scale = self.clock.scale();
+        let mut mine: Vec<&Req> = ids
+            .iter()
+            .filter_map(|id| {
+                let hash = self.hasher.hash_one(id.as_bytes());
+                self.find(hash, id.as_bytes()).map(|at| &self.requests[at])
+            })
+            .collect();
+        mine.sort_unstable_by_key(|r| r.seq);
+        mine.dedup_by_key(|r| r.seq);
+        let first = mine.iter().map(|r| r.queued_after_step.max(1)).min();
+        let last = mine.iter().map(|r| r.last_activity()).max();
+        let mut steps = Vec::new();
+        if let (Some(first), Some(last)) = (first, last) {
+            // The ring keeps at most its length of steps: no more to look at.
+            let from = first.max(last.saturating_sub(self.steps.len() as u64));
+            for step in from..=last.min(self.next_step) {
+                if let Some(at) = self.step_slot(step).filter(|&at| self.steps[at].end != 0) {
+                    let st = &self.steps[at];
+                    steps.push(record::engine_step(
+                        &scale,
+                        st,
+                        self.by_seq_id(st.largest_prefill_seq),
+                    ));
+                }
+            }
+        }
+        let mut events: Vec<&Event> = self
+            .events
+            .iter()
+            .filter(|e| e.seq != 0 && mine.iter().any(|r| r.seq == e.seq))
+            .collect();
+        events.sort_unstable_by_key(|e| (e.seq, e.step, e.resumed));
+        let requests = mine
             .into_iter()
             .map(|r| record::record(&scale, r, &events))
             .collect();
@@ -755,6 +814,38 @@ mod tests {
         // Without the engine's count, a partial record's step is decode: a token before it is
         // unknown, prefill is not assumed.
         assert_eq!(get(&l.document(0), "stranger").decode_steps, 1);
+    }
+
+    #[test]
+    fn the_document_of_some_requests_holds_them_and_the_steps_they_lived_through() {
+        let mut l = log(16, 64);
+        for (i, id) in ["a", "b", "c"].iter().enumerate() {
+            l.arrived(id, 4, None);
+            let s = l.begin_step(0);
+            l.scheduled(s, id, 4, 0);
+            l.end_step(s);
+            l.produced(s, id, 1);
+            l.finished(Some(s), id, Finish::Length);
+            assert_eq!(s, i as u64 + 1);
+        }
+        let d = l.document_of(&["b", "nobody", "b"]);
+        assert_eq!(d.requests.len(), 1);
+        assert_eq!(d.requests[0].id, "b");
+        let steps: Vec<u64> = d.steps.iter().map(|s| s.step).collect();
+        // b was queued within step 1 (in flight when it arrived) and lived through step 2.
+        assert_eq!(steps, [1, 2]);
+        // The same record as the whole document's (its clock readings placed on the wall
+        // clock by that document's own reading: compared apart from them).
+        let whole = l.document(0);
+        let untimed = |r: &RequestRecord| RequestRecord {
+            queued_unix_ns: None,
+            first_scheduled_unix_ns: None,
+            first_token_unix_ns: None,
+            last_token_unix_ns: None,
+            finished_unix_ns: None,
+            ..r.clone()
+        };
+        assert_eq!(untimed(get(&whole, "b")), untimed(&d.requests[0]));
     }
 
     #[test]

@@ -6,7 +6,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use stepscope::config::RequestLogSize;
-use stepscope::requests::{Finish, RequestLog, RoleHint};
+use stepscope::requests::{
+    otlp_json, request_spans, Finish, RequestLog, RoleHint, SpanOptions, SpanParent,
+};
 
 use crate::config::parse_config;
 
@@ -213,6 +215,44 @@ impl PyRequestLog {
     #[pyo3(signature = (since = 0))]
     fn document_json(&self, since: u64) -> String {
         serde_json::to_string(&self.log.document(since)).unwrap_or_default()
+    }
+
+    /// The OpenTelemetry spans of the finished requests among ``wanted`` (each ``(id,
+    /// trace_id, span_id)``: the engine's span of the request, or ``(id, None, None)``), as
+    /// an OTLP/JSON ``ExportTraceServiceRequest`` dict (see docs/vllm.md for each span and
+    /// attribute). ``salt`` makes this process's ids its own; ``steps``: a span per engine
+    /// step too; ``costliest``: steps named per request. Built from those requests' records
+    /// alone (``document_of``), in time proportional to their steps.
+    #[pyo3(signature = (wanted, *, salt, steps = false, costliest = 3))]
+    fn spans(
+        &self,
+        py: Python<'_>,
+        wanted: Vec<(String, Option<String>, Option<String>)>,
+        salt: u64,
+        steps: bool,
+        costliest: usize,
+    ) -> PyResult<Py<PyAny>> {
+        let ids: Vec<&str> = wanted.iter().map(|w| w.0.as_str()).collect();
+        let doc = self.log.document_of(&ids);
+        let wanted: Vec<(String, Option<SpanParent>)> = wanted
+            .into_iter()
+            .map(|(id, trace, span)| {
+                let parent = trace
+                    .zip(span)
+                    .map(|(trace_id, span_id)| SpanParent { trace_id, span_id });
+                (id, parent)
+            })
+            .collect();
+        let spans = request_spans(
+            &doc,
+            &wanted,
+            SpanOptions {
+                salt,
+                costliest,
+                steps,
+            },
+        );
+        crate::value::to_object(py, &otlp_json(&spans, "stepscope", stepscope::VERSION))
     }
 
     /// ``document_json(since)`` as a dict.
