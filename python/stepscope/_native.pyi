@@ -2,7 +2,7 @@
 against the built extension with mypy's stubtest: a name or signature that differs fails."""
 
 import os
-from typing import Any, Iterable, Mapping, Union
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 from typing_extensions import Self, disjoint_base, final
 
@@ -226,6 +226,14 @@ class RequestLog:
     def finished(self, step: int | None, id: str, reason: str) -> None: ...
     def document_json(self, since: int = 0) -> str: ...
     def document(self, since: int = 0) -> dict[str, Any]: ...
+    def spans(
+        self,
+        wanted: Sequence[tuple[str, str | None, str | None]],
+        *,
+        salt: int,
+        steps: bool = False,
+        costliest: int = 3,
+    ) -> dict[str, Any]: ...
     def write_json(self, path: str | os.PathLike[str], since: int = 0) -> None: ...
 
 MANIFEST_SUFFIX: str
