@@ -90,10 +90,11 @@ uv_env() {
 # builds the Python package, pytest runs its tests, ruff checks the Python code, vllm==0.32.0 is
 # what the vLLM plugin's tests import (on CPU).
 # ziglang links the release wheel against glibc 2.28 (maturin --zig), auditwheel checks it;
-# mypy's stubtest checks python/stepscope/_native.pyi against the built extension.
+# mypy's stubtest checks python/stepscope/_native.pyi against the built extension;
+# opentelemetry-proto (vLLM's too) decodes OTLP in the request-span tests' collector.
 uv_env "$VENV" "torch 2.13, vLLM 0.32" "torch==2.13.0" "maturin==1.16.0" "pytest==9.2.0" \
   "ruff==0.17.6" "vllm==0.32.0" "uv==$UV_VERSION" "ziglang==0.17.1" "auditwheel==6.8.2" \
-  "mypy==2.4.1"
+  "mypy==2.4.1" "opentelemetry-proto==1.45.2"
 
 # vLLM's CPU build of the same version, over the vllm package, so the live-server tests run a
 # real `vllm serve` on this CPU (AVX2 kernels, `vllm/_C_AVX2.abi3.so`). Its metadata pins

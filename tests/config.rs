@@ -355,3 +355,64 @@ fn stepscope_keys_are_checked() {
         "device ordinal",
     );
 }
+
+#[test]
+fn otel_takes_true_false_or_its_fields_needs_the_request_log_and_names_a_bad_field() {
+    use stepscope::config::{OtelExport, OTEL_BATCH, OTEL_COSTLIEST, OTEL_QUEUE};
+    let on = |otel: &str| {
+        ProfilerConfig::from_json_str(&format!(
+            r#"{{"stepscope": {{"requests": true, "otel": {otel}}}}}"#
+        ))
+        .unwrap()
+        .stepscope
+        .otel
+    };
+    assert_eq!(on("false"), None);
+    assert_eq!(on("null"), None);
+    let d = on("true").unwrap();
+    assert_eq!(
+        (
+            d.endpoint.as_deref(),
+            d.steps,
+            d.queue,
+            d.batch,
+            d.costliest
+        ),
+        (None, false, OTEL_QUEUE, OTEL_BATCH, OTEL_COSTLIEST)
+    );
+    assert_eq!(
+        on(
+            r#"{"endpoint": "http://127.0.0.1:4318/v1/traces", "steps": true, "queue": 4, "batch": 1}"#
+        ),
+        Some(OtelExport {
+            endpoint: Some("http://127.0.0.1:4318/v1/traces".into()),
+            steps: true,
+            queue: 4,
+            batch: 1,
+            costliest: OTEL_COSTLIEST,
+        })
+    );
+    assert_err(
+        r#"{"stepscope": {"otel": true}}"#,
+        "stepscope.otel",
+        "needs the request log",
+    );
+    for (otel, field, text) in [
+        ("3", "stepscope.otel", "must be true, false"),
+        (r#"{"queue": 0}"#, "stepscope.otel.queue", "from 1 to"),
+        (r#"{"batch": "8"}"#, "stepscope.otel.batch", "from 1 to"),
+        (r#"{"steps": 1}"#, "stepscope.otel.steps", "true or false"),
+        (r#"{"endpoint": 4317}"#, "stepscope.otel.endpoint", "a URL"),
+        (
+            r#"{"endpiont": "x"}"#,
+            "stepscope.otel.endpiont",
+            "not an OpenTelemetry",
+        ),
+    ] {
+        assert_err(
+            &format!(r#"{{"stepscope": {{"requests": true, "otel": {otel}}}}}"#),
+            field,
+            text,
+        );
+    }
+}

@@ -37,6 +37,10 @@ pub enum Command {
     /// judged against its noise, and what its kernels and CPU operators changed
     #[command(after_help = DIFF_HELP)]
     Diff(DiffArgs),
+    /// Send a capture's request logs to an OpenTelemetry collector as spans (or write them as
+    /// OTLP JSON)
+    #[command(after_help = EXPORT_HELP)]
+    Export(ExportArgs),
     /// Merge one trace per rank into one Perfetto/Chrome trace, ranks labelled and ordered
     Merge(MergeArgs),
     /// Write a self-contained HTML report (charts, no network) of one trace or a run's ranks
@@ -227,6 +231,49 @@ fn non_negative(s: &str) -> Result<f64, String> {
         Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
         _ => Err(format!("{s:?} is not a non-negative number")),
     }
+}
+
+const EXPORT_HELP: &str = "Each finished request in the request logs (*.requests.json, written \
+beside the traces when \"stepscope\": {\"requests\": true}) becomes a stepscope.request span \
+with its engine steps under it: stepscope.engine, stepscope.queue (with the largest prefill that \
+held it), one stepscope.prefill per chunk, stepscope.decode, and its costliest steps named; the \
+same spans the vLLM and SGLang plugins export live with \"otel\" (docs/otel.md).\n\n\
+Examples:\n  \
+stepscope export --otlp http://collector:4318/v1/traces /traces\n  \
+stepscope export --otlp-json spans.jsonl --steps /traces/engine0.1764140000000000000.requests.json\n\n\
+--otlp posts OTLP/HTTP with JSON bodies (an OpenTelemetry Collector's or Jaeger's OTLP \
+receiver, port 4318); --otlp-json writes one ExportTraceServiceRequest a line, whole or not at \
+all (the Collector's otlpjsonfile receiver reads it). Exporting the same logs again gives the \
+same span ids. Exit status: 0 when every span went, 2 when a log could not be read or the \
+collector refused (what was sent before stays sent).";
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("sink").required(true).args(["otlp", "otlp_json"])))]
+pub struct ExportArgs {
+    /// Request logs (*.requests.json), or directories holding them
+    #[arg(required = true, value_name = "PATH")]
+    pub inputs: Vec<PathBuf>,
+    /// The collector's OTLP/HTTP traces endpoint (JSON bodies), e.g. http://host:4318/v1/traces
+    #[arg(long, value_name = "URL")]
+    pub otlp: Option<String>,
+    /// Write OTLP JSON lines to FILE instead
+    #[arg(long, value_name = "FILE")]
+    pub otlp_json: Option<PathBuf>,
+    /// One span per engine step too (stepscope.step), linked from the requests' spans
+    #[arg(long)]
+    pub steps: bool,
+    /// A request's costliest steps named on its stepscope.engine span
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub costliest: usize,
+    /// Requests per OTLP message
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub batch: u32,
+    /// The resource's service.name
+    #[arg(long, value_name = "NAME", default_value = "stepscope")]
+    pub service: String,
+    /// Seconds each POST to the collector may take
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = positive_secs)]
+    pub timeout: f64,
 }
 
 #[derive(Args)]

@@ -5,6 +5,7 @@ pub mod analyze;
 pub mod ctl;
 pub mod diff;
 pub mod error;
+pub mod export;
 pub mod flags;
 pub mod floor;
 pub mod load;
@@ -31,6 +32,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Ctl(c) => ctl::command(&c),
         Command::Analyze(a) => analyze::command(&a),
         Command::Diff(d) => diff::command(&d),
+        Command::Export(e) => export::command(&e),
         Command::Merge(m) => merge::command(&m),
         Command::Report(r) => report::command(&r),
         Command::Wait(w) => wait::command(&w),

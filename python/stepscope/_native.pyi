@@ -15,6 +15,7 @@ __all__ = [
     "read_manifest",
     "stepscope_keys_from_env",
     "request_log_name",
+    "otel_settings",
     "engine_log_stem",
     "manifest_name",
     "manifest_trace_path",
@@ -226,20 +227,21 @@ class RequestLog:
     def finished(self, step: int | None, id: str, reason: str) -> None: ...
     def document_json(self, since: int = 0) -> str: ...
     def document(self, since: int = 0) -> dict[str, Any]: ...
-    def spans(
+    def spans_json(
         self,
         wanted: Sequence[tuple[str, str | None, str | None]],
         *,
         salt: int,
-        steps: bool = False,
         costliest: int = 3,
-    ) -> dict[str, Any]: ...
+        steps_after: int | None = None,
+    ) -> tuple[str, int, int, int | None, int]: ...
     def write_json(self, path: str | os.PathLike[str], since: int = 0) -> None: ...
 
 MANIFEST_SUFFIX: str
 MANIFEST_VERSION: int
 TIMELINE_FIELDS: tuple[str, ...]
 
+def otel_settings(config: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any] | None: ...
 def manifest_trace_path(path: str | os.PathLike[str]) -> str: ...
 def manifest_name(stem: str) -> str:
     """The manifest's file name for a trace stem: ``{stem}.stepscope.json``."""

@@ -56,8 +56,8 @@ use crate::clock::{unix_now_ns, Clock};
 use crate::config::{RequestLogSize, REQUEST_LOG_RANGE};
 
 pub use stepscope_format::requests::{
-    in_prefill, otlp_json, request_spans, Counts, EngineStep, RequestRecord, RequestsDocument,
-    ScheduledAs, SpanOptions, SpanParent, ID_BYTES,
+    in_prefill, otlp_json, request_spans, step_spans, Counts, EngineStep, RequestRecord,
+    RequestsDocument, ScheduledAs, SpanOptions, SpanParent, ID_BYTES,
 };
 
 /// Why a request finished.
@@ -120,6 +120,17 @@ pub enum RoleHint {
     OutputsBefore(u32),
     /// The role itself (`true`: prefill).
     Prefill(bool),
+}
+
+/// [`RequestLog::steps_after`]'s answer.
+#[derive(Debug, Clone, Default)]
+pub struct StepsAfter {
+    /// The ended steps, oldest first.
+    pub steps: Vec<EngineStep>,
+    /// The last step returned or passed: the next call's `after`.
+    pub through: u64,
+    /// Steps after `after` the ring no longer held.
+    pub lost: u64,
 }
 
 /// Each request's lifecycle and the engine's steps, in bounded rings (module docs).
@@ -444,10 +455,11 @@ impl RequestLog {
                 }
             }
         }
+        let seqs: Vec<u64> = mine.iter().map(|r| r.seq).collect();
         let mut events: Vec<&Event> = self
             .events
             .iter()
-            .filter(|e| e.seq != 0 && mine.iter().any(|r| r.seq == e.seq))
+            .filter(|e| e.seq != 0 && seqs.binary_search(&e.seq).is_ok())
             .collect();
         events.sort_unstable_by_key(|e| (e.seq, e.step, e.resumed));
         let requests = mine
@@ -494,6 +506,36 @@ impl RequestLog {
     }
 
     /// Where step `step` is, while the ring still holds it.
+    /// The steps after `after` that have ended, oldest first, up to the first still in
+    /// flight: what an exporter sends once each, calling again with [`StepsAfter::through`].
+    /// Steps the ring no longer holds are counted ([`StepsAfter::lost`]), not returned.
+    pub fn steps_after(&self, after: u64) -> StepsAfter {
+        let scale = self.clock.scale();
+        let oldest = (self.next_step + 1)
+            .saturating_sub(self.steps.len() as u64)
+            .max(1);
+        let from = (after + 1).max(oldest);
+        let mut out = StepsAfter {
+            steps: Vec::new(),
+            through: after.max(from - 1),
+            lost: from - (after + 1).min(from),
+        };
+        for step in from..=self.next_step {
+            match self.step_slot(step) {
+                Some(at) if self.steps[at].end != 0 => {
+                    let st = &self.steps[at];
+                    let who = self.by_seq_id(st.largest_prefill_seq);
+                    out.steps.push(record::engine_step(&scale, st, who));
+                    out.through = step;
+                }
+                // In flight: the next call takes it up.
+                Some(_) => break,
+                None => out.through = step,
+            }
+        }
+        out
+    }
+
     fn step_slot(&self, step: u64) -> Option<usize> {
         let s = self.step_at(step);
         (step != 0 && self.steps[s].step == step).then_some(s)
@@ -846,6 +888,35 @@ mod tests {
             ..r.clone()
         };
         assert_eq!(untimed(get(&whole, "b")), untimed(&d.requests[0]));
+    }
+
+    #[test]
+    fn steps_after_gives_each_ended_step_once_stops_at_one_in_flight_and_counts_the_lost() {
+        let mut l = log(16, 16);
+        let nums = |a: &StepsAfter| a.steps.iter().map(|s| s.step).collect::<Vec<_>>();
+        for _ in 0..3 {
+            let s = l.begin_step(0);
+            l.end_step(s);
+        }
+        // Step 4 in flight, 5 begun after it (async scheduling) and ended first.
+        let four = l.begin_step(0);
+        let five = l.begin_step(0);
+        l.end_step(five);
+        let a = l.steps_after(0);
+        assert_eq!((nums(&a), a.through, a.lost), (vec![1, 2, 3], 3, 0));
+        // Nothing new: nothing again.
+        assert!(l.steps_after(a.through).steps.is_empty());
+        l.end_step(four);
+        let b = l.steps_after(a.through);
+        assert_eq!((nums(&b), b.through), (vec![4, 5], 5));
+        // 20 more steps through a ring of 16: those pushed out are counted, not returned.
+        for _ in 0..20 {
+            let s = l.begin_step(0);
+            l.end_step(s);
+        }
+        let c = l.steps_after(b.through);
+        assert_eq!((c.steps.len(), c.through, c.lost), (16, 25, 4));
+        assert_eq!(c.steps[0].step, 10);
     }
 
     #[test]

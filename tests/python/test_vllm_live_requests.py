@@ -59,9 +59,16 @@ METRICS = {
 }
 
 
-def token_cost_server(workdir: Path) -> VllmServer:
+def token_cost_server(
+    workdir: Path,
+    keys: dict | None = None,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> VllmServer:
     """A (not yet started) server of `TokenCostLlama` with stepscope's plugin and its request
-    log on: chunked prefill of BUDGET tokens a step, KV_BLOCKS blocks of KV cache."""
+    log on: chunked prefill of BUDGET tokens a step, KV_BLOCKS blocks of KV cache; `keys`, more
+    of stepscope's keys, `args` more of `vllm serve`'s flags, `env` more of its environment."""
+    stepscope_keys = {"requests": True, "request_ids": True, **(keys or {})}
     return VllmServer(
         workdir,
         # Without Python stacks (vLLM records them by default): here its worker's Python
@@ -70,8 +77,9 @@ def token_cost_server(workdir: Path) -> VllmServer:
         {"profiler": "torch", "torch_profiler_dir": str(workdir / "traces"),
          "torch_profiler_with_stack": False, "detailed_trace_annotation": True},
         env=slow_step_env(
-            STEPSCOPE_CONFIG=json.dumps({"stepscope": {"requests": True, "request_ids": True}}),
+            STEPSCOPE_CONFIG=json.dumps({"stepscope": stepscope_keys}),
             STEPSCOPE_TEST_ANNOTATIONS=str(workdir / "vllm_annotations.jsonl"),
+            **(env or {}),
         ),
         model_config={"architectures": ["TokenCostLlama"]},
         max_model_len=MAX_MODEL_LEN,
@@ -83,6 +91,7 @@ def token_cost_server(workdir: Path) -> VllmServer:
             # The CPU build sizes its cache from VLLM_CPU_KVCACHE_SPACE (GiB), not
             # --kv-cache-memory-bytes: the block count is forced instead.
             "--num-gpu-blocks-override", str(KV_BLOCKS),
+            *(args or []),
         ],
     )  # fmt: skip
 

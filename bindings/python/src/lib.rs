@@ -77,6 +77,20 @@ fn stepscope_keys_from_env(py: Python<'_>) -> PyResult<Py<PyAny>> {
     value::to_object(py, &serde_json::Value::Object(keys))
 }
 
+/// The OpenTelemetry export a profiler config asks for (``"stepscope": {"otel": ...}``; a
+/// dict, JSON text or a path) with its defaults filled in (``{"endpoint", "steps", "queue",
+/// "batch", "costliest"}``), or ``None`` when it asks for none. Raises ``ConfigError`` naming a
+/// bad field (``otel`` without ``requests`` included).
+#[pyfunction]
+fn otel_settings(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
+    let config = config::parse_config(config)?;
+    config
+        .stepscope
+        .otel
+        .map(|o| value::serialized(py, &o))
+        .transpose()
+}
+
 /// The file name of a window's request log with stem ``stem``: ``{stem}.requests.json``.
 #[pyfunction]
 fn request_log_name(stem: &str) -> String {
@@ -136,6 +150,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stepscope_keys_from_env, m)?)?;
     m.add_function(wrap_pyfunction!(manifest_name, m)?)?;
     m.add_function(wrap_pyfunction!(request_log_name, m)?)?;
+    m.add_function(wrap_pyfunction!(otel_settings, m)?)?;
     m.add_function(wrap_pyfunction!(engine_log_stem, m)?)?;
     m.add_function(wrap_pyfunction!(manifest_trace_path, m)?)?;
     m.add_function(wrap_pyfunction!(flushing_marker, m)?)?;

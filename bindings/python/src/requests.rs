@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 use stepscope::config::RequestLogSize;
 use stepscope::requests::{
-    otlp_json, request_spans, Finish, RequestLog, RoleHint, SpanOptions, SpanParent,
+    otlp_json, request_spans, step_spans, Finish, RequestLog, RoleHint, SpanOptions, SpanParent,
 };
 
 use crate::config::parse_config;
@@ -219,40 +219,68 @@ impl PyRequestLog {
 
     /// The OpenTelemetry spans of the finished requests among ``wanted`` (each ``(id,
     /// trace_id, span_id)``: the engine's span of the request, or ``(id, None, None)``), as
-    /// an OTLP/JSON ``ExportTraceServiceRequest`` dict (see docs/vllm.md for each span and
-    /// attribute). ``salt`` makes this process's ids its own; ``steps``: a span per engine
-    /// step too; ``costliest``: steps named per request. Built from those requests' records
-    /// alone (``document_of``), in time proportional to their steps.
-    #[pyo3(signature = (wanted, *, salt, steps = false, costliest = 3))]
-    fn spans(
-        &self,
+    /// OTLP/JSON ``ExportTraceServiceRequest`` text (see docs/otel.md for each span and
+    /// attribute): ``(text, requests, spans, steps_through, steps_lost)``, ``requests`` those
+    /// of ``wanted`` the log held finished. ``salt`` makes this
+    /// process's ids its own; ``costliest``: steps named per request. With ``steps_after``
+    /// (an int, or ``-1`` for "from the first step these requests lived through") the spans
+    /// of the engine steps ended since that step go with them, each once: call again with the
+    /// ``steps_through`` returned (``steps_lost``: those the log no longer held); the request
+    /// spans then link to them. Reads those requests' records alone (``document_of``), then
+    /// lets the log go and builds without the GIL: the engine's thread goes on recording.
+    #[pyo3(signature = (wanted, *, salt, costliest = 3, steps_after = None))]
+    fn spans_json(
+        slf: PyRef<'_, Self>,
         py: Python<'_>,
         wanted: Vec<(String, Option<String>, Option<String>)>,
         salt: u64,
-        steps: bool,
         costliest: usize,
-    ) -> PyResult<Py<PyAny>> {
+        steps_after: Option<i64>,
+    ) -> (String, usize, usize, Option<u64>, u64) {
         let ids: Vec<&str> = wanted.iter().map(|w| w.0.as_str()).collect();
-        let doc = self.log.document_of(&ids);
-        let wanted: Vec<(String, Option<SpanParent>)> = wanted
-            .into_iter()
-            .map(|(id, trace, span)| {
-                let parent = trace
-                    .zip(span)
-                    .map(|(trace_id, span_id)| SpanParent { trace_id, span_id });
-                (id, parent)
-            })
-            .collect();
-        let spans = request_spans(
-            &doc,
-            &wanted,
-            SpanOptions {
+        let doc = slf.log.document_of(&ids);
+        let after = steps_after.map(|a| match u64::try_from(a) {
+            Ok(a) => a,
+            // From the step before the first these requests lived through.
+            Err(_) => doc
+                .steps
+                .first()
+                .map_or(slf.log.step_index(), |s| s.step - 1),
+        });
+        let steps = after.map(|a| slf.log.steps_after(a));
+        // The log is free again before the build: the engine's thread records into it while
+        // this one builds without the GIL.
+        drop(slf);
+        py.detach(move || {
+            let wanted: Vec<(String, Option<SpanParent>)> = wanted
+                .into_iter()
+                .map(|(id, trace, span)| {
+                    let parent = trace
+                        .zip(span)
+                        .map(|(trace_id, span_id)| SpanParent { trace_id, span_id });
+                    (id, parent)
+                })
+                .collect();
+            let opts = SpanOptions {
                 salt,
                 costliest,
-                steps,
-            },
-        );
-        crate::value::to_object(py, &otlp_json(&spans, "stepscope", stepscope::VERSION))
+                steps: steps.is_some(),
+            };
+            let mut spans = request_spans(&doc, &wanted, opts);
+            let requests = spans
+                .iter()
+                .filter(|s| s.name == "stepscope.engine")
+                .count();
+            let (through, lost) = match steps {
+                Some(st) => {
+                    spans.extend(step_spans(doc.pid, &st.steps, salt));
+                    (Some(st.through), st.lost)
+                }
+                None => (None, 0),
+            };
+            let text = otlp_json(&spans, "stepscope", stepscope::VERSION);
+            (text, requests, spans.len(), through, lost)
+        })
     }
 
     /// ``document_json(since)`` as a dict.

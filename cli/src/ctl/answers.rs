@@ -69,17 +69,30 @@ fn sglang_states(value: &Value, body: &str) -> Result<Vec<Value>, String> {
     Ok(ours)
 }
 
-/// The engine workers' states in a status answer.
-pub(super) fn status_workers(engine: Engine, body: &str) -> Result<Vec<Value>, String> {
+/// A status answer: the engine workers' states, and the OpenTelemetry exports' counters
+/// (`"otel"`: vLLM's API server's, SGLang's schedulers'; none where the export is off).
+pub(super) fn status_answer(
+    engine: Engine,
+    body: &str,
+) -> Result<(Vec<Value>, Vec<Value>), String> {
     let value = json(body)?;
+    let on = |v: Option<&Value>| v.filter(|v| v.is_object()).cloned();
     match engine {
-        Engine::Vllm => vllm_workers(&value, body),
-        Engine::Sglang => Ok(sglang_states(&value, body)?
-            .iter()
-            .filter_map(|s| s.get("workers")?.as_array())
-            .flatten()
-            .cloned()
-            .collect()),
+        Engine::Vllm => Ok((
+            vllm_workers(&value, body)?,
+            on(value.get("otel")).into_iter().collect(),
+        )),
+        Engine::Sglang => {
+            let states = sglang_states(&value, body)?;
+            let workers = states
+                .iter()
+                .filter_map(|s| s.get("workers")?.as_array())
+                .flatten()
+                .cloned()
+                .collect();
+            let otel = states.iter().filter_map(|s| on(s.get("otel"))).collect();
+            Ok((workers, otel))
+        }
     }
 }
 

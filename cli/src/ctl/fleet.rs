@@ -64,6 +64,9 @@ pub struct Outcome {
     /// `ctl status`: the engine workers' states the server reported.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine_workers: Option<Vec<Value>>,
+    /// `ctl status`: the server's OpenTelemetry exports of request spans (their counters).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub otel: Vec<Value>,
     /// Time spent on this worker, retries included.
     pub elapsed_ms: u64,
     /// What went wrong and what to check; `None` on success.

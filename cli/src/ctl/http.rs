@@ -9,7 +9,7 @@ use ureq::http::Request;
 use ureq::middleware::MiddlewareNext;
 use ureq::SendBody;
 
-use super::answers::{excerpt, status_workers};
+use super::answers::{excerpt, status_answer};
 use super::fleet::{Action, Outcome};
 use crate::flags::Engine;
 
@@ -169,11 +169,13 @@ pub fn call_worker(
     });
     let elapsed_ms = start.elapsed().as_millis() as u64;
     let mut engine_workers = None;
+    let mut otel = Vec::new();
     let (ok, status, error) = match result {
         Ok((s, body)) if (200..300).contains(&s) && action == Action::Status => {
-            match status_workers(engine, &body) {
-                Ok(list) => {
+            match status_answer(engine, &body) {
+                Ok((list, exports)) => {
                     engine_workers = Some(list);
+                    otel = exports;
                     (true, Some(s), None)
                 }
                 Err(e) => (false, Some(s), Some(e)),
@@ -193,6 +195,7 @@ pub fn call_worker(
         ok,
         status,
         engine_workers,
+        otel,
         elapsed_ms,
         error,
     }
@@ -219,6 +222,7 @@ pub fn fan_out(
             ok: false,
             status: None,
             engine_workers: None,
+            otel: Vec::new(),
             elapsed_ms: 0,
             error: Some("internal error: no result recorded".into()),
         })

@@ -27,7 +27,7 @@ mod answers;
 mod body;
 mod discovery;
 mod fleet;
-mod http;
+pub(crate) mod http;
 mod page;
 mod render;
 pub(crate) mod requests;
@@ -70,6 +70,7 @@ pub fn run(action: Action, c: &Common, body: Option<Value>) -> Result<ExitCode, 
             ok: false,
             status: None,
             engine_workers: None,
+            otel: Vec::new(),
             elapsed_ms: 0,
             error: Some(
                 "skipped: the router reports this worker unhealthy (--include-unhealthy tries it \
@@ -107,7 +108,7 @@ pub fn command(c: &CtlCommand) -> Result<ExitCode, Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::answers::status_workers;
+    use super::answers::status_answer;
     use super::http::explain_status;
     use super::render::engine_worker_line;
     use super::*;
@@ -151,6 +152,30 @@ mod tests {
         );
         let off = json!({"rank": 0, "phase": "idle", "max_capture_mb": 0, "max_capture_s": 0.0});
         assert!(!engine_worker_line(&off).contains("budget"));
+    }
+
+    #[test]
+    fn a_status_answer_carries_the_otel_export_and_its_line_says_what_was_dropped() {
+        let body = json!({
+            "workers": [{"rank": 0, "phase": "idle", "backend": "torch"}],
+            "otel": {"endpoint": "http://c:4317", "queue": 4, "queued": 4, "in_flight": 1,
+                     "exported_requests": 10, "exported_spans": 52, "dropped": 7,
+                     "failed": 0, "not_found": 0, "steps_lost": 0, "last_error": null},
+        });
+        let (workers, otel) = status_answer(crate::flags::Engine::Vllm, &body.to_string()).unwrap();
+        assert_eq!((workers.len(), otel.len()), (1, 1));
+        let line = super::render::otel_line(&otel[0]);
+        assert_eq!(
+            line,
+            "otel → http://c:4317: 10 requests exported (52 spans), 4/4 queued, 1 being \
+             exported, 7 DROPPED (queue full)"
+        );
+        // Off: no export in the answer.
+        let off = json!({"workers": [], "otel": null});
+        assert!(status_answer(crate::flags::Engine::Vllm, &off.to_string())
+            .unwrap()
+            .1
+            .is_empty());
     }
 
     #[test]
@@ -239,16 +264,16 @@ mod tests {
             {"max_total_num_tokens": 1, "stepscope": {"plugin": "sglang", "workers": [{"phase": "idle"}]}},
             {"stepscope": {"plugin": "sglang", "workers": [{"phase": "running"}, {"phase": "idle"}]}},
         ]});
-        let workers = status_workers(Engine::Sglang, &info.to_string()).unwrap();
+        let workers = status_answer(Engine::Sglang, &info.to_string()).unwrap().0;
         let phases: Vec<&str> = workers
             .iter()
             .map(|w| w["phase"].as_str().unwrap())
             .collect();
         assert_eq!(phases, ["idle", "running", "idle"]);
         let without = json!({"internal_states": [{"max_total_num_tokens": 1}]});
-        let err = status_workers(Engine::Sglang, &without.to_string()).unwrap_err();
+        let err = status_answer(Engine::Sglang, &without.to_string()).unwrap_err();
         assert!(err.contains("no stepscope status"), "{err}");
-        assert!(status_workers(Engine::Sglang, "{}")
+        assert!(status_answer(Engine::Sglang, "{}")
             .unwrap_err()
             .contains("internal_states"));
         assert_eq!(Action::Status.path(Engine::Sglang), "/server_info");

@@ -42,6 +42,9 @@ pub fn render_table(action: Action, outcomes: &[Outcome], total: Duration) -> St
         for w in o.engine_workers.iter().flatten() {
             out.push_str(&format!("    {}\n", engine_worker_line(w)));
         }
+        for e in &o.otel {
+            out.push_str(&format!("    {}\n", otel_line(e)));
+        }
     }
     let ok = outcomes.iter().filter(|o| o.ok).count();
     let verb = match action {
@@ -105,6 +108,35 @@ pub(super) fn engine_worker_line(w: &Value) -> String {
     }
     if let Some(note) = w.get("note").and_then(Value::as_str) {
         line.push_str(&format!("  ({note})"));
+    }
+    line
+}
+
+/// A server's OpenTelemetry export of request spans, as `ctl status` prints it: where to,
+/// what went, what waits (of its cap), and what was dropped or failed.
+pub(super) fn otel_line(e: &Value) -> String {
+    let num = |k: &str| e.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let mut line = format!(
+        "otel → {}: {} requests exported ({} spans), {}/{} queued",
+        e.get("endpoint").and_then(Value::as_str).unwrap_or("?"),
+        num("exported_requests"),
+        num("exported_spans"),
+        num("queued"),
+        num("queue"),
+    );
+    for (key, what) in [
+        ("in_flight", "being exported"),
+        ("dropped", "DROPPED (queue full)"),
+        ("failed", "failed"),
+        ("not_found", "not in the request log"),
+        ("steps_lost", "step spans lost"),
+    ] {
+        if num(key) > 0 {
+            line.push_str(&format!(", {} {what}", num(key)));
+        }
+    }
+    if let Some(err) = e.get("last_error").and_then(Value::as_str) {
+        line.push_str(&format!("; last error: {err}"));
     }
     line
 }

@@ -152,6 +152,7 @@ pub fn command(a: &StopArgs) -> Result<ExitCode, Error> {
             ok: false,
             status: o.status,
             engine_workers: None,
+            otel: Vec::new(),
             elapsed_ms: o.elapsed_ms,
             error: Some(format!(
                 "its traces' status could not be read: {}",
@@ -209,6 +210,7 @@ mod tests {
             ok: true,
             status: Some(200),
             engine_workers: workers.as_array().cloned(),
+            otel: Vec::new(),
             elapsed_ms: 1,
             error: None,
         }

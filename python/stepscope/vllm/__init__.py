@@ -27,7 +27,8 @@ and ``GET /stepscope/timeline?since=N`` with every worker's step timeline (``"st
 step so that every step is timed), which ``stepscope ctl top`` and ``stepscope ctl timeline``
 read. With ``"stepscope": {"requests": true}`` too, each engine core's scheduler records every
 request's lifecycle (``lifecycles``), which ``GET /stepscope/requests?since=N`` serves and
-``stepscope ctl requests`` reads.
+``stepscope ctl requests`` reads; with ``"otel"`` too, each finished request's engine steps
+go to an OpenTelemetry collector as spans under vLLM's own span of it (``otel``).
 
 If vLLM's names differ from what the plugin knows (another vLLM version), it logs one warning
 and leaves vLLM untouched. :func:`register` is idempotent.
@@ -40,9 +41,10 @@ on disk; a refused start is an error), ``worker`` (``annotate_profile`` patched)
 worker's ``collective_rpc`` answers), ``endpoints`` (the API server's ``/stepscope/*`` routes,
 made by one function), ``scheduled`` (a ``SchedulerOutput`` as an iteration: counts, each
 request's tokens, phase and computed tokens), ``model`` (the served model's shape, recorded
-once for each step's floor), ``lifecycles`` (the request log in the engine core), ``shutdown`` (process
-managers wait for traces being written), ``__main__`` (``python -m stepscope.vllm --check``). What the SGLang plugin shares with this one is in
-``stepscope._plugin``; the import hook in ``stepscope._imports``.
+once for each step's floor), ``lifecycles`` (the request log in the engine core), ``otel``
+(its requests as OpenTelemetry spans), ``shutdown`` (process managers wait for traces being
+written), ``__main__`` (``python -m stepscope.vllm --check``). What the SGLang plugin shares
+with this one is in ``stepscope._plugin``; the import hook in ``stepscope._imports``.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from stepscope.vllm import (
     frontend,
     interfaces,
     lifecycles,
+    otel,
     endpoints,
     model,
     rpc,
@@ -98,6 +101,7 @@ __all__ = [
     "lifecycles",
     "make_with_known_fields",
     "model",
+    "otel",
     "endpoints",
     "rpc",
     "rank_of",
@@ -119,6 +123,9 @@ _FALLBACK = "vLLM's own profiler stays in place"
 
 #: What a failed request-log patch leaves.
 _NO_LOG = "the request log is off"
+
+#: What a failed OpenTelemetry patch leaves.
+_NO_OTEL = "no request spans are exported"
 
 _lock = threading.Lock()
 _registered = False
@@ -154,3 +161,5 @@ def register() -> None:
     when_imported(interfaces.ENGINE_CORE, lifecycles._patch_engine_core, logger, _NO_LOG)
     if lifecycles.requests_wanted():
         when_imported(interfaces.SCHEDULER, lifecycles._patch_scheduler, logger, _NO_LOG)
+    if otel.wanted():
+        when_imported(interfaces.OUTPUT_PROCESSOR, otel._patch_output_processor, logger, _NO_OTEL)

@@ -44,7 +44,10 @@ async def _status(state: Any, since: int) -> dict[str, Any]:
     engine = getattr(state, "stepscope_engine_client", None)
     if engine is None:
         raise NoEngine("this server has no engine")
-    return {"workers": list(await engine.collective_rpc("stepscope_status"))}
+    from stepscope.vllm import otel
+
+    workers = list(await engine.collective_rpc("stepscope_status"))
+    return {"workers": workers, "otel": otel.status()}
 
 
 async def _timeline(state: Any, since: int) -> dict[str, Any]:
@@ -128,5 +131,8 @@ class StatusEndpoint:
         route("/stepscope/requests", "the engine core's stepscope_requests", _requests, True)
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
+        from stepscope.vllm import otel
+
         state.stepscope_engine_client = engine_client
         state.stepscope_api_tokens = api_tokens(args)
+        otel.attach(engine_client)

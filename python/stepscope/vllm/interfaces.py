@@ -19,6 +19,7 @@ V1_UTILS = "vllm.v1.utils"
 MULTIPROC_EXECUTOR = "vllm.v1.executor.multiproc_executor"
 SCHEDULER = "vllm.v1.core.sched.scheduler"
 ENGINE_CORE = "vllm.v1.engine.core"
+OUTPUT_PROCESSOR = "vllm.v1.engine.output_processor"
 #: The attribute a replacement carries: the callable it replaced.
 PATCHED_MARK = "__stepscope_original__"
 
@@ -43,6 +44,13 @@ KNOWN_SIGNATURES: dict[str, list[tuple[tuple[str, Any], ...]]] = {
     "AsyncLLM.stop_profile": [(("self", POS),)],
     "LLMEngine.stop_profile": [(("self", POS),)],
     "MultiprocExecutor._ensure_worker_termination": [(("worker_procs", POS),)],
+    "OutputProcessor.do_tracing": [
+        (("self", POS), ("engine_core_output", POS), ("req_state", POS),
+         ("iteration_stats", POS)),
+    ],
+    "OutputProcessor._update_stats_from_finished": [
+        (("self", POS), ("req_state", POS), ("finish_reason", POS), ("iteration_stats", POS)),
+    ],
 }  # fmt: skip
 
 

@@ -254,5 +254,9 @@ def _patch_engine_core(module: ModuleType) -> None:
         return
     if not hasattr(core, "stepscope_requests"):
         core.stepscope_requests = engine_requests
+    if not hasattr(core, "stepscope_request_spans"):
+        from stepscope.vllm.otel import engine_request_spans
+
+        core.stepscope_request_spans = engine_request_spans
     if requests_wanted():
         _patch_profile(core)

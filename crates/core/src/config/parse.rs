@@ -273,6 +273,13 @@ impl StepscopeConfig {
         let request_ids = f.bool("request_ids", d.request_ids)?;
         let timeline = timeline_steps(f.take("timeline"))?;
         let requests = request_log_size(f.take("requests"))?;
+        let otel = otel_export(f.take("otel"))?;
+        if otel.is_some() && requests.is_none() {
+            return Err(Error::config(
+                "stepscope.otel",
+                "needs the request log (\"requests\": true): the spans are built from it",
+            ));
+        }
         let capture = CaptureControl::from_fields(&mut f)?;
         let budget = CaptureBudget::from_fields(&mut f, d.budget)?;
         f.finish()?;
@@ -288,6 +295,7 @@ impl StepscopeConfig {
             budget,
             timeline,
             requests,
+            otel,
         })
     }
 }
@@ -361,6 +369,69 @@ fn request_log_size(v: Option<Value>) -> Result<Option<RequestLogSize>> {
                 "must be true, false, or {{\"requests\": N, \"steps\": M}} with each from {lo} \
                  to {hi}, not {v}"
             ),
+        )),
+    }
+}
+
+/// `stepscope.otel`: `true` (the defaults), `false` or null (off), or an object of
+/// [`OtelExport`]'s fields (each may be left out).
+fn otel_export(v: Option<Value>) -> Result<Option<OtelExport>> {
+    const KEYS: [&str; 5] = ["endpoint", "steps", "queue", "batch", "costliest"];
+    let d = OtelExport::default();
+    match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(None),
+        Some(Value::Bool(true)) => Ok(Some(d)),
+        Some(Value::Object(mut m)) => {
+            if let Some(k) = m.keys().find(|k| !KEYS.contains(&k.as_str())) {
+                return Err(Error::unknown_key(
+                    format!("stepscope.otel.{k}"),
+                    format!("is not an OpenTelemetry export setting (it has {KEYS:?})"),
+                ));
+            }
+            let mut count = |key: &str, default: usize, lo: usize, hi: usize| match m.remove(key) {
+                None | Some(Value::Null) => Ok(default),
+                Some(n) => match n.as_u64().and_then(|n| usize::try_from(n).ok()) {
+                    Some(n) if (lo..=hi).contains(&n) => Ok(n),
+                    _ => Err(Error::config(
+                        format!("stepscope.otel.{key}"),
+                        format!("must be an integer from {lo} to {hi}, not {n}"),
+                    )),
+                },
+            };
+            let queue = count("queue", d.queue, 1, 1 << 20)?;
+            let batch = count("batch", d.batch, 1, 4096)?;
+            let costliest = count("costliest", d.costliest, 0, 64)?;
+            let endpoint = match m.remove("endpoint") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) if !s.trim().is_empty() => Some(s),
+                Some(v) => {
+                    return Err(Error::config(
+                        "stepscope.otel.endpoint",
+                        format!("must be a URL (text) or null, not {v}"),
+                    ))
+                }
+            };
+            let steps = match m.remove("steps") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => b,
+                Some(v) => {
+                    return Err(Error::config(
+                        "stepscope.otel.steps",
+                        format!("must be true or false, not {v}"),
+                    ))
+                }
+            };
+            Ok(Some(OtelExport {
+                endpoint,
+                steps,
+                queue,
+                batch,
+                costliest,
+            }))
+        }
+        Some(v) => Err(Error::config(
+            "stepscope.otel",
+            format!("must be true, false, or an object of {KEYS:?}, not {v}"),
         )),
     }
 }

@@ -130,6 +130,48 @@ pub struct StepscopeConfig {
     /// none.
     #[serde(serialize_with = "request_log")]
     pub requests: Option<RequestLogSize>,
+    /// Each finished request's engine steps as OpenTelemetry spans (`otel`: `true` for the
+    /// defaults of [`OtelExport`], or an object of its fields), built from the request log
+    /// (which it needs) and exported off the engine's thread; `None` (the default) exports
+    /// none.
+    pub otel: Option<OtelExport>,
+}
+
+/// `stepscope.otel`: where and how the engine plugins export request spans.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OtelExport {
+    /// The OTLP traces endpoint (`http://host:4317` for gRPC, `.../v1/traces` for
+    /// `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`); `None`: the engine's own
+    /// (`--otlp-traces-endpoint`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`).
+    pub endpoint: Option<String>,
+    /// One span per engine step too, linked from the requests' spans (default false).
+    pub steps: bool,
+    /// Finished requests waiting to be exported, at most; what does not fit is dropped and
+    /// counted (default [`OTEL_QUEUE`]).
+    pub queue: usize,
+    /// Requests built and exported together, at most (default [`OTEL_BATCH`]).
+    pub batch: usize,
+    /// A request's costliest steps named on its span (default [`OTEL_COSTLIEST`]).
+    pub costliest: usize,
+}
+
+/// `stepscope.otel.queue`'s default.
+pub const OTEL_QUEUE: usize = 1024;
+/// `stepscope.otel.batch`'s default.
+pub const OTEL_BATCH: usize = 64;
+/// `stepscope.otel.costliest`'s default.
+pub const OTEL_COSTLIEST: usize = 3;
+
+impl Default for OtelExport {
+    fn default() -> Self {
+        OtelExport {
+            endpoint: None,
+            steps: false,
+            queue: OTEL_QUEUE,
+            batch: OTEL_BATCH,
+            costliest: OTEL_COSTLIEST,
+        }
+    }
 }
 
 /// How many requests and engine steps a request log keeps (`stepscope.requests`).
@@ -389,6 +431,7 @@ impl Default for StepscopeConfig {
             request_ids: false,
             timeline: None,
             requests: None,
+            otel: None,
             budget: CaptureBudget::default(),
             capture: CaptureControl {
                 repeat: 1,

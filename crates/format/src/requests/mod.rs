@@ -16,5 +16,6 @@ pub use document::{
     in_prefill, Counts, EngineStep, RequestRecord, RequestsDocument, ScheduledAs, ID_BYTES,
 };
 pub use spans::{
-    otlp_json, request_spans, step_span_id, AttrValue, Span, SpanEvent, SpanOptions, SpanParent,
+    otlp_json, request_spans, step_span_id, step_spans, AttrValue, Span, SpanEvent, SpanOptions,
+    SpanParent,
 };

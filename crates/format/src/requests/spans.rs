@@ -12,8 +12,9 @@
 //!   steps it waited through and the largest prefill among them), one `stepscope.prefill`
 //!   per prefill chunk (its step, batch and tokens), and `stepscope.decode` (its decode steps,
 //!   their mean and longest);
-//! - optionally one `stepscope.step` span per engine step (batch, tokens, phase, duration),
-//!   each linked from the request spans of the steps that served it.
+//! - optionally one `stepscope.step` span per engine step (batch, tokens, phase, duration:
+//!   [`step_spans`], each exported once), linked from the request spans of the steps that
+//!   served them.
 //!
 //! Attribute names follow the OpenTelemetry GenAI conventions where one exists
 //! (`gen_ai.request.id`, `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`) and are
@@ -23,7 +24,8 @@ use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+#[cfg(test)]
+use serde_json::Value;
 
 use super::breakdown::{self, Lived, RankBy, RequestBreakdown, StepCost};
 use super::document::{EngineStep, RequestRecord, RequestsDocument};
@@ -141,9 +143,9 @@ fn steps_trace(salt: u64, pid: u32) -> String {
 }
 
 /// The spans of `doc`'s finished requests among `wanted` (each with the engine's span of it,
-/// when there is one), and with [`SpanOptions::steps`] the spans of the steps they lived
-/// through. Requests not finished, or not in the document, are left out; a partial record's
-/// spans say so (`stepscope.partial`).
+/// when there is one). Requests not finished, or not in the document, are left out; a partial
+/// record's spans say so (`stepscope.partial`). With [`SpanOptions::steps`] their spans link to
+/// the step spans of the steps that served them ([`step_spans`], exported once each).
 pub fn request_spans(
     doc: &RequestsDocument,
     wanted: &[(String, Option<SpanParent>)],
@@ -153,7 +155,6 @@ pub fn request_spans(
     let by_id: HashMap<&str, &RequestRecord> =
         doc.requests.iter().map(|r| (r.id.as_str(), r)).collect();
     let mut out = Vec::new();
-    let mut step_spans: Vec<u64> = Vec::new();
     for (id, parent) in wanted {
         let Some(r) = by_id.get(id.as_str()) else {
             continue;
@@ -163,22 +164,23 @@ pub fn request_spans(
         }
         let b = breakdown::breakdown("", r, doc, &steps, RankBy::E2e, None);
         let lived: Vec<&StepCost> = b.costliest.iter().collect();
-        let spans = one_request(doc.pid, r, &b, &lived, &steps, parent.as_ref(), opts);
-        if opts.steps {
-            step_spans.extend(lived.iter().map(|c| c.step));
-        }
-        out.extend(spans);
-    }
-    if opts.steps {
-        step_spans.sort_unstable();
-        step_spans.dedup();
-        for s in step_spans {
-            if let Some(st) = steps.get(&s) {
-                out.push(step_span(doc.pid, st, opts.salt));
-            }
-        }
+        out.extend(one_request(
+            doc.pid,
+            r,
+            &b,
+            &lived,
+            &steps,
+            parent.as_ref(),
+            opts,
+        ));
     }
     out
+}
+
+/// One `stepscope.step` span for each of `steps` (of engine process `pid`), in a trace of
+/// their own: the ids the request spans link to under the same `salt`.
+pub fn step_spans(pid: u32, steps: &[EngineStep], salt: u64) -> Vec<Span> {
+    steps.iter().map(|st| step_span(pid, st, salt)).collect()
 }
 
 fn step_span(pid: u32, st: &EngineStep, salt: u64) -> Span {
@@ -513,57 +515,153 @@ fn lived_name(l: Lived) -> &'static str {
     }
 }
 
-fn otlp_value(v: &AttrValue) -> Value {
-    match v {
-        // OTLP's JSON writes 64-bit integers as strings.
-        AttrValue::Int(i) => json!({"intValue": i.to_string()}),
-        AttrValue::Double(d) => json!({"doubleValue": d}),
-        AttrValue::Str(s) => json!({"stringValue": s}),
-    }
+/// OTLP's JSON encoding of an attribute's value: 64-bit integers as strings.
+#[derive(Serialize)]
+enum OtlpValue<'a> {
+    #[serde(rename = "intValue")]
+    Int(String),
+    #[serde(rename = "doubleValue")]
+    Double(f64),
+    #[serde(rename = "stringValue")]
+    Str(&'a str),
 }
 
-fn otlp_attrs(attrs: &[(String, AttrValue)]) -> Value {
-    Value::Array(
-        attrs
-            .iter()
-            .map(|(k, v)| json!({"key": k, "value": otlp_value(v)}))
-            .collect(),
-    )
+#[derive(Serialize)]
+struct OtlpKeyValue<'a> {
+    key: &'a str,
+    value: OtlpValue<'a>,
 }
 
-/// `spans` as an OTLP/JSON `ExportTraceServiceRequest` (what an OTLP/HTTP collector takes
-/// at `/v1/traces` with `Content-Type: application/json`), under a resource named `service`.
-pub fn otlp_json(spans: &[Span], service: &str, version: &str) -> Value {
-    let spans: Vec<Value> = spans
+fn otlp_attrs(attrs: &[(String, AttrValue)]) -> Vec<OtlpKeyValue<'_>> {
+    attrs
         .iter()
-        .map(|s| {
-            let mut v = json!({
-                "traceId": s.trace_id,
-                "spanId": s.span_id,
-                "name": s.name,
-                // SPAN_KIND_INTERNAL
-                "kind": 1,
-                "startTimeUnixNano": s.start_unix_ns.to_string(),
-                "endTimeUnixNano": s.end_unix_ns.to_string(),
-                "attributes": otlp_attrs(&s.attributes),
-                "events": s.events.iter().map(|e| json!({
-                    "timeUnixNano": e.time_unix_ns.to_string(),
-                    "name": e.name,
-                    "attributes": otlp_attrs(&e.attributes),
-                })).collect::<Vec<_>>(),
-                "links": s.links.iter().map(|(t, id)| json!({"traceId": t, "spanId": id}))
-                    .collect::<Vec<_>>(),
-            });
-            if let Some(p) = &s.parent_span_id {
-                v["parentSpanId"] = json!(p);
-            }
-            v
+        .map(|(k, v)| OtlpKeyValue {
+            key: k,
+            value: match v {
+                AttrValue::Int(i) => OtlpValue::Int(i.to_string()),
+                AttrValue::Double(d) => OtlpValue::Double(*d),
+                AttrValue::Str(s) => OtlpValue::Str(s),
+            },
+        })
+        .collect()
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OtlpEvent<'a> {
+    time_unix_nano: String,
+    name: &'a str,
+    attributes: Vec<OtlpKeyValue<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OtlpLink<'a> {
+    trace_id: &'a str,
+    span_id: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OtlpSpan<'a> {
+    trace_id: &'a str,
+    span_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent_span_id: Option<&'a str>,
+    name: &'a str,
+    /// SPAN_KIND_INTERNAL.
+    kind: u8,
+    start_time_unix_nano: String,
+    end_time_unix_nano: String,
+    attributes: Vec<OtlpKeyValue<'a>>,
+    events: Vec<OtlpEvent<'a>>,
+    links: Vec<OtlpLink<'a>>,
+}
+
+/// `spans` as OTLP/JSON `ExportTraceServiceRequest` text (what an OTLP/HTTP collector takes
+/// at `/v1/traces` with `Content-Type: application/json`), under a resource named `service`.
+pub fn otlp_json(spans: &[Span], service: &str, version: &str) -> String {
+    let spans: Vec<OtlpSpan<'_>> = spans
+        .iter()
+        .map(|s| OtlpSpan {
+            trace_id: &s.trace_id,
+            span_id: &s.span_id,
+            parent_span_id: s.parent_span_id.as_deref(),
+            name: &s.name,
+            kind: 1,
+            start_time_unix_nano: s.start_unix_ns.to_string(),
+            end_time_unix_nano: s.end_unix_ns.to_string(),
+            attributes: otlp_attrs(&s.attributes),
+            events: s
+                .events
+                .iter()
+                .map(|e| OtlpEvent {
+                    time_unix_nano: e.time_unix_ns.to_string(),
+                    name: &e.name,
+                    attributes: otlp_attrs(&e.attributes),
+                })
+                .collect(),
+            links: s
+                .links
+                .iter()
+                .map(|(t, id)| OtlpLink {
+                    trace_id: t,
+                    span_id: id,
+                })
+                .collect(),
         })
         .collect();
-    json!({"resourceSpans": [{
-        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]},
-        "scopeSpans": [{"scope": {"name": "stepscope", "version": version}, "spans": spans}],
-    }]})
+    let service = [OtlpKeyValue {
+        key: "service.name",
+        value: OtlpValue::Str(service),
+    }];
+    let request = OtlpRequest {
+        resource_spans: [OtlpResourceSpans {
+            resource: OtlpResource {
+                attributes: &service,
+            },
+            scope_spans: [OtlpScopeSpans {
+                scope: OtlpScope {
+                    name: "stepscope",
+                    version,
+                },
+                spans,
+            }],
+        }],
+    };
+    // Plain structs of strings and numbers: serializing them cannot fail.
+    serde_json::to_string(&request).unwrap_or_default()
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OtlpRequest<'a> {
+    resource_spans: [OtlpResourceSpans<'a>; 1],
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OtlpResourceSpans<'a> {
+    resource: OtlpResource<'a>,
+    scope_spans: [OtlpScopeSpans<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct OtlpResource<'a> {
+    attributes: &'a [OtlpKeyValue<'a>],
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OtlpScopeSpans<'a> {
+    scope: OtlpScope<'a>,
+    spans: Vec<OtlpSpan<'a>>,
+}
+
+#[derive(Serialize)]
+struct OtlpScope<'a> {
+    name: &'a str,
+    version: &'a str,
 }
 
 #[cfg(test)]
@@ -765,10 +863,12 @@ mod tests {
             Some(&AttrValue::Str("long".into()))
         );
         assert!(attr(engine, "stepscope.costliest.3.step").is_none());
-        // One span per step it lived through (waiting and out too), those that scheduled it
-        // linked from the request's spans.
-        let steps = named("stepscope.step");
+        // Each step a span of its own, those that scheduled the request linked from its
+        // spans.
+        let d = doc();
+        let steps = step_spans(d.pid, &d.steps, opts.salt);
         assert_eq!(steps.len(), 6);
+        assert!(named("stepscope.step").is_empty());
         assert!(steps.iter().any(|s| s.span_id == decode.links[0].1));
         assert!(steps.iter().any(|s| s.span_id == prefill[0].links[0].1));
         // Every span of the request inside the engine span.
@@ -808,7 +908,7 @@ mod tests {
         ids.dedup();
         assert_eq!(ids.len(), spans.len());
         // OTLP's JSON: times and integers as strings, the parent named.
-        let doc = otlp_json(&spans, "stepscope", "0.1.0");
+        let doc: Value = serde_json::from_str(&otlp_json(&spans, "stepscope", "0.1.0")).unwrap();
         let out = &doc["resourceSpans"][0]["scopeSpans"][0]["spans"];
         let engine_json = out
             .as_array()

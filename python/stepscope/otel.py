@@ -1,0 +1,215 @@
+"""Each finished request's engine steps as OpenTelemetry spans (``"stepscope": {"otel": ...}``),
+for the engine plugins: the settings, the exporter's bounded queue and thread, and the
+library's OTLP/JSON spans as the OpenTelemetry SDK's, for the engine's own span exporter (the
+protocol and endpoint its tracing uses). docs/otel.md has each span and attribute.
+
+The spans are built by the library (``RequestLog.spans_json``: the one builder, also
+``stepscope export``'s) from the request log; an engine hands each finished request to
+:meth:`Exporter.offer`, which never blocks: a full queue drops it, counted. The exporter's
+thread takes up to ``batch`` requests at a time, has them built (``fetch``: in the engine's
+process, off its thread) and exports them; a slow or dead collector holds up that thread
+alone, while the queue stays within its cap and the drops are counted (``status()``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+#: A finished request handed to the exporter: its id, and the engine's span of it (trace id,
+#: span id, in hex), or ``None, None`` when the engine traced it not.
+Wanted = tuple[str, "str | None", "str | None"]
+#: What building a batch gave, per engine process: ``(OTLP/JSON text, requests, spans,
+#: steps lost)`` (``RequestLog.spans_json``'s, without the step mark).
+Built = tuple[str, int, int, int]
+
+#: How long a batch waits for more requests once it has one, at most (seconds).
+BATCH_WAIT_S = 0.2
+
+
+def settings(keys: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``"otel"`` key of stepscope's ``keys`` as the library reads it, defaults filled in
+    (None: off). Raises ``ConfigError`` naming a bad field (``otel`` needs ``requests``)."""
+    from stepscope._native import otel_settings
+
+    wanted = {"requests": keys.get("requests"), "otel": keys.get("otel")}
+    return otel_settings({"stepscope": wanted})
+
+
+def process_salt() -> int:
+    """A number making this process's span ids its own: its pid and start time."""
+    return ((os.getpid() << 40) ^ time.time_ns()) & ((1 << 64) - 1)
+
+
+class Exporter:
+    """The bounded queue of finished requests and the thread (``stepscope-otel``) that has
+    them built into spans and exports them with ``span_exporter`` (an OpenTelemetry SDK
+    ``SpanExporter``). ``fetch(batch)`` builds a batch: one :data:`Built` per engine process
+    that answered."""
+
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        endpoint: str,
+        span_exporter: Any,
+        fetch: Callable[[list[Wanted]], list[Built]],
+        log: logging.Logger,
+    ) -> None:
+        self.cfg = cfg
+        self.endpoint = endpoint
+        self.span_exporter = span_exporter
+        self.fetch = fetch
+        self.log = log
+        self.batch = int(cfg["batch"])
+        self.queue: queue.Queue[Wanted] = queue.Queue(maxsize=int(cfg["queue"]))
+        self.offered = 0
+        self.dropped = 0
+        self.exported_requests = 0
+        self.exported_spans = 0
+        self.not_found = 0
+        self.failed = 0
+        self.steps_lost = 0
+        self.in_flight = 0
+        self.last_error: str | None = None
+        self._warned = False
+        self.thread = threading.Thread(target=self._run, name="stepscope-otel", daemon=True)
+        self.thread.start()
+
+    def offer(
+        self, request_id: str, trace_id: str | None = None, span_id: str | None = None
+    ) -> None:
+        """Hands a finished request over; never blocks: a full queue drops it (counted)."""
+        self.offered += 1
+        try:
+            self.queue.put_nowait((request_id, trace_id, span_id))
+        except queue.Full:
+            self.dropped += 1
+
+    def status(self) -> dict[str, Any]:
+        """The export's counters, as ``/stepscope/status`` shows them: ``queued`` never
+        exceeds ``queue``; ``dropped``: requests that found it full; ``not_found``: requests
+        the log no longer held (or not finished); ``failed``: requests whose export failed."""
+        return {
+            "endpoint": self.endpoint,
+            "queue": self.queue.maxsize,
+            "queued": self.queue.qsize(),
+            "in_flight": self.in_flight,
+            "offered": self.offered,
+            "exported_requests": self.exported_requests,
+            "exported_spans": self.exported_spans,
+            "dropped": self.dropped,
+            "not_found": self.not_found,
+            "failed": self.failed,
+            "steps_lost": self.steps_lost,
+            "last_error": self.last_error,
+        }
+
+    def _take(self) -> list[Wanted]:
+        batch = [self.queue.get()]
+        deadline = time.monotonic() + BATCH_WAIT_S
+        while len(batch) < self.batch:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                batch.append(self.queue.get(timeout=left))
+            except queue.Empty:
+                break
+        return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take()
+            self.in_flight = len(batch)
+            try:
+                self._export(batch)
+            except Exception as e:  # noqa: BLE001 - the export goes on with the next batch
+                self.failed += len(batch)
+                self.last_error = repr(e)
+                if not self._warned:
+                    self._warned = True
+                    self.log.warning("stepscope: exporting request spans failed: %r", e)
+            finally:
+                self.in_flight = 0
+
+    def _export(self, batch: list[Wanted]) -> None:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        found = 0
+        spans: list[Any] = []
+        for text, requests, _, lost in self.fetch(batch):
+            found += requests
+            self.steps_lost += lost
+            spans.extend(readable_spans(text))
+        self.not_found += len(batch) - found
+        if not spans:
+            return
+        if self.span_exporter.export(spans) != SpanExportResult.SUCCESS:
+            raise RuntimeError(f"the collector at {self.endpoint} did not take {len(spans)} spans")
+        self.exported_requests += found
+        self.exported_spans += len(spans)
+
+
+def readable_spans(text: str) -> list[Any]:
+    """The library's OTLP/JSON text as the OpenTelemetry SDK's ``ReadableSpan`` s, for an SDK
+    exporter (gRPC or HTTP, as the engine's own)."""
+    import json
+
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
+
+    sampled = TraceFlags(TraceFlags.SAMPLED)
+
+    def context(trace_id: str, span_id: str, remote: bool) -> Any:
+        return SpanContext(int(trace_id, 16), int(span_id, 16), remote, sampled)
+
+    out = []
+    for rs in json.loads(text).get("resourceSpans", []):
+        resource = Resource.create(_attrs(rs.get("resource", {}).get("attributes", [])))
+        for ss in rs.get("scopeSpans", []):
+            scope = ss.get("scope", {})
+            library = InstrumentationScope(scope.get("name", "stepscope"), scope.get("version"))
+            for s in ss.get("spans", []):
+                parent = s.get("parentSpanId")
+                events = [
+                    Event(e["name"], _attrs(e.get("attributes", [])), int(e["timeUnixNano"]))
+                    for e in s.get("events", [])
+                ]
+                links = [
+                    Link(context(li["traceId"], li["spanId"], False)) for li in s.get("links", [])
+                ]
+                out.append(
+                    ReadableSpan(
+                        name=s["name"],
+                        context=context(s["traceId"], s["spanId"], False),
+                        parent=context(s["traceId"], parent, True) if parent else None,
+                        resource=resource,
+                        attributes=_attrs(s.get("attributes", [])),
+                        events=events,
+                        links=links,
+                        kind=SpanKind.INTERNAL,
+                        start_time=int(s["startTimeUnixNano"]),
+                        end_time=int(s["endTimeUnixNano"]),
+                        instrumentation_scope=library,
+                    )
+                )
+    return out
+
+
+def _attrs(items: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for a in items:
+        v = a["value"]
+        if "intValue" in v:
+            out[a["key"]] = int(v["intValue"])
+        elif "doubleValue" in v:
+            out[a["key"]] = float(v["doubleValue"])
+        else:
+            out[a["key"]] = v.get("stringValue")
+    return out
