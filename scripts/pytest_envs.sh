@@ -39,7 +39,8 @@ run "vLLM 0.32 / torch 2.13 ($py)" "$py" tests/python \
   --ignore "${live}_verl.py" --ignore "${live}_diff.py" --ignore "${live}_requests.py"
 run "vLLM 0.33 / torch 2.14 ($py033)" "$py033" tests/python --ignore "$live.py"
 STEPSCOPE_CLI=$cli run "SGLang 0.5.23 / torch 2.14.1 ($pysgl)" "$pysgl" \
-  tests/python/test_sglang.py tests/python/test_sglang_differential.py
+  tests/python/test_sglang.py tests/python/test_sglang_differential.py \
+  tests/python/test_sglang_otel.py
 
 echo "== ${#pids[@]} pytest processes at once; each one's output follows as it ends"
 began=$SECONDS

@@ -57,10 +57,12 @@ site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])';
 # The pins among "$@" (name==version) not installed in site-packages $1, one a line: each is
 # checked by its metadata directory, so a ready environment costs no Python start-up per pin.
 missing_pins() {
-  local site=$1 pin
+  local site=$1 pin name
   shift
   for pin in "$@"; do
-    compgen -G "$site/${pin%%==*}-${pin##*==}.dist-info" >/dev/null || echo "$pin"
+    # Metadata directories are named by the normalized name: "-" becomes "_".
+    name=${pin%%==*}
+    compgen -G "$site/${name//-/_}-${pin##*==}.dist-info" >/dev/null || echo "$pin"
   done
 }
 # A uv environment DIR holding PINS, made and filled only where something is missing:
@@ -119,8 +121,10 @@ uv_env .venv-vllm033 "vLLM 0.33, torch 2.14" --override scripts/vllm033-override
 
 # The third environment: SGLang 0.5.23 (it pins torch==2.14.1) for the SGLang plugin's tests,
 # which import SGLang's scheduler modules on CPU and drive its profiler manager. Its torch 2.14
-# patch release loads the glue built for torch 2.14.
-uv_env .venv-sglang "SGLang 0.5.23, torch 2.14.1" "sglang==0.5.23" "torch==2.14.1" "pytest==9.2.0"
+# patch release loads the glue built for torch 2.14. OpenTelemetry's SDK and OTLP exporters
+# (SGLang's "tracing" extra, at vLLM's versions): the request-span test traces with SGLang's own.
+uv_env .venv-sglang "SGLang 0.5.23, torch 2.14.1" "sglang==0.5.23" "torch==2.14.1" "pytest==9.2.0" \
+  "opentelemetry-sdk==1.45.2" "opentelemetry-exporter-otlp==1.45.2" "opentelemetry-proto==1.45.2"
 
 # The fourth: torch 2.15.0 alone, for the wheel's Kineto glue for it (make glue builds it here;
 # scripts/check_wheel.sh captures with it from a fresh environment of the same pin).

@@ -45,6 +45,27 @@ def process_salt() -> int:
     return ((os.getpid() << 40) ^ time.time_ns()) & ((1 << 64) - 1)
 
 
+class SpanBuilder:
+    """Builds batches of one request log's spans (``RequestLog.spans_json``), keeping the last
+    step whose span went so that each step's goes once. One per engine process; its calls
+    come from one thread at a time."""
+
+    def __init__(self) -> None:
+        self.steps_through: int | None = None
+
+    def build(self, log: Any, wanted: list[Any], salt: int, costliest: int, steps: bool) -> Built:
+        after = (-1 if self.steps_through is None else self.steps_through) if steps else None
+        text, requests, spans, through, lost = log.spans_json(
+            [(str(w[0]), w[1], w[2]) for w in wanted],
+            salt=int(salt),
+            costliest=int(costliest),
+            steps_after=after,
+        )
+        if through is not None:
+            self.steps_through = through
+        return (text, requests, spans, lost)
+
+
 class Exporter:
     """The bounded queue of finished requests and the thread (``stepscope-otel``) that has
     them built into spans and exports them with ``span_exporter`` (an OpenTelemetry SDK

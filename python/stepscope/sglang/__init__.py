@@ -36,14 +36,17 @@ failure of the plugin reaches SGLang's import or its scheduler loop.
 (``"stepscope"``), which ``stepscope ctl status --engine sglang`` reads, with
 ``"stepscope": {"timeline": true}`` the last forward batches of its step timeline, which
 ``stepscope ctl top --engine sglang`` reads, and with ``"stepscope": {"requests": true}`` its
-request log (:mod:`.lifecycles`), which ``stepscope ctl requests --engine sglang`` reads.
+request log (:mod:`.lifecycles`), which ``stepscope ctl requests --engine sglang`` reads; with
+``"otel"`` too, each finished request's engine steps go to an OpenTelemetry collector as spans
+under SGLang's own span of it (:mod:`.otel`).
 
 The package's modules, one job each: :mod:`.interface` (what the plugin knows of SGLang),
 :mod:`.hooks` (what SGLang calls), :mod:`.strategy` with :mod:`.legacy` and :mod:`.v2` (SGLang's
 two profile managers behind one interface), :mod:`.window` (one scheduler's profilers and
 window), :mod:`.requests` (what is served and refused), :mod:`.deferred` (the stop answered
 once written), :mod:`.status` (``/server_info``), :mod:`.naming` (SGLang's names and ranks),
-:mod:`.merge` (``merge_profiles``), :mod:`.lifecycles` (the request log).
+:mod:`.merge` (``merge_profiles``), :mod:`.lifecycles` (the request log), :mod:`.otel` (its
+requests as OpenTelemetry spans).
 
 Environment: ``STEPSCOPE_SGLANG=0`` turns it off; ``STEPSCOPE_CONFIG`` supplies stepscope's own
 keys (its ``"stepscope"`` object, as for vLLM); ``STEPSCOPE_CLI`` names the ``stepscope``

@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from stepscope import _plugin
 from stepscope._plugin import POS, signature_of
+from stepscope.sglang import otel
 from stepscope.sglang.interface import warn_once
 from stepscope.sglang.naming import roles_of
 
@@ -184,7 +185,7 @@ def _record_result(log: Any, scheduler: Any, before: list[tuple[Any, int, bool]]
     if step is None:
         return
     log.end_step(step)
-    ids, grown = [], []
+    ids, grown, done = [], [], []
     for req, outputs, was_finished in before:
         rid = str(req.rid)
         new = len(req.output_ids) - outputs
@@ -194,8 +195,12 @@ def _record_result(log: Any, scheduler: Any, before: list[tuple[Any, int, bool]]
         if req.finished() and not was_finished:
             # The engine's name as it is: the log reads it (its one finish-reason table).
             log.finished(step, rid, type(req.finished_reason).__name__)
+            done.append(req)
     if ids:
         log.produced(step, ids, grown)
+    if done and otel.settings() is not None:
+        for req in done:
+            _guarded("otel", otel.finished, log, scheduler, req)
 
 
 def around_add_request(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope import _plugin
+from stepscope.sglang import otel
 from stepscope.sglang.lifecycles import server_info_log
 
 #: How many of the timeline's last steps ``/server_info`` carries per scheduler.
@@ -28,9 +29,10 @@ def timeline_steps() -> Any:
 
 def status_of(state: Any) -> dict[str, Any]:
     """What ``/server_info`` carries for one scheduler: ``{"plugin", "workers": [status...],
-    "timeline", "requests"}`` (``workers`` empty before the first request stepscope served;
+    "timeline", "requests", "otel"}`` (``workers`` empty before the first request stepscope served;
     ``timeline`` the step timeline's last :data:`SERVER_INFO_STEPS` forward batches, or None
-    when off; ``requests`` the request log's document of its last steps, or None when off)."""
+    when off; ``requests`` the request log's document of its last steps, or None when off;
+    ``otel`` the OpenTelemetry export's counters, or None when off)."""
     import stepscope
 
     workers = []
@@ -43,6 +45,7 @@ def status_of(state: Any) -> dict[str, Any]:
         "workers": workers,
         "timeline": None if timeline is None else timeline_of(timeline),
         "requests": server_info_log(),
+        "otel": otel.status(),
     }
 
 

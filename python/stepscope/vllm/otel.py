@@ -55,22 +55,14 @@ def wanted() -> bool:
 
 
 class _Builder:
-    """The engine core's span builder: one thread, and the last step whose span it sent."""
+    """The engine core's span builder: one thread, and the library's builder of its log."""
 
     def __init__(self) -> None:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="stepscope-spans")
-        self.steps_through: int | None = None
+        self.spans = otel.SpanBuilder()
 
     def build(self, log: Any, wanted: list[Any], salt: int, costliest: int, steps: bool) -> Any:
-        after = (-1 if self.steps_through is None else self.steps_through) if steps else None
-        text, requests, spans, through, lost = log.spans_json(
-            [(str(w[0]), w[1], w[2]) for w in wanted],
-            salt=int(salt),
-            costliest=int(costliest),
-            steps_after=after,
-        )
-        if through is not None:
-            self.steps_through = through
+        text, requests, spans, lost = self.spans.build(log, wanted, salt, costliest, steps)
         return {
             "pid": os.getpid(),
             "otlp": text,
