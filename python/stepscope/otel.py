@@ -3,9 +3,11 @@ for the engine plugins: the settings, the exporter's bounded queue and thread, a
 library's OTLP/JSON spans as the OpenTelemetry SDK's, for the engine's own span exporter (the
 protocol and endpoint its tracing uses). docs/otel.md has each span and attribute.
 
-The spans are built by the library (``RequestLog.spans_json``: the one builder, also
-``stepscope export``'s) from the request log; an engine hands each finished request to
-:meth:`Exporter.offer`, which never blocks: a full queue drops it, counted. The exporter's
+The spans are built and encoded by the library (``RequestLog.spans_otlp``: the one builder,
+also ``stepscope export``'s) from the request log, as OTLP protobuf, which the engine's span
+exporter sends as it is (its module's ``encode_spans`` passes a :class:`Prebuilt` batch
+through; an exporter without one gets the SDK's spans instead). An engine hands each finished
+request to :meth:`Exporter.offer`, which never blocks: a full queue drops it, counted. The exporter's
 thread takes up to ``batch`` requests at a time, has them built (``fetch``: in the engine's
 process, off its thread) and exports them; a slow or dead collector holds up that thread
 alone, while the queue stays within its cap and the drops are counted (``status()``).
@@ -23,9 +25,9 @@ from typing import Any, Callable
 #: A finished request handed to the exporter: its id, and the engine's span of it (trace id,
 #: span id, in hex), or ``None, None`` when the engine traced it not.
 Wanted = tuple[str, "str | None", "str | None"]
-#: What building a batch gave, per engine process: ``(OTLP/JSON text, requests, spans,
-#: steps lost)`` (``RequestLog.spans_json``'s, without the step mark).
-Built = tuple[str, int, int, int]
+#: What building a batch gave, per engine process: ``(OTLP protobuf bytes, requests, spans,
+#: steps lost)`` (``RequestLog.spans_otlp``'s, without the step mark).
+Built = tuple[bytes, int, int, int]
 
 #: How long a batch waits for more requests once it has one, at most (seconds).
 BATCH_WAIT_S = 0.2
@@ -46,7 +48,7 @@ def process_salt() -> int:
 
 
 class SpanBuilder:
-    """Builds batches of one request log's spans (``RequestLog.spans_json``), keeping the last
+    """Builds batches of one request log's spans (``RequestLog.spans_otlp``), keeping the last
     step whose span went so that each step's goes once. One per engine process; its calls
     come from one thread at a time."""
 
@@ -55,15 +57,59 @@ class SpanBuilder:
 
     def build(self, log: Any, wanted: list[Any], salt: int, costliest: int, steps: bool) -> Built:
         after = (-1 if self.steps_through is None else self.steps_through) if steps else None
-        text, requests, spans, through, lost = log.spans_json(
+        message, requests, spans, through, lost = log.spans_otlp(
             [(str(w[0]), w[1], w[2]) for w in wanted],
             salt=int(salt),
             costliest=int(costliest),
             steps_after=after,
+            protobuf=True,
         )
         if through is not None:
             self.steps_through = through
-        return (text, requests, spans, lost)
+        return (bytes(message), requests, spans, lost)
+
+
+class Prebuilt(list):  # type: ignore[type-arg]
+    """A batch already encoded (an ``ExportTraceServiceRequest``): what an exporter's
+    ``export`` is handed, its length the spans it holds, once :func:`pass_prebuilt` let its
+    module's ``encode_spans`` pass it through."""
+
+    def __init__(self, message: Any, count: int) -> None:
+        super().__init__()
+        self.message = message
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+
+#: Marks an ``encode_spans`` that passes a :class:`Prebuilt` batch through.
+_PASSES = "__stepscope_prebuilt__"
+
+
+def pass_prebuilt(span_exporter: Any) -> bool:
+    """Lets the module of ``span_exporter``'s class (the SDK's OTLP gRPC and HTTP exporters
+    encode with the ``encode_spans`` they import) hand a :class:`Prebuilt` batch's message on
+    as it is, every other batch to the SDK's encoder; False when it has no such function
+    (the batch then goes as the SDK's spans)."""
+    import sys
+
+    module = sys.modules.get(type(span_exporter).__module__)
+    encode = getattr(module, "encode_spans", None)
+    if not callable(encode):
+        return False
+    if getattr(encode, _PASSES, False):
+        return True
+
+    def encode_spans(spans: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(spans, Prebuilt):
+            return spans.message
+        return encode(spans, *args, **kwargs)
+
+    setattr(encode_spans, _PASSES, True)
+    encode_spans.__wrapped__ = encode  # type: ignore[attr-defined]
+    module.encode_spans = encode_spans  # type: ignore[union-attr]
+    return True
 
 
 class Exporter:
@@ -97,6 +143,8 @@ class Exporter:
         self.in_flight = 0
         self.last_error: str | None = None
         self._warned = False
+        #: Whether the exporter passes prebuilt batches through (None: not yet known).
+        self._prebuilt: bool | None = None
         self.thread = threading.Thread(target=self._run, name="stepscope-otel", daemon=True)
         self.thread.start()
 
@@ -158,28 +206,33 @@ class Exporter:
                 self.in_flight = 0
 
     def _export(self, batch: list[Wanted]) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
         from opentelemetry.sdk.trace.export import SpanExportResult
 
-        found = 0
-        spans: list[Any] = []
-        for text, requests, _, lost in self.fetch(batch):
+        found = count = 0
+        message = ExportTraceServiceRequest()
+        for encoded, requests, spans, lost in self.fetch(batch):
             found += requests
+            count += spans
             self.steps_lost += lost
-            spans.extend(readable_spans(text))
+            message.MergeFromString(encoded)
         self.not_found += len(batch) - found
-        if not spans:
+        if not count:
             return
-        if self.span_exporter.export(spans) != SpanExportResult.SUCCESS:
-            raise RuntimeError(f"the collector at {self.endpoint} did not take {len(spans)} spans")
+        if self._prebuilt is None:
+            self._prebuilt = pass_prebuilt(self.span_exporter)
+        data = Prebuilt(message, count) if self._prebuilt else readable_spans(message)
+        if self.span_exporter.export(data) != SpanExportResult.SUCCESS:
+            raise RuntimeError(f"the collector at {self.endpoint} did not take {count} spans")
         self.exported_requests += found
-        self.exported_spans += len(spans)
+        self.exported_spans += count
 
 
-def readable_spans(text: str) -> list[Any]:
-    """The library's OTLP/JSON text as the OpenTelemetry SDK's ``ReadableSpan`` s, for an SDK
-    exporter (gRPC or HTTP, as the engine's own)."""
-    import json
-
+def readable_spans(message: Any) -> list[Any]:
+    """An ``ExportTraceServiceRequest``'s spans as the OpenTelemetry SDK's ``ReadableSpan`` s,
+    for an exporter that encodes them itself."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -187,50 +240,40 @@ def readable_spans(text: str) -> list[Any]:
 
     sampled = TraceFlags(TraceFlags.SAMPLED)
 
-    def context(trace_id: str, span_id: str, remote: bool) -> Any:
-        return SpanContext(int(trace_id, 16), int(span_id, 16), remote, sampled)
+    def context(trace_id: bytes, span_id: bytes, remote: bool) -> Any:
+        return SpanContext(int.from_bytes(trace_id, "big"), int.from_bytes(span_id, "big"),
+                           remote, sampled)  # fmt: skip
 
     out = []
-    for rs in json.loads(text).get("resourceSpans", []):
-        resource = Resource.create(_attrs(rs.get("resource", {}).get("attributes", [])))
-        for ss in rs.get("scopeSpans", []):
-            scope = ss.get("scope", {})
-            library = InstrumentationScope(scope.get("name", "stepscope"), scope.get("version"))
-            for s in ss.get("spans", []):
-                parent = s.get("parentSpanId")
-                events = [
-                    Event(e["name"], _attrs(e.get("attributes", [])), int(e["timeUnixNano"]))
-                    for e in s.get("events", [])
-                ]
-                links = [
-                    Link(context(li["traceId"], li["spanId"], False)) for li in s.get("links", [])
-                ]
+    for rs in message.resource_spans:
+        resource = Resource.create(_attrs(rs.resource.attributes))
+        for ss in rs.scope_spans:
+            library = InstrumentationScope(ss.scope.name, ss.scope.version)
+            for s in ss.spans:
                 out.append(
                     ReadableSpan(
-                        name=s["name"],
-                        context=context(s["traceId"], s["spanId"], False),
-                        parent=context(s["traceId"], parent, True) if parent else None,
+                        name=s.name,
+                        context=context(s.trace_id, s.span_id, False),
+                        parent=context(s.trace_id, s.parent_span_id, True)
+                        if s.parent_span_id
+                        else None,
                         resource=resource,
-                        attributes=_attrs(s.get("attributes", [])),
-                        events=events,
-                        links=links,
+                        attributes=_attrs(s.attributes),
+                        events=[Event(e.name, _attrs(e.attributes), e.time_unix_nano)
+                                for e in s.events],  # fmt: skip
+                        links=[Link(context(li.trace_id, li.span_id, False)) for li in s.links],
                         kind=SpanKind.INTERNAL,
-                        start_time=int(s["startTimeUnixNano"]),
-                        end_time=int(s["endTimeUnixNano"]),
+                        start_time=s.start_time_unix_nano,
+                        end_time=s.end_time_unix_nano,
                         instrumentation_scope=library,
                     )
                 )
     return out
 
 
-def _attrs(items: list[dict[str, Any]]) -> dict[str, Any]:
+def _attrs(items: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for a in items:
-        v = a["value"]
-        if "intValue" in v:
-            out[a["key"]] = int(v["intValue"])
-        elif "doubleValue" in v:
-            out[a["key"]] = float(v["doubleValue"])
-        else:
-            out[a["key"]] = v.get("stringValue")
+        kind = a.value.WhichOneof("value")
+        out[a.key] = getattr(a.value, kind) if kind else None
     return out

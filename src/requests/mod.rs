@@ -56,8 +56,8 @@ use crate::clock::{unix_now_ns, Clock};
 use crate::config::{RequestLogSize, REQUEST_LOG_RANGE};
 
 pub use stepscope_format::requests::{
-    in_prefill, otlp_json, request_spans, step_spans, Counts, EngineStep, RequestRecord,
-    RequestsDocument, ScheduledAs, SpanOptions, SpanParent, ID_BYTES,
+    in_prefill, otlp_json, otlp_protobuf, request_spans, step_spans, Counts, EngineStep,
+    RequestRecord, RequestsDocument, ScheduledAs, SpanOptions, SpanParent, ID_BYTES,
 };
 
 /// Why a request finished.

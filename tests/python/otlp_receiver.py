@@ -10,19 +10,42 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
-def decode(body: bytes, content_type: str) -> Any:
-    """One ``ExportTraceServiceRequest`` from an OTLP/HTTP body."""
+def from_otlp_json(text: str) -> Any:
+    """An ``ExportTraceServiceRequest`` from OTLP/JSON. OTLP's JSON is protobuf's JSON mapping
+    but for the ids: hex digits, where protobuf's mapping has base64 (the OTLP specification),
+    so they are turned into base64 before protobuf's own parser reads the rest."""
+    import base64
+    import json
+
     from google.protobuf import json_format
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
 
-    message = ExportTraceServiceRequest()
+    def b64(h: str) -> str:
+        return base64.b64encode(bytes.fromhex(h)).decode()
+
+    doc = json.loads(text)
+    for rs in doc.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for span in ss.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if span.get(key):
+                        span[key] = b64(span[key])
+                for link in span.get("links", []):
+                    link["traceId"], link["spanId"] = b64(link["traceId"]), b64(link["spanId"])
+    return json_format.ParseDict(doc, ExportTraceServiceRequest())
+
+
+def decode(body: bytes, content_type: str) -> Any:
+    """One ``ExportTraceServiceRequest`` from an OTLP/HTTP body."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
     if content_type.startswith("application/json"):
-        json_format.Parse(body.decode(), message)
-    else:
-        message.ParseFromString(body)
-    return message
+        return from_otlp_json(body.decode())
+    return ExportTraceServiceRequest.FromString(body)
 
 
 def _value(v: Any) -> Any:

@@ -2,10 +2,11 @@
 the library's spans, the OpenTelemetry SDK's OTLP/HTTP exporter and a receiver decoding with
 the official ``opentelemetry-proto`` messages (tests/python/otlp_receiver.py).
 
-- ``RequestLog.spans_json`` builds on another thread while the engine's thread records into the
+- ``RequestLog.spans_otlp`` builds on another thread while the engine's thread records into the
   same log: nothing is refused or lost on either side;
+- its OTLP protobuf is the message its OTLP/JSON is, as the official messages decode each;
 - the exporter sends each request once, and the step spans once across batches, with the
-  requests' links naming them;
+  requests' links naming them; an exporter that encodes spans itself gets the SDK's spans;
 - a collector that never answers: ``offer`` never blocks, the queue never holds more than its
   cap, and every request offered is accounted for (exported, queued, in flight or dropped).
 """
@@ -70,7 +71,7 @@ def test_spans_are_built_on_another_thread_while_the_engine_records():
     try:
         deadline = time.monotonic() + 60  # bounds a broken build only
         while (built < 200 or t.is_alive()) and time.monotonic() < deadline:
-            text, requests, spans, through, lost = log.spans_json(
+            text, requests, spans, through, lost = log.spans_otlp(
                 [(f"warm-{k}", None, None) for k in range(64)], salt=1, steps_after=-1
             )
             assert requests == 64 and spans > 64 * 4 and lost == 0, (requests, spans)
@@ -85,19 +86,90 @@ def test_spans_are_built_on_another_thread_while_the_engine_records():
     assert all(r["finish"] == "length" for r in doc["requests"])
 
 
+def test_the_protobuf_and_the_json_are_one_message():
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from otlp_receiver import from_otlp_json
+
+    log = stepscope.RequestLog(requests=64, steps=256)
+    for k in range(5):
+        served(log, f"r{k}", prompt=4 + k, decode=k)
+    # One preempted and back: the engine span's events.
+    log.arrived("p", 4)
+    s = log.begin_step(0)
+    log.scheduled(s, ["p"], [4], [0], outputs=[0])
+    log.end_step(s)
+    log.produced(s, ["p"], [1])
+    s = log.begin_step(0)
+    log.preempted(s, ["p"])
+    log.end_step(s)
+    s = log.begin_step(0)
+    log.scheduled(s, ["p"], [5], [0], outputs=[1])
+    log.end_step(s)
+    log.produced(s, ["p"], [1])
+    log.finished(s, "p", "stop")
+    wanted = [(f"r{k}", None, None) for k in range(5)]
+    wanted.append(("p", "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"))
+    text, n, spans, _, _ = log.spans_otlp(wanted, salt=3, steps_after=-1)
+    encoded, n2, spans2, _, _ = log.spans_otlp(wanted, salt=3, steps_after=-1, protobuf=True)
+    assert isinstance(text, str) and isinstance(encoded, bytes)
+    assert (n, spans) == (n2, spans2) == (6, spans)
+    from_json = from_otlp_json(text)
+    from_proto = ExportTraceServiceRequest.FromString(encoded)
+    # Each call places the log's clock on the wall clock by its own reading: times (and the
+    # milliseconds derived from them) may differ by that reading's rounding, within a µs.
+    for message in (from_json, from_proto):
+        for rs in message.resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    span.start_time_unix_nano //= 1000
+                    span.end_time_unix_nano //= 1000
+                    for e in span.events:
+                        e.time_unix_nano //= 1000
+    json_spans = [s for rs in from_json.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    got = [s for rs in from_proto.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert len(got) == len(json_spans) == spans
+    for a, b in zip(got, json_spans, strict=True):
+        assert abs(a.start_time_unix_nano - b.start_time_unix_nano) <= 1, (a, b)
+        assert abs(a.end_time_unix_nano - b.end_time_unix_nano) <= 1, (a, b)
+        b.start_time_unix_nano, b.end_time_unix_nano = a.start_time_unix_nano, a.end_time_unix_nano
+        for ea, eb in zip(a.events, b.events, strict=True):
+            assert abs(ea.time_unix_nano - eb.time_unix_nano) <= 1
+            eb.time_unix_nano = ea.time_unix_nano
+        for ka, kb in zip(a.attributes, b.attributes, strict=True):
+            if ka.value.WhichOneof("value") == "double_value":  # milliseconds
+                assert abs(ka.value.double_value - kb.value.double_value) <= 1e-3, (ka, kb)
+                kb.value.double_value = ka.value.double_value
+    assert from_proto == from_json
+    assert any(e.name == "stepscope.preempted" for s in got for e in s.events)
+    assert any(s.links for s in got)
+
+
+def test_an_exporter_that_encodes_spans_itself_gets_the_sdks_spans():
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    log = stepscope.RequestLog(requests=64, steps=256)
+    served(log, "a")
+    memory = InMemorySpanExporter()
+    builder = otel.SpanBuilder()
+    e = otel.Exporter(settings(), "memory", memory,
+                      lambda batch: [builder.build(log, batch, 1, 3, False)],
+                      logging.getLogger("test"))  # fmt: skip
+    e.offer("a")
+    wait_for("the export", lambda: e.status()["exported_requests"] == 1)
+    names = sorted(s.name for s in memory.get_finished_spans())
+    assert names == ["stepscope.decode", "stepscope.engine", "stepscope.prefill",
+                     "stepscope.queue", "stepscope.request"]  # fmt: skip
+    engine = next(s for s in memory.get_finished_spans() if s.name == "stepscope.engine")
+    assert engine.attributes["gen_ai.request.id"] == "a"
+    assert engine.attributes["stepscope.decode.steps"] == 2
+
+
 def exporter_for(receiver: OtlpReceiver, log: stepscope.RequestLog, cfg: dict, timeout: float = 10.0):
-    state = {"through": None}
+    builder = otel.SpanBuilder()
 
     def fetch(batch):
-        after = state["through"] if cfg["steps"] else None
-        if cfg["steps"] and after is None:
-            after = -1
-        text, requests, spans, through, lost = log.spans_json(
-            list(batch), salt=42, costliest=cfg["costliest"], steps_after=after
-        )
-        if through is not None:
-            state["through"] = through
-        return [(text, requests, spans, lost)]
+        return [builder.build(log, batch, 42, cfg["costliest"], cfg["steps"])]
 
     return otel.Exporter(cfg, receiver.url, http_exporter(receiver.url, timeout), fetch,
                          logging.getLogger("test"))  # fmt: skip

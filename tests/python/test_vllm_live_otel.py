@@ -211,13 +211,11 @@ def test_stepscope_export_of_the_captures_log_gives_the_spans_sent_live(server, 
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    from google.protobuf import json_format
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
+    from otlp_receiver import from_otlp_json
     from otlp_receiver import spans_of as decoded
 
     exported = [s for line in out.read_text().splitlines()
-                for s in decoded(json_format.Parse(line, ExportTraceServiceRequest()))]  # fmt: skip
+                for s in decoded(from_otlp_json(line))]  # fmt: skip
     for s in live:
         engine_id = s["engine"]["attributes"]["gen_ai.request.id"]
         (engine,) = [e for e in exported if e["name"] == "stepscope.engine"

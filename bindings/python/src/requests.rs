@@ -4,10 +4,11 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyBytes, PyString};
 use stepscope::config::RequestLogSize;
 use stepscope::requests::{
-    otlp_json, request_spans, step_spans, Finish, RequestLog, RoleHint, SpanOptions, SpanParent,
+    otlp_json, otlp_protobuf, request_spans, step_spans, Finish, RequestLog, RoleHint, SpanOptions,
+    SpanParent,
 };
 
 use crate::config::parse_config;
@@ -219,24 +220,25 @@ impl PyRequestLog {
 
     /// The OpenTelemetry spans of the finished requests among ``wanted`` (each ``(id,
     /// trace_id, span_id)``: the engine's span of the request, or ``(id, None, None)``), as
-    /// OTLP/JSON ``ExportTraceServiceRequest`` text (see docs/otel.md for each span and
-    /// attribute): ``(text, requests, spans, steps_through, steps_lost)``, ``requests`` those
-    /// of ``wanted`` the log held finished. ``salt`` makes this
-    /// process's ids its own; ``costliest``: steps named per request. With ``steps_after``
+    /// an OTLP ``ExportTraceServiceRequest``: OTLP/JSON text, or with ``protobuf`` its
+    /// protobuf bytes (see docs/otel.md for each span and attribute): ``(message, requests,
+    /// spans, steps_through, steps_lost)``, ``requests`` those of ``wanted`` the log held
+    /// finished. ``salt`` makes this process's ids its own; ``costliest``: steps named per request. With ``steps_after``
     /// (an int, or ``-1`` for "from the first step these requests lived through") the spans
     /// of the engine steps ended since that step go with them, each once: call again with the
     /// ``steps_through`` returned (``steps_lost``: those the log no longer held); the request
     /// spans then link to them. Reads those requests' records alone (``document_of``), then
     /// lets the log go and builds without the GIL: the engine's thread goes on recording.
-    #[pyo3(signature = (wanted, *, salt, costliest = 3, steps_after = None))]
-    fn spans_json(
+    #[pyo3(signature = (wanted, *, salt, costliest = 3, steps_after = None, protobuf = false))]
+    fn spans_otlp(
         slf: PyRef<'_, Self>,
         py: Python<'_>,
         wanted: Vec<(String, Option<String>, Option<String>)>,
         salt: u64,
         costliest: usize,
         steps_after: Option<i64>,
-    ) -> (String, usize, usize, Option<u64>, u64) {
+        protobuf: bool,
+    ) -> (Py<PyAny>, usize, usize, Option<u64>, u64) {
         let ids: Vec<&str> = wanted.iter().map(|w| w.0.as_str()).collect();
         let doc = slf.log.document_of(&ids);
         let after = steps_after.map(|a| match u64::try_from(a) {
@@ -251,7 +253,7 @@ impl PyRequestLog {
         // The log is free again before the build: the engine's thread records into it while
         // this one builds without the GIL.
         drop(slf);
-        py.detach(move || {
+        let (message, requests, spans, through, lost) = py.detach(move || {
             let wanted: Vec<(String, Option<SpanParent>)> = wanted
                 .into_iter()
                 .map(|(id, trace, span)| {
@@ -278,9 +280,18 @@ impl PyRequestLog {
                 }
                 None => (None, 0),
             };
-            let text = otlp_json(&spans, "stepscope", stepscope::VERSION);
-            (text, requests, spans.len(), through, lost)
-        })
+            let message = if protobuf {
+                Ok(otlp_protobuf(&spans, "stepscope", stepscope::VERSION))
+            } else {
+                Err(otlp_json(&spans, "stepscope", stepscope::VERSION))
+            };
+            (message, requests, spans.len(), through, lost)
+        });
+        let message = match message {
+            Ok(bytes) => PyBytes::new(py, &bytes).into_any().unbind(),
+            Err(text) => PyString::new(py, &text).into_any().unbind(),
+        };
+        (message, requests, spans, through, lost)
     }
 
     /// ``document_json(since)`` as a dict.

@@ -5,7 +5,7 @@ request span of stepscope's own.
 
 The scheduler's result hook hands each request that finished, with the trace context SGLang
 carries on it (``req.time_stats.trace_ctx``), to :class:`stepscope.otel.Exporter`'s bounded
-queue; the exporter's thread builds the spans from the log (``RequestLog.spans_json``, without
+queue; the exporter's thread builds the spans from the log (``RequestLog.spans_otlp``, without
 the GIL) and exports them with SGLang's own span exporter (``get_otlp_span_exporter``: SGLang's
 protocol), to stepscope's endpoint, else SGLang's ``--otlp-traces-endpoint`` when SGLang
 traces, else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``. ``/server_info`` carries its counters.

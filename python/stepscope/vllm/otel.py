@@ -10,7 +10,7 @@ to the same collector or to ``"otel": {"endpoint": ...}``'s.
 - In each engine core: ``EngineCore.stepscope_request_spans``, the exporter's utility call,
   hands the batch to a thread of its own (``stepscope-spans``) and returns a future, which
   vLLM answers once it is done: the engine's thread only passes the batch on, and the spans
-  are built from the request log off it (``RequestLog.spans_json``).
+  are built from the request log off it (``RequestLog.spans_otlp``).
 
 docs/otel.md has each span and attribute, and what it costs.
 """

@@ -9,13 +9,14 @@
 
 mod breakdown;
 mod document;
+mod otlp;
 mod spans;
 
 pub use breakdown::{breakdowns, rank, Lived, RankBy, RequestBreakdown, StepCost, Stretch};
 pub use document::{
     in_prefill, Counts, EngineStep, RequestRecord, RequestsDocument, ScheduledAs, ID_BYTES,
 };
+pub use otlp::{otlp_json, otlp_protobuf};
 pub use spans::{
-    otlp_json, request_spans, step_span_id, step_spans, AttrValue, Span, SpanEvent, SpanOptions,
-    SpanParent,
+    request_spans, step_span_id, step_spans, AttrValue, Span, SpanEvent, SpanOptions, SpanParent,
 };

@@ -1,6 +1,6 @@
 //! A request's engine steps as OpenTelemetry spans, from its engine's request log: what the
 //! engine plugins export beside the engine's own request span and `stepscope export` sends
-//! from a capture's logs. One builder, one encoding (OTLP's JSON: `otlp_json`).
+//! from a capture's logs. One builder; the encodings are `otlp.rs`'s.
 //!
 //! Under the engine's span of the request when there is one (vLLM's `llm_request`: the same
 //! trace, its span the parent), else under a request span of stepscope's own:
@@ -26,6 +26,9 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use serde::{Deserialize, Serialize};
 #[cfg(test)]
 use serde_json::Value;
+
+#[cfg(test)]
+use super::otlp::otlp_json;
 
 use super::breakdown::{self, Lived, RankBy, RequestBreakdown, StepCost};
 use super::document::{EngineStep, RequestRecord, RequestsDocument};
@@ -513,155 +516,6 @@ fn lived_name(l: Lived) -> &'static str {
         Lived::Decode => "decode",
         Lived::Preempted => "preempted",
     }
-}
-
-/// OTLP's JSON encoding of an attribute's value: 64-bit integers as strings.
-#[derive(Serialize)]
-enum OtlpValue<'a> {
-    #[serde(rename = "intValue")]
-    Int(String),
-    #[serde(rename = "doubleValue")]
-    Double(f64),
-    #[serde(rename = "stringValue")]
-    Str(&'a str),
-}
-
-#[derive(Serialize)]
-struct OtlpKeyValue<'a> {
-    key: &'a str,
-    value: OtlpValue<'a>,
-}
-
-fn otlp_attrs(attrs: &[(String, AttrValue)]) -> Vec<OtlpKeyValue<'_>> {
-    attrs
-        .iter()
-        .map(|(k, v)| OtlpKeyValue {
-            key: k,
-            value: match v {
-                AttrValue::Int(i) => OtlpValue::Int(i.to_string()),
-                AttrValue::Double(d) => OtlpValue::Double(*d),
-                AttrValue::Str(s) => OtlpValue::Str(s),
-            },
-        })
-        .collect()
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct OtlpEvent<'a> {
-    time_unix_nano: String,
-    name: &'a str,
-    attributes: Vec<OtlpKeyValue<'a>>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct OtlpLink<'a> {
-    trace_id: &'a str,
-    span_id: &'a str,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct OtlpSpan<'a> {
-    trace_id: &'a str,
-    span_id: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    parent_span_id: Option<&'a str>,
-    name: &'a str,
-    /// SPAN_KIND_INTERNAL.
-    kind: u8,
-    start_time_unix_nano: String,
-    end_time_unix_nano: String,
-    attributes: Vec<OtlpKeyValue<'a>>,
-    events: Vec<OtlpEvent<'a>>,
-    links: Vec<OtlpLink<'a>>,
-}
-
-/// `spans` as OTLP/JSON `ExportTraceServiceRequest` text (what an OTLP/HTTP collector takes
-/// at `/v1/traces` with `Content-Type: application/json`), under a resource named `service`.
-pub fn otlp_json(spans: &[Span], service: &str, version: &str) -> String {
-    let spans: Vec<OtlpSpan<'_>> = spans
-        .iter()
-        .map(|s| OtlpSpan {
-            trace_id: &s.trace_id,
-            span_id: &s.span_id,
-            parent_span_id: s.parent_span_id.as_deref(),
-            name: &s.name,
-            kind: 1,
-            start_time_unix_nano: s.start_unix_ns.to_string(),
-            end_time_unix_nano: s.end_unix_ns.to_string(),
-            attributes: otlp_attrs(&s.attributes),
-            events: s
-                .events
-                .iter()
-                .map(|e| OtlpEvent {
-                    time_unix_nano: e.time_unix_ns.to_string(),
-                    name: &e.name,
-                    attributes: otlp_attrs(&e.attributes),
-                })
-                .collect(),
-            links: s
-                .links
-                .iter()
-                .map(|(t, id)| OtlpLink {
-                    trace_id: t,
-                    span_id: id,
-                })
-                .collect(),
-        })
-        .collect();
-    let service = [OtlpKeyValue {
-        key: "service.name",
-        value: OtlpValue::Str(service),
-    }];
-    let request = OtlpRequest {
-        resource_spans: [OtlpResourceSpans {
-            resource: OtlpResource {
-                attributes: &service,
-            },
-            scope_spans: [OtlpScopeSpans {
-                scope: OtlpScope {
-                    name: "stepscope",
-                    version,
-                },
-                spans,
-            }],
-        }],
-    };
-    // Plain structs of strings and numbers: serializing them cannot fail.
-    serde_json::to_string(&request).unwrap_or_default()
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct OtlpRequest<'a> {
-    resource_spans: [OtlpResourceSpans<'a>; 1],
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct OtlpResourceSpans<'a> {
-    resource: OtlpResource<'a>,
-    scope_spans: [OtlpScopeSpans<'a>; 1],
-}
-
-#[derive(Serialize)]
-struct OtlpResource<'a> {
-    attributes: &'a [OtlpKeyValue<'a>],
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct OtlpScopeSpans<'a> {
-    scope: OtlpScope<'a>,
-    spans: Vec<OtlpSpan<'a>>,
-}
-
-#[derive(Serialize)]
-struct OtlpScope<'a> {
-    name: &'a str,
-    version: &'a str,
 }
 
 #[cfg(test)]
