@@ -83,9 +83,10 @@ def spans_of(message: Any) -> list[dict[str, Any]]:
 
 
 class OtlpReceiver:
-    """Listens on a free loopback port; ``url`` is its ``/v1/traces`` endpoint."""
+    """Listens on a free loopback port; ``url`` is its ``/v1/traces`` endpoint. With
+    ``decoding=False`` (a benchmark's collector) requests are counted, not decoded."""
 
-    def __init__(self) -> None:
+    def __init__(self, decoding: bool = True) -> None:
         self.spans: list[dict[str, Any]] = []
         self.requests = 0
         self.held = 0
@@ -104,6 +105,13 @@ class OtlpReceiver:
                         receiver.held += 1
                     # Never answers (until the receiver closes).
                     receiver._release.wait()
+                    return
+                if not decoding:
+                    with receiver._lock:
+                        receiver.requests += 1
+                    self.send_response(200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                     return
                 try:
                     message = decode(body, self.headers.get("Content-Type", ""))
