@@ -25,35 +25,14 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import stepscope
+from bench_requests import per_call_us  # the one timing loop of the Python benches
 from stepscope import otel
 
 BATCH = 64
-
-
-def per_call_us(fn, seconds: float = 1.0) -> float:
-    """Median of 5 runs of ~seconds/5 each, µs per call."""
-    n = 1
-    while True:
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        if time.perf_counter() - t > 0.05:
-            break
-        n *= 2
-    runs = []
-    per_run = max(1, int(n * (seconds / 5) / 0.05))
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(per_run):
-            fn()
-        runs.append((time.perf_counter() - t) / per_run * 1e6)
-    runs.sort()
-    return runs[2]
 
 
 def filled_log() -> tuple[stepscope.RequestLog, list[str]]:
@@ -112,18 +91,17 @@ def in_process() -> None:
     encode = per_call_us(lambda: encode_spans(readable).SerializeToString()) / BATCH
 
     # The engine's thread: the engine core's utility call hands the batch over.
-    from stepscope.vllm import otel as vllm_otel
-
-    builder = vllm_otel._Builder()
-    builder.build = lambda *a: None  # the hand-over alone: the build is timed above
-    vllm_otel._builder = builder
     from stepscope.vllm import lifecycles
+
+    builder = lifecycles._SpanThread()
+    builder.build = lambda *a: None  # the hand-over alone: the build is timed above
+    lifecycles._span_thread = builder
 
     lifecycles._log, lifecycles._tried = log, True
     lifecycles.requests_wanted = lambda: True
     lists = [list(w) for w in wanted]
     # The engine's thread only submits (it never waits on the future: vLLM answers when done).
-    hand_over = per_call_us(lambda: vllm_otel.engine_request_spans(None, lists, 1)) / BATCH
+    hand_over = per_call_us(lambda: lifecycles.engine_request_spans(None, lists, 1)) / BATCH
 
     # The API server's output loop, and SGLang's scheduler: a finished request handed over.
     exporter = otel.Exporter.__new__(otel.Exporter)

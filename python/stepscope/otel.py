@@ -47,6 +47,31 @@ def process_salt() -> int:
     return ((os.getpid() << 40) ^ time.time_ns()) & ((1 << 64) - 1)
 
 
+def start(
+    cfg: dict[str, Any],
+    endpoint: str | None,
+    make: Callable[[str], tuple[Any, Callable[[list[Wanted]], list[Built]]]],
+    log: logging.Logger,
+    warn: Callable[..., None],
+    hint: str,
+) -> Exporter | None:
+    """A plugin's exporter of ``cfg`` to ``endpoint``: ``make(endpoint)`` gives the engine's
+    span exporter and the batch builder (``fetch``). None, said once through ``warn``, when
+    there is no endpoint (``hint``: how to give one) or making it fails: the engine goes on
+    without."""
+    if not endpoint:
+        warn("otel-endpoint", "stepscope: OpenTelemetry export on but no endpoint: %s", hint)
+        return None
+    try:
+        span_exporter, fetch = make(endpoint)
+        made = Exporter(cfg, endpoint, span_exporter, fetch, log)
+    except Exception as e:  # noqa: BLE001 - the engine goes on without
+        warn("otel-make", "stepscope: OpenTelemetry export off: %r", e)
+        return None
+    log.info("stepscope: request spans exported to %s (queue %d)", endpoint, cfg["queue"])
+    return made
+
+
 class SpanBuilder:
     """Builds batches of one request log's spans (``RequestLog.spans_otlp``), keeping the last
     step whose span went so that each step's goes once. One per engine process; its calls

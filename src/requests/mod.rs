@@ -403,24 +403,7 @@ impl RequestLog {
         // vLLM runs on the engine core's thread, between steps.
         let mut events: Vec<&Event> = self.events.iter().filter(|e| e.seq != 0).collect();
         events.sort_unstable_by_key(|e| (e.seq, e.step, e.resumed));
-        let requests = requests
-            .into_iter()
-            .map(|r| record::record(&scale, r, &events))
-            .collect();
-        RequestsDocument {
-            pid: std::process::id(),
-            step_index: self.next_step,
-            now_unix_ns: scale.unix_ns(self.clock.ticks()),
-            clock: self.clock.name().to_string(),
-            capacity: self.capacity(),
-            recorded: Counts {
-                requests: self.arrivals,
-                steps: self.next_step,
-            },
-            evicted_running: self.evicted_running,
-            steps,
-            requests,
-        }
+        self.documented(&scale, steps, requests, &events)
     }
 
     /// The document of the requests `ids` alone (those the log holds), with the steps they
@@ -462,10 +445,18 @@ impl RequestLog {
             .filter(|e| e.seq != 0 && seqs.binary_search(&e.seq).is_ok())
             .collect();
         events.sort_unstable_by_key(|e| (e.seq, e.step, e.resumed));
-        let requests = mine
-            .into_iter()
-            .map(|r| record::record(&scale, r, &events))
-            .collect();
+        self.documented(&scale, steps, mine, &events)
+    }
+
+    /// A document of `steps` and the records of `requests` (with their `events`, sorted by
+    /// request), and the log's counts now.
+    fn documented(
+        &self,
+        scale: &crate::clock::Scale,
+        steps: Vec<EngineStep>,
+        requests: Vec<&Req>,
+        events: &[&Event],
+    ) -> RequestsDocument {
         RequestsDocument {
             pid: std::process::id(),
             step_index: self.next_step,
@@ -478,7 +469,10 @@ impl RequestLog {
             },
             evicted_running: self.evicted_running,
             steps,
-            requests,
+            requests: requests
+                .into_iter()
+                .map(|r| record::record(scale, r, events))
+                .collect(),
         }
     }
 

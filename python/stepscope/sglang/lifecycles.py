@@ -38,7 +38,8 @@ from typing import Any, Callable
 
 from stepscope import _plugin
 from stepscope._plugin import POS, signature_of
-from stepscope.sglang import otel
+from stepscope.sglang.otel import finished as otel_finished
+from stepscope.sglang.otel import settings as otel_settings
 from stepscope.sglang.interface import warn_once
 from stepscope.sglang.naming import roles_of
 
@@ -198,9 +199,9 @@ def _record_result(log: Any, scheduler: Any, before: list[tuple[Any, int, bool]]
             done.append(req)
     if ids:
         log.produced(step, ids, grown)
-    if done and otel.settings() is not None:
+    if done and otel_settings() is not None:
         for req in done:
-            _guarded("otel", otel.finished, log, scheduler, req)
+            _guarded("otel", otel_finished, log, scheduler, req)
 
 
 def around_add_request(

@@ -78,30 +78,21 @@ def exporter(scheduler: Any, log: Any) -> otel.Exporter | None:
         cfg = settings()
         if cfg is None:
             return None
-        endpoint = _endpoint(cfg, scheduler)
-        if not endpoint:
-            warn_once(
-                "otel-endpoint",
-                "stepscope: OpenTelemetry export on but no endpoint: start SGLang with "
-                '--enable-trace --otlp-traces-endpoint, or set "otel": {"endpoint": ...}',
-            )
-            return None
-        try:
+
+        def make(endpoint: str) -> Any:
             from sglang.srt.observability.trace import get_otlp_span_exporter
 
             builder, salt = otel.SpanBuilder(), otel.process_salt()
-
             costliest, steps = int(cfg["costliest"]), bool(cfg["steps"])
 
             def fetch(batch: list[otel.Wanted]) -> list[otel.Built]:
                 return [builder.build(log, batch, salt, costliest, steps)]
 
-            span_exporter = get_otlp_span_exporter(endpoint)
-            _exporter = otel.Exporter(cfg, endpoint, span_exporter, fetch, logger)
-        except Exception as e:  # noqa: BLE001 - the scheduler goes on without
-            warn_once("otel-make", "stepscope: OpenTelemetry export off: %r", e)
-            return None
-        logger.info("stepscope: request spans exported to %s (queue %d)", endpoint, cfg["queue"])
+            return get_otlp_span_exporter(endpoint), fetch
+
+        hint = ('start SGLang with --enable-trace --otlp-traces-endpoint, or set "otel": '
+                '{"endpoint": ...}')  # fmt: skip
+        _exporter = otel.start(cfg, _endpoint(cfg, scheduler), make, logger, warn_once, hint)
     return _exporter
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope import _plugin
-from stepscope.sglang import otel
+from stepscope.sglang.otel import status as otel_status
 from stepscope.sglang.lifecycles import server_info_log
 
 #: How many of the timeline's last steps ``/server_info`` carries per scheduler.
@@ -45,7 +45,7 @@ def status_of(state: Any) -> dict[str, Any]:
         "workers": workers,
         "timeline": None if timeline is None else timeline_of(timeline),
         "requests": server_info_log(),
-        "otel": otel.status(),
+        "otel": otel_status(),
     }
 
 

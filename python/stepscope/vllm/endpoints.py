@@ -44,10 +44,10 @@ async def _status(state: Any, since: int) -> dict[str, Any]:
     engine = getattr(state, "stepscope_engine_client", None)
     if engine is None:
         raise NoEngine("this server has no engine")
-    from stepscope.vllm import otel
+    from stepscope.vllm.otel import status
 
     workers = list(await engine.collective_rpc("stepscope_status"))
-    return {"workers": workers, "otel": otel.status()}
+    return {"workers": workers, "otel": status()}
 
 
 async def _timeline(state: Any, since: int) -> dict[str, Any]:
@@ -131,8 +131,8 @@ class StatusEndpoint:
         route("/stepscope/requests", "the engine core's stepscope_requests", _requests, True)
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
-        from stepscope.vllm import otel
+        from stepscope.vllm.otel import attach
 
         state.stepscope_engine_client = engine_client
         state.stepscope_api_tokens = api_tokens(args)
-        otel.attach(engine_client)
+        attach(engine_client)

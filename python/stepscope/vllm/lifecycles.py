@@ -14,6 +14,8 @@ its end, with each step's begin and end, where vLLM stamps its own request metri
 
 ``EngineCore.stepscope_requests(since)`` answers the API server's utility call with the log as
 JSON; the API server's ``GET /stepscope/requests?since=N`` route asks every engine core.
+``EngineCore.stepscope_request_spans`` answers the request-span exporter's (``"otel"``,
+``stepscope.vllm.otel``) with a future its own thread completes.
 
 A capture's window: ``EngineCore.profile`` notes the log's step at a start, and at the stop,
 once its workers' stop has returned, writes the log's document from that step on beside the
@@ -32,6 +34,7 @@ import functools
 import json
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
 from typing import Any, Callable
 
@@ -192,6 +195,50 @@ def engine_requests(self: Any, since: int = 0) -> str:
     return str(log.document_json(max(0, int(since))))
 
 
+class _SpanThread:
+    """The engine core's request-span builder (``"otel"``): one thread of its own, and the
+    library's builder of its log's spans."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="stepscope-spans")
+        from stepscope.otel import SpanBuilder
+
+        self.spans = SpanBuilder()
+
+    def build(self, log: Any, wanted: list[Any], salt: int, costliest: int, steps: bool) -> Any:
+        text, requests, spans, lost = self.spans.build(log, wanted, salt, costliest, steps)
+        return {
+            "pid": os.getpid(),
+            "otlp": text,
+            "requests": requests,
+            "spans": spans,
+            "steps_lost": lost,
+        }
+
+
+_span_thread: _SpanThread | None = None
+
+
+def engine_request_spans(
+    self: Any, wanted: list[Any], salt: int, costliest: int = 3, steps: bool = False
+) -> Any:
+    """``EngineCore.stepscope_request_spans``, for the API server's utility call: a future of
+    the spans of the finished requests among ``wanted`` this engine core's log holds (``{"pid",
+    "otlp", "requests", "spans", "steps_lost"}``), built on a thread of its own; with
+    ``steps``, the spans of the steps ended since the last call's go with them. ``{"otlp":
+    None}`` at once when the log is off."""
+    global _span_thread
+    log = request_log() if requests_wanted() else None
+    if log is None:
+        return {"pid": os.getpid(), "otlp": None, "requests": 0, "spans": 0, "steps_lost": 0}
+    if _span_thread is None:
+        _span_thread = _SpanThread()
+    t = _span_thread
+    future: Future[Any] = t.pool.submit(t.build, log, wanted, salt, costliest, steps)
+    return future
+
+
+
 #: The attribute an engine core carries while a capture runs: the log's step at its start.
 WINDOW_ATTR = "_stepscope_requests_since"
 
@@ -255,8 +302,6 @@ def _patch_engine_core(module: ModuleType) -> None:
     if not hasattr(core, "stepscope_requests"):
         core.stepscope_requests = engine_requests
     if not hasattr(core, "stepscope_request_spans"):
-        from stepscope.vllm.otel import engine_request_spans
-
         core.stepscope_request_spans = engine_request_spans
     if requests_wanted():
         _patch_profile(core)

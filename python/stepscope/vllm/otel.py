@@ -7,10 +7,11 @@ to the same collector or to ``"otel": {"endpoint": ...}``'s.
   vLLM ends that span (a span processor on vLLM's tracer provider, while ``do_tracing`` runs),
   goes to :class:`stepscope.otel.Exporter`'s bounded queue; its thread exports with vLLM's own
   span exporter (``vllm.tracing.otel.get_span_exporter``: vLLM's protocol and endpoint).
-- In each engine core: ``EngineCore.stepscope_request_spans``, the exporter's utility call,
-  hands the batch to a thread of its own (``stepscope-spans``) and returns a future, which
-  vLLM answers once it is done: the engine's thread only passes the batch on, and the spans
-  are built from the request log off it (``RequestLog.spans_otlp``).
+- In each engine core: ``EngineCore.stepscope_request_spans`` (``stepscope.vllm.lifecycles``,
+  with the log), the exporter's utility call, hands the batch to a thread of its own
+  (``stepscope-spans``) and returns a future, which vLLM answers once it is done: the engine's
+  thread only passes the batch on, and the spans are built from the request log off it
+  (``RequestLog.spans_otlp``).
 
 docs/otel.md has each span and attribute, and what it costs.
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
 
@@ -49,50 +49,6 @@ def settings() -> dict[str, Any] | None:
 
 def wanted() -> bool:
     return settings() is not None
-
-
-# -- The engine core: building a batch off the engine's thread. -------------------------------
-
-
-class _Builder:
-    """The engine core's span builder: one thread, and the library's builder of its log."""
-
-    def __init__(self) -> None:
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="stepscope-spans")
-        self.spans = otel.SpanBuilder()
-
-    def build(self, log: Any, wanted: list[Any], salt: int, costliest: int, steps: bool) -> Any:
-        text, requests, spans, lost = self.spans.build(log, wanted, salt, costliest, steps)
-        return {
-            "pid": os.getpid(),
-            "otlp": text,
-            "requests": requests,
-            "spans": spans,
-            "steps_lost": lost,
-        }
-
-
-_builder: _Builder | None = None
-
-
-def engine_request_spans(
-    self: Any, wanted: list[Any], salt: int, costliest: int = 3, steps: bool = False
-) -> Any:
-    """``EngineCore.stepscope_request_spans``, for the API server's utility call: a future of
-    the spans of the finished requests among ``wanted`` this engine core's log holds (``{"pid",
-    "otlp", "requests", "spans", "steps_lost"}``), built on a thread of its own; with
-    ``steps``, the spans of the steps ended since the last call's go with them. ``{"otlp":
-    None}`` at once when the log is off."""
-    global _builder
-    from stepscope.vllm.lifecycles import request_log, requests_wanted
-
-    log = request_log() if requests_wanted() else None
-    if log is None:
-        return {"pid": os.getpid(), "otlp": None, "requests": 0, "spans": 0, "steps_lost": 0}
-    if _builder is None:
-        _builder = _Builder()
-    future: Future[Any] = _builder.pool.submit(_builder.build, log, wanted, salt, costliest, steps)
-    return future
 
 
 # -- The API server: which requests, with which parent, and the export. ------------------------
@@ -138,22 +94,17 @@ def exporter(processor: Any) -> otel.Exporter | None:
         if cfg is None:
             return None
         endpoint = cfg.get("endpoint") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        if not endpoint:
-            warn_once(
-                "otel-endpoint",
-                "stepscope: OpenTelemetry export on but no endpoint: start vLLM with "
-                '--otlp-traces-endpoint or set "otel": {"endpoint": ...}',
-            )
-            return None
-        try:
+
+        def make(endpoint: str) -> Any:
             from vllm.tracing.otel import get_span_exporter
 
-            fetch = _fetch_from(core, asyncio.get_running_loop(), cfg, otel.process_salt())
-            _exporter = otel.Exporter(cfg, endpoint, get_span_exporter(endpoint), fetch, logger)
-        except Exception as e:  # noqa: BLE001 - the server goes on without
-            warn_once("otel-make", "stepscope: OpenTelemetry export off: %r", e)
-            return None
-        logger.info("stepscope: request spans exported to %s (queue %d)", endpoint, cfg["queue"])
+            # The server's event loop: the utility calls run on it (none offline: no export).
+            loop = asyncio.get_running_loop()
+            fetch = _fetch_from(core, loop, cfg, otel.process_salt())
+            return get_span_exporter(endpoint), fetch
+
+        hint = 'start vLLM with --otlp-traces-endpoint or set "otel": {"endpoint": ...}'
+        _exporter = otel.start(cfg, endpoint, make, logger, warn_once, hint)
     return _exporter
 
 

@@ -283,3 +283,77 @@ mod pb {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::requests::SpanEvent;
+    use serde_json::Value;
+
+    fn span() -> Span {
+        Span {
+            trace_id: "0af7651916cd43dd8448eb211c80319c".into(),
+            span_id: "b7ad6b7169203331".into(),
+            parent_span_id: Some("00f067aa0ba902b7".into()),
+            name: "stepscope.engine".into(),
+            start_unix_ns: 50_000_000,
+            end_unix_ns: 330_000_000,
+            attributes: vec![
+                ("gen_ai.usage.input_tokens".into(), AttrValue::Int(8)),
+                (
+                    "stepscope.decode.step.max_ms".into(),
+                    AttrValue::Double(1.5),
+                ),
+                ("stepscope.finish".into(), AttrValue::Str("length".into())),
+            ],
+            events: vec![SpanEvent {
+                name: "stepscope.preempted".into(),
+                time_unix_ns: 60_000_000,
+                attributes: vec![("stepscope.step".into(), AttrValue::Int(5))],
+            }],
+            links: vec![(
+                "0af7651916cd43dd8448eb211c80319d".into(),
+                "b7ad6b7169203332".into(),
+            )],
+        }
+    }
+
+    #[test]
+    fn otlp_json_writes_ids_in_hex_and_64_bit_integers_and_times_as_strings() {
+        let doc: Value = serde_json::from_str(&otlp_json(&[span()], "svc", "0.1.0")).unwrap();
+        let rs = &doc["resourceSpans"][0];
+        assert_eq!(
+            rs["resource"]["attributes"][0]["value"]["stringValue"],
+            "svc"
+        );
+        assert_eq!(rs["scopeSpans"][0]["scope"]["name"], "stepscope");
+        let s = &rs["scopeSpans"][0]["spans"][0];
+        assert_eq!(s["traceId"], "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(s["parentSpanId"], "00f067aa0ba902b7");
+        assert_eq!(s["kind"], 1);
+        assert_eq!(s["startTimeUnixNano"], "50000000");
+        assert_eq!(s["attributes"][0]["value"]["intValue"], "8");
+        assert_eq!(s["attributes"][1]["value"]["doubleValue"], 1.5);
+        assert_eq!(s["events"][0]["timeUnixNano"], "60000000");
+        assert_eq!(s["links"][0]["spanId"], "b7ad6b7169203332");
+    }
+
+    #[test]
+    fn otlp_protobuf_ids_are_bytes_and_times_fixed64() {
+        let bytes = otlp_protobuf(&[span()], "svc", "0.1.0");
+        // The trace id's 16 bytes (field 1 of a Span, length 16) and the start time as a
+        // little-endian fixed64 (field 7) stand in the message; the whole message is decoded by
+        // the official messages in tests/python/test_otel.py.
+        let id = pb::hex("0af7651916cd43dd8448eb211c80319c");
+        let mut field = vec![0x0a, 16];
+        field.extend_from_slice(&id);
+        assert!(bytes.windows(field.len()).any(|w| w == field.as_slice()));
+        let mut start = vec![(7 << 3) | 1];
+        start.extend_from_slice(&50_000_000u64.to_le_bytes());
+        assert!(bytes.windows(start.len()).any(|w| w == start.as_slice()));
+        assert_eq!(
+            bytes[0], 0x0a,
+            "field 1 of ExportTraceServiceRequest, a message"
+        );
+    }
+}
