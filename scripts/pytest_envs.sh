@@ -31,12 +31,15 @@ live=tests/python/test_vllm_live
 run "vLLM 0.32 / torch 2.13, live: windows, stops, the timeline ($py)" "$py" "$live.py"
 run "vLLM 0.32 / torch 2.13, live: the slow-step trigger, then diff ($py)" "$py" "${live}_trigger.py" \
   "${live}_diff.py"
-run "vLLM 0.32 / torch 2.13, live: a repeat series, then request lifecycles ($py)" "$py" \
-  "${live}_repeat.py" "${live}_requests.py"
+# The request-log and request-span tests share one server (conftest's token_cost_live), the
+# spans' last (a silent collector).
+run "vLLM 0.32 / torch 2.13, live: a repeat series, then request lifecycles and spans ($py)" \
+  "$py" "${live}_repeat.py" "${live}_requests.py" "${live}_otel.py"
 run "vLLM 0.32 / torch 2.13, live: verl's rollout server and its stops ($py)" "$py" "${live}_verl.py"
 run "vLLM 0.32 / torch 2.13 ($py)" "$py" tests/python \
   --ignore "$live.py" --ignore "${live}_trigger.py" --ignore "${live}_repeat.py" \
-  --ignore "${live}_verl.py" --ignore "${live}_diff.py" --ignore "${live}_requests.py"
+  --ignore "${live}_verl.py" --ignore "${live}_diff.py" --ignore "${live}_requests.py" \
+  --ignore "${live}_otel.py"
 run "vLLM 0.33 / torch 2.14 ($py033)" "$py033" tests/python --ignore "$live.py"
 STEPSCOPE_CLI=$cli run "SGLang 0.5.23 / torch 2.14.1 ($pysgl)" "$pysgl" \
   tests/python/test_sglang.py tests/python/test_sglang_differential.py \

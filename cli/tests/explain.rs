@@ -227,9 +227,12 @@ fn each_steps_graph_replays_and_their_kernels_equal_a_count_from_the_raw_json() 
 }
 
 /// A decode step of 64 requests at 1,000 tokens of context each, as vLLM names it with
-/// `detailed_trace_annotation`, running one kernel.
+/// `detailed_trace_annotation`, running one kernel, three times; then a step that scheduled
+/// nothing (vLLM runs no forward for it).
 fn floor_trace(dir: &Path, with_model: bool) -> std::path::PathBuf {
-    let mut events = Vec::new();
+    let mut events = vec![serde_json::json!({"ph": "X", "cat": "user_annotation",
+        "name": "execute_0_context_0(sq0sk0sqsq0sqsk0)_generation_0(sq0sk0sqsq0sqsk0)",
+        "ts": 91_000.0, "dur": 50.0, "pid": 1, "tid": 1})];
     let name = "execute_64_context_0(sq0sk0sqsq0sqsk0)_generation_64(sq64sk64064sqsq64sqsk64064)";
     for i in 0..3u64 {
         let t = 1000.0 + 30_000.0 * i as f64;
@@ -273,8 +276,10 @@ fn each_step_is_held_against_its_floor_from_the_trace_or_the_command_line() {
     let t = analyze(&with);
     assert_eq!(t["peaks"]["tflops"], 989.4, "{}", t["peaks"]);
     let steps = t["steps"].as_array().unwrap();
-    assert_eq!(steps.len(), 3);
-    for s in steps {
+    assert_eq!(steps.len(), 4);
+    // A step that scheduled nothing has no floor (not the weights' read time).
+    assert!(steps[3]["floor"].is_null(), "{}", steps[3]);
+    for s in &steps[..3] {
         let fl = &s["floor"];
         assert_eq!(fl["bound"], "memory", "{fl}");
         let floor = f(&fl["floor_us"]);

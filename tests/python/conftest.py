@@ -141,3 +141,30 @@ def engine_script(doubles, tmp_path):
         return Run(json.loads(line[len("RESULT ") :]), read_log(log), proc.stderr)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def otlp_collector():
+    """An OTLP/HTTP collector decoding what it receives (tests/python/otlp_receiver.py)."""
+    from otlp_receiver import OtlpReceiver
+
+    r = OtlpReceiver()
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+@pytest.fixture(scope="session")
+def token_cost_live(tmp_path_factory, otlp_collector):
+    """One live `vllm serve` of `TokenCostLlama` shared by the request-log tests and the
+    request-span tests (test_vllm_live_requests.shared_server): on the CI's two cores each
+    server start costs minutes of CPU."""
+    from test_vllm_live_requests import shared_server
+
+    srv = shared_server(tmp_path_factory.mktemp("vllm-live-requests"), otlp_collector.url)
+    try:
+        yield srv.start()
+    finally:
+        otlp_collector.answer_again()
+        srv.stop()

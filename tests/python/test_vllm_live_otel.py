@@ -14,8 +14,10 @@ collector that decodes every request with the official `opentelemetry-proto` mes
 - a collector that stops answering: the engine serves on, the export's queue never holds more
   than its cap, and what did not fit is counted as dropped.
 
-The model is `TokenCostLlama` (tests/python/vllm_slow_step), as in the request-log test: step
-times follow tokens on any CPU; no time is compared with a threshold.
+The server is the request-log test's (conftest's `token_cost_live`: one server start for both;
+these tests run after that module's, in the same process, the silent collector last). The model
+is `TokenCostLlama` (tests/python/vllm_slow_step): step times follow tokens on any CPU; no time
+is compared with a threshold.
 """
 
 from __future__ import annotations
@@ -31,50 +33,31 @@ from otlp_receiver import OtlpReceiver
 from test_vllm_live import stepscope_cli
 from test_vllm_live_requests import (
     BUDGET,
+    OTEL_BATCH,
+    OTEL_QUEUE,
     ctl_requests,
     log,
     long_prefill_with_short_requests,
     prompt,
-    token_cost_server,
 )
 
 pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing()))
 
-#: The export's queue and batch: small, so that a silent collector fills the queue at once.
-QUEUE, BATCH = 8, 4
+#: The export's queue and batch, as the shared server was started with.
+QUEUE, BATCH = OTEL_QUEUE, OTEL_BATCH
 #: The engine's clock read against the wall clock, and vLLM's API server's wall clock: a
 #: request's spans may start before vLLM's by this much (a reading's error, not a wait).
 CLOCKS_NS = 1_000_000
 
 
 @pytest.fixture(scope="module")
-def receiver():
-    r = OtlpReceiver()
-    try:
-        yield r
-    finally:
-        r.close()
+def receiver(otlp_collector):
+    return otlp_collector
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, receiver):
-    srv = token_cost_server(
-        tmp_path_factory.mktemp("vllm-live-otel"),
-        keys={"otel": {"steps": True, "queue": QUEUE, "batch": BATCH}},
-        args=["--otlp-traces-endpoint", receiver.url],
-        env={
-            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
-            # vLLM's span processor sends every 100 ms (its default: 5 s).
-            "OTEL_BSP_SCHEDULE_DELAY": "100",
-            # A silent collector holds an export for the rest of the test, not 10 s.
-            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "900",
-        },
-    )
-    try:
-        yield srv.start()
-    finally:
-        receiver.answer_again()
-        srv.stop()
+def server(token_cost_live):
+    return token_cost_live
 
 
 def wait_until(what, predicate, timeout=180):

@@ -22,6 +22,9 @@ read through `GET /stepscope/requests` and `stepscope ctl requests`:
   the window is on disk beside the trace when the stop returns, and joins each request's
   queue wait and TTFT to it, as `ctl requests` reads them from the live server.
 
+The server (shared with the request-span tests, which run after these in the same process) also
+exports request spans; nothing here depends on them.
+
 The model is `TokenCostLlama` (tests/python/vllm_slow_step): every forward pass sleeps in
 proportion to its tokens, so a step of a 128-token chunk is slower than one of a few decode
 tokens by construction, on any CPU; no time is compared with a threshold. Chunked prefill runs
@@ -96,13 +99,33 @@ def token_cost_server(
     )  # fmt: skip
 
 
+#: The request spans' export queue and batch (tests/python/test_vllm_live_otel.py): small, so
+#: that a silent collector fills the queue at once.
+OTEL_QUEUE, OTEL_BATCH = 8, 4
+
+
+def shared_server(workdir: Path, collector_url: str) -> VllmServer:
+    """The one server this module's tests and the request-span tests share (conftest's
+    `token_cost_live`; a server start is minutes of CPU on two cores): the request log, and
+    request spans (with step spans) sent to `collector_url`, where vLLM's own tracing
+    (`--otlp-traces-endpoint`) sends its spans too."""
+    return token_cost_server(
+        workdir,
+        keys={"otel": {"steps": True, "queue": OTEL_QUEUE, "batch": OTEL_BATCH}},
+        args=["--otlp-traces-endpoint", collector_url],
+        env={
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            # vLLM's span processor sends every 100 ms (its default: 5 s).
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            # A silent collector holds an export for the rest of the test, not 10 s.
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "900",
+        },
+    )
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = token_cost_server(tmp_path_factory.mktemp("vllm-live-requests"))
-    try:
-        yield srv.start()
-    finally:
-        srv.stop()
+def server(token_cost_live):
+    return token_cost_live
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -444,7 +467,8 @@ def test_a_captured_long_prefill_and_its_requests_agree_with_the_request_log(ser
     assert model["params"] > 0 and "params" not in model.get("unknown", []), model
     with gzip.open(trace, "rt") as f:
         assert json.load(f)["stepscope"]["model"] == model
-    # No peaks for a CPU: the floor says so; with the peaks given, every step has one.
+    # No peaks for a CPU: the floor says so; with the peaks given, every step that scheduled
+    # tokens has one (one that scheduled nothing ran no forward: none).
     assert "--peak-tflops" in report["floor_missing"], report["floor_missing"]
     floors = subprocess.run(
         [stepscope_cli(), "analyze", "--json", "--peak-tflops", "2", "--peak-gbs", "50",
@@ -454,7 +478,12 @@ def test_a_captured_long_prefill_and_its_requests_agree_with_the_request_log(ser
     assert floors.returncode == 0, floors.stderr
     (floored,) = json.loads(floors.stdout)["traces"]
     assert floored["peaks"]["source"] == "--peak-tflops, --peak-gbs", floored["peaks"]
+    scheduled = {s["step"]: sum(s.get("tokens", [])) for s in manifest["steps"]}
+    assert any(scheduled.values()), scheduled
     for st in floored["steps"]:
+        if not scheduled[st["step"]]:
+            assert st.get("floor") is None, st
+            continue
         f = st["floor"]
         assert f["floor_us"] > 0, st
         assert abs(f["of_wall"] - f["floor_us"] / st["dur_us"]) <= 1e-12 * f["of_wall"], st

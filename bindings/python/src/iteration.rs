@@ -112,6 +112,8 @@ impl PyIteration {
         request_computed: Option<Vec<i64>>,
         request_outputs: Option<Vec<i64>>,
     ) -> PyResult<Self> {
+        // Computed tokens given (even for no request) make the detailed sums known.
+        let computed_given = request_computed.is_some();
         let shares = shares_of(
             request_ids.as_ref(),
             request_tokens,
@@ -146,7 +148,10 @@ impl PyIteration {
                     qk_compute: sum("gen_qk_compute", gen_qk_compute)?,
                 },
             });
-        } else if let Some(detail) = IterationDetail::of_shares(&shares) {
+        } else if let Some(detail) = computed_given
+            .then(|| IterationDetail::of_shares(&shares))
+            .flatten()
+        {
             // The core sums the requests' counts: the one owner of vLLM's rule.
             info = info.with_detail(detail);
         }

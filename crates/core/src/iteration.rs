@@ -48,12 +48,10 @@ pub struct IterationDetail {
 impl IterationDetail {
     /// The sums of the requests' shares, each in its phase, as vLLM's `annotate_profile`
     /// sums them: `seq` is a request's computed tokens plus those scheduled. `None` when a
-    /// share lacks its computed tokens, or there is none. The one place stepscope derives them: the engine
-    /// plugins pass each request's counts, never the sums.
+    /// share lacks its computed tokens; zeros when there is none (an iteration that scheduled
+    /// nothing: vLLM names it `execute_0_context_0(sq0sk0sqsq0sqsk0)_…`). The one place
+    /// stepscope derives them: the engine plugins pass each request's counts, never the sums.
     pub fn of_shares(shares: &[RequestShare]) -> Option<IterationDetail> {
-        if shares.is_empty() {
-            return None;
-        }
         let mut d = IterationDetail::default();
         for s in shares {
             let q = u64::from(s.tokens);
@@ -387,7 +385,13 @@ mod tests {
             },
         ];
         assert_eq!(IterationDetail::of_shares(&partial), None);
-        assert_eq!(IterationDetail::of_shares(&[]), None);
+        // An iteration that scheduled nothing has zero sums, and vLLM's detailed name for it.
+        let empty =
+            IterationInfo::new(0, 0, 0, 0).with_detail(IterationDetail::of_shares(&[]).unwrap());
+        assert_eq!(
+            empty.name(true),
+            "execute_0_context_0(sq0sk0sqsq0sqsk0)_generation_0(sq0sk0sqsq0sqsk0)"
+        );
         assert_eq!(IterationInfo::new(1, 4, 0, 0).work(), None);
     }
 }

@@ -202,7 +202,8 @@ impl Summary {
             Err(why) => self.floor_missing = Some(format!("no floor: {why}")),
             Ok((peaks, cost)) => {
                 for s in &mut self.steps {
-                    if let Some(w) = &s.work {
+                    // A step that scheduled nothing ran no forward: it has no floor.
+                    if let Some(w) = s.work.as_ref().filter(|w| w.tokens() > 0) {
                         let busy = s.gpu.as_ref().map(|g| g.busy_us);
                         s.floor = Some(cost.floor(w, &peaks, s.dur_us, busy));
                     }
