@@ -72,6 +72,27 @@ def start(
     return made
 
 
+class Once:
+    """A process's exporter, made once: at the first finished request, by whichever thread
+    gets there first (:meth:`get`); ``value`` is None until then, or when making it gave
+    none."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._made = False
+        self.value: Exporter | None = None
+
+    def get(self, make: Callable[[], Exporter | None]) -> Exporter | None:
+        """The exporter, ``make()`` called for it the first time only."""
+        if self._made:
+            return self.value
+        with self._lock:
+            if not self._made:
+                self._made = True
+                self.value = make()
+        return self.value
+
+
 class SpanBuilder:
     """Builds batches of one request log's spans (``RequestLog.spans_otlp``), keeping the last
     step whose span went so that each step's goes once. One per engine process; its calls

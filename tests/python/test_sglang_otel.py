@@ -26,6 +26,8 @@ pytest.importorskip("sglang")
 from otlp_receiver import OtlpReceiver  # noqa: E402
 from test_sglang import D, P, Loop, new_req, plugin, sglang_queue  # noqa: E402
 
+from stepscope.otel import Once  # noqa: E402
+
 
 def wait_until(what, predicate, timeout=60):
     deadline = time.monotonic() + timeout  # bounds a broken export only
@@ -51,7 +53,7 @@ def traced(monkeypatch):
     sglang_trace.process_tracing_init(receiver.url, "sglang-test")
     lc, ot = plugin.lifecycles, plugin.otel
     for module, name, value in [(lc, "_log", None), (lc, "_tried", False), (lc, "_in_flight", {}),
-                                (ot, "_exporter", None), (ot, "_made", False), (ot, "_settings", [])]:
+                                (ot, "_exporter", Once()), (ot, "_settings", [])]:
         monkeypatch.setattr(module, name, value)  # fmt: skip
     for target, hook in lc.hooks():
         if target not in HookRegistry._patched:

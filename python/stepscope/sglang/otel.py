@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from typing import Any
 
 from stepscope import _plugin, otel
@@ -23,9 +22,7 @@ from stepscope.sglang.interface import warn_once
 
 logger = logging.getLogger("stepscope.sglang")
 
-_exporter: otel.Exporter | None = None
-_made = False
-_lock = threading.Lock()
+_exporter = otel.Once()
 _settings: list[dict[str, Any] | None] = []
 
 
@@ -68,32 +65,28 @@ def _endpoint(cfg: dict[str, Any], scheduler: Any) -> str | None:
 def exporter(scheduler: Any, log: Any) -> otel.Exporter | None:
     """This scheduler process's exporter, made at the first finished request when the export
     is on and an endpoint is known; None otherwise."""
-    global _exporter, _made
-    if _made:
-        return _exporter
-    with _lock:
-        if _made:
-            return _exporter
-        _made = True
-        cfg = settings()
-        if cfg is None:
-            return None
+    return _exporter.get(lambda: _make(scheduler, log))
 
-        def make(endpoint: str) -> Any:
-            from sglang.srt.observability.trace import get_otlp_span_exporter
 
-            builder, salt = otel.SpanBuilder(), otel.process_salt()
-            costliest, steps = int(cfg["costliest"]), bool(cfg["steps"])
+def _make(scheduler: Any, log: Any) -> otel.Exporter | None:
+    cfg = settings()
+    if cfg is None:
+        return None
 
-            def fetch(batch: list[otel.Wanted]) -> list[otel.Built]:
-                return [builder.build(log, batch, salt, costliest, steps)]
+    def make(endpoint: str) -> Any:
+        from sglang.srt.observability.trace import get_otlp_span_exporter
 
-            return get_otlp_span_exporter(endpoint), fetch
+        builder, salt = otel.SpanBuilder(), otel.process_salt()
+        costliest, steps = int(cfg["costliest"]), bool(cfg["steps"])
 
-        hint = ('start SGLang with --enable-trace --otlp-traces-endpoint, or set "otel": '
-                '{"endpoint": ...}')  # fmt: skip
-        _exporter = otel.start(cfg, _endpoint(cfg, scheduler), make, logger, warn_once, hint)
-    return _exporter
+        def fetch(batch: list[otel.Wanted]) -> list[otel.Built]:
+            return [builder.build(log, batch, salt, costliest, steps)]
+
+        return get_otlp_span_exporter(endpoint), fetch
+
+    hint = ('start SGLang with --enable-trace --otlp-traces-endpoint, or set "otel": '
+            '{"endpoint": ...}')  # fmt: skip
+    return otel.start(cfg, _endpoint(cfg, scheduler), make, logger, warn_once, hint)
 
 
 def finished(log: Any, scheduler: Any, req: Any) -> None:
@@ -106,4 +99,5 @@ def finished(log: Any, scheduler: Any, req: Any) -> None:
 
 def status() -> dict[str, Any] | None:
     """The export's counters for ``/server_info`` (None when off)."""
-    return _exporter.status() if _exporter is not None else None
+    e = _exporter.value
+    return e.status() if e is not None else None

@@ -31,9 +31,7 @@ from stepscope.vllm.interfaces import PATCHED_MARK, signature_known
 #: How long the exporter waits for the engine cores to build a batch (seconds).
 BUILD_TIMEOUT_S = 60.0
 
-_exporter: otel.Exporter | None = None
-_made = False
-_lock = threading.Lock()
+_exporter = otel.Once()
 #: The request whose vLLM span is being ended on this thread (set around ``do_tracing``).
 _current = threading.local()
 
@@ -80,44 +78,41 @@ def exporter(processor: Any) -> otel.Exporter | None:
     and an endpoint is known (stepscope's key, else vLLM's, which vLLM's tracer puts in
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``); None otherwise, or before the engine client is
     known (:func:`attach`)."""
-    global _exporter, _made
-    if _made:
-        return _exporter
     core = getattr(processor, "_stepscope_engine_core", None)
     if core is None:
+        return _exporter.value
+    return _exporter.get(lambda: _make(core))
+
+
+def _make(core: Any) -> otel.Exporter | None:
+    cfg = settings()
+    if cfg is None:
         return None
-    with _lock:
-        if _made:
-            return _exporter
-        _made = True
-        cfg = settings()
-        if cfg is None:
-            return None
-        endpoint = cfg.get("endpoint") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    endpoint = cfg.get("endpoint") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
-        def make(endpoint: str) -> Any:
-            from vllm.tracing.otel import get_span_exporter
+    def make(endpoint: str) -> Any:
+        from vllm.tracing.otel import get_span_exporter
 
-            # The server's event loop: the utility calls run on it (none offline: no export).
-            loop = asyncio.get_running_loop()
-            fetch = _fetch_from(core, loop, cfg, otel.process_salt())
-            return get_span_exporter(endpoint), fetch
+        # The server's event loop: the utility calls run on it (none offline: no export).
+        loop = asyncio.get_running_loop()
+        fetch = _fetch_from(core, loop, cfg, otel.process_salt())
+        return get_span_exporter(endpoint), fetch
 
-        hint = 'start vLLM with --otlp-traces-endpoint or set "otel": {"endpoint": ...}'
-        _exporter = otel.start(cfg, endpoint, make, logger, warn_once, hint)
-    return _exporter
+    hint = 'start vLLM with --otlp-traces-endpoint or set "otel": {"endpoint": ...}'
+    return otel.start(cfg, endpoint, make, logger, warn_once, hint)
 
 
 def status() -> dict[str, Any] | None:
     """The export's counters for ``/stepscope/status`` (None when off)."""
-    return _exporter.status() if _exporter is not None else None
+    e = _exporter.value
+    return e.status() if e is not None else None
 
 
 def _on_end(span: Any) -> None:
     """As vLLM ends its ``llm_request`` span of the request ``do_tracing`` runs for (this
     thread notes which), the request goes to the exporter with that span as its parent."""
     rid = getattr(_current, "request_id", None)
-    e = _exporter
+    e = _exporter.value
     if rid is None or e is None or span.name != "llm_request":
         return
     ctx = span.get_span_context()
@@ -179,8 +174,8 @@ def _patch_output_processor(module: ModuleType) -> None:
             if rid is not None and getattr(_current, "request_id", None) == rid:
                 # vLLM ended no span of it (sampled out, or an error): one of our own.
                 _current.request_id = None
-                if _exporter is not None:
-                    _exporter.offer(rid)
+                if (e := _exporter.value) is not None:
+                    e.offer(rid)
 
     def update_stats_from_finished(
         self: Any, req_state: Any, finish_reason: Any, iteration_stats: Any

@@ -358,52 +358,10 @@ mod tests {
     use super::*;
     use crate::requests::document::Counts;
 
-    const MS: u64 = 1_000_000;
-
-    /// Steps 1..=n, back to back from t=0, `durations` ms each, with (prefill tokens, of
-    /// request) and decode requests per step.
-    fn step(n: u64, start: u64, ms: u64, prefill: Option<(u32, &str)>, decode: u32) -> EngineStep {
-        EngineStep {
-            step: n,
-            start_unix_ns: start,
-            duration_ns: ms * MS,
-            prefill_reqs: u32::from(prefill.is_some()),
-            prefill_tokens: prefill.map_or(0, |p| p.0),
-            decode_reqs: decode,
-            decode_tokens: decode,
-            preempted: 0,
-            waiting: 0,
-            largest_prefill_tokens: prefill.map_or(0, |p| p.0),
-            largest_prefill_request: prefill.map(|p| p.1.to_string()),
-        }
-    }
+    use crate::requests::fixtures::{record, step, MS};
 
     fn request(id: &str) -> RequestRecord {
-        RequestRecord {
-            id: id.into(),
-            partial: false,
-            prompt_tokens: Some(0),
-            cached_tokens: Some(0),
-            output_tokens: Some(0),
-            arrival_unix_ns: None,
-            queued_unix_ns: None,
-            queued_after_step: 0,
-            first_scheduled_step: None,
-            first_scheduled_unix_ns: None,
-            prefill_steps: 0,
-            prefill_tokens: 0,
-            first_token_step: None,
-            first_token_unix_ns: None,
-            decode_steps: 0,
-            last_prefill_step: None,
-            last_token_unix_ns: None,
-            last_step: None,
-            preempted_at: vec![],
-            resumed_at: vec![],
-            finished_step: None,
-            finished_unix_ns: None,
-            finish: None,
-        }
+        record(id, 0, 0)
     }
 
     /// A long prompt in three 100 ms chunks (steps 1-3), a short one queued during step 1,
@@ -411,11 +369,11 @@ mod tests {
     fn doc() -> RequestsDocument {
         let steps = vec![
             step(1, 0, 100, Some((256, "long")), 0),
-            step(2, 100 * MS, 100, Some((256, "long")), 0),
-            step(3, 200 * MS, 100, Some((88, "long")), 0),
-            step(4, 300 * MS, 10, Some((8, "short")), 1),
-            step(5, 310 * MS, 10, None, 2),
-            step(6, 320 * MS, 10, None, 2),
+            step(2, 100, 100, Some((256, "long")), 0),
+            step(3, 200, 100, Some((88, "long")), 0),
+            step(4, 300, 10, Some((8, "short")), 1),
+            step(5, 310, 10, None, 2),
+            step(6, 320, 10, None, 2),
         ];
         let long = RequestRecord {
             prompt_tokens: Some(600),

@@ -9,6 +9,8 @@
 
 mod breakdown;
 mod document;
+#[cfg(test)]
+mod fixtures;
 mod otlp;
 mod spans;
 
