@@ -9,8 +9,11 @@
 //!   step (its begin, and its end when the guard drops) and, for the relative form, the
 //!   running median's update; measured against armed_in_delay.
 //! - running: a session capturing with a backend that does nothing (the profiler's own cost,
-//!   without a tool's): schedule, iteration name, backend calls, and the capture budget's
-//!   check (on by default: a `pread` of /proc/self/statm and a clock read every 32nd step),
+//!   without a tool's; like the CUDA profiler API's backend, it opens no range per iteration,
+//!   so with no NVTX tool the iteration's end takes no lock): schedule, backend calls, and
+//!   the capture budget's
+//!   check (on by default: a clock read every 32nd step, and there a `pread` of
+//!   /proc/self/statm once a millisecond has passed since the last),
 //!   beside the same with the budget off.
 //! - nvtx "always" with no NVTX tool attached, beside a raw NVTX push/pop baseline: stepscope
 //!   sees the null domain NVTX returns without a tool and annotates nothing, so the step stays

@@ -90,6 +90,13 @@ pub trait Backend: Send {
     /// The captured iteration ends: close what `begin_iteration` opened.
     fn end_iteration(&mut self) {}
 
+    /// Whether `begin_iteration` opens something `end_iteration` must close (the default). A
+    /// backend that opens nothing per iteration lets an iteration nothing else annotates (no
+    /// NVTX tool listening) or times end without taking the profiler's lock again.
+    fn has_iteration_range(&self) -> bool {
+        true
+    }
+
     /// Whether a window could begin now: a backend that writes files checks its disk
     /// (`stepscope.min_free_disk_mb`) and what the captures it has not written yet hold in
     /// memory (against `stepscope.max_capture_mb`). Called by `start()` (its error is the
@@ -129,6 +136,10 @@ impl Backend for NoBackend {
     }
 
     fn uses_names(&self) -> bool {
+        false
+    }
+
+    fn has_iteration_range(&self) -> bool {
         false
     }
 

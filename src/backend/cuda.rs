@@ -119,6 +119,10 @@ impl Backend for CudaBackend {
         false
     }
 
+    fn has_iteration_range(&self) -> bool {
+        false
+    }
+
     fn start(&mut self, _capture: &CaptureStart<'_>) -> Result<()> {
         self.paused = false;
         self.profiler_start()

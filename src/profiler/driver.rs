@@ -22,14 +22,23 @@ use crate::sys::Rss;
 pub(super) struct Meter {
     began: Instant,
     rss: Option<u64>,
-    /// Steps since the last measurement.
+    /// Steps since the last check.
     since: u32,
+    /// The window's age at the last reading of its memory (its start's, at first).
+    memory_read_at_ns: u64,
 }
 
-/// The budget measures a running window every this many steps: reading /proc/self/statm costs
-/// some 380 ns (the kernel formats the file), which every step would pay; one step in 32 costs
-/// about 12 ns a step. A window goes over its budget by at most 32 steps' growth.
+/// The budget checks a running window every this many steps: a clock read, averaged under
+/// 1 ns a step. A window goes over its time budget by at most 32 steps.
 pub(super) const MEASURE_EVERY: u32 = 32;
+
+/// The budget reads the process's memory at a check when this long has passed since its last
+/// reading: a `pread` of /proc/self/statm costs some 380-700 ns (the kernel formats the file),
+/// so at most 0.07% of the engine thread's time whatever its step rate (every 32nd step once
+/// 32 steps take a millisecond: any real engine's). A window goes over its memory budget by at
+/// most what it grows between two readings: 32 steps, or a millisecond and 32 steps where
+/// steps are shorter than 31 µs.
+pub(super) const READ_MEMORY_EVERY_NS: u64 = 1_000_000;
 
 pub(super) struct Inner {
     pub(super) worker_name: String,
@@ -389,6 +398,7 @@ impl Inner {
             began: Instant::now(),
             rss: self.rss.as_ref().and_then(|r| r.bytes().ok()),
             since: 0,
+            memory_read_at_ns: 0,
         });
     }
 
@@ -400,9 +410,9 @@ impl Inner {
     }
 
     /// Ends the running window in `step` when it is over its budget: through the full stop,
-    /// as vLLM's automatic stop (the trace is written and says why). Measures only while a
-    /// window runs, every [`MEASURE_EVERY`] steps: one `pread` of `/proc/self/statm` and a
-    /// clock read.
+    /// as vLLM's automatic stop (the trace is written and says why). Checks only while a
+    /// window runs, every [`MEASURE_EVERY`] steps: a clock read, and a `pread` of
+    /// `/proc/self/statm` when [`READ_MEMORY_EVERY_NS`] has passed since the last one.
     pub(super) fn enforce_budget(&mut self, step: u64) {
         let Some(meter) = self.meter.as_mut() else {
             return;
@@ -413,8 +423,21 @@ impl Inner {
         }
         meter.since = 0;
         let age = u64::try_from(meter.began.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let Some(cut) = self.budget.judge(step, self.window_growth(), age) else {
+        let read_memory = age.saturating_sub(meter.memory_read_at_ns) >= READ_MEMORY_EVERY_NS;
+        if read_memory {
+            meter.memory_read_at_ns = age;
+        }
+        let grew = read_memory.then(|| self.window_growth()).flatten();
+        let Some(cut) = self.budget.judge(step, grew, age) else {
             return;
+        };
+        // A cut records what the window grew, read now if this check did not.
+        let cut = match grew {
+            None => self
+                .budget
+                .judge(step, self.window_growth(), age)
+                .unwrap_or(cut),
+            Some(_) => cut,
         };
         log::warn!(
             "stepscope: capture cut short in step {step}: {cut}; its trace is written as usual \
@@ -458,7 +481,7 @@ impl Inner {
 
     /// Opens the iteration's annotations: the backend's while capturing, NVTX's while
     /// capturing or always. The name is formatted only when one of them will use it.
-    /// Returns whether anything was opened.
+    /// Returns whether anything was opened that the iteration's end must close.
     pub(super) fn open_iteration(
         &mut self,
         step: u64,
@@ -483,7 +506,7 @@ impl Inner {
                 self.backend.record_requests(step, ids);
             }
             self.backend.begin_iteration(step, info, &self.name);
-            self.backend_range_open = true;
+            self.backend_range_open = self.backend.has_iteration_range();
         }
         if let (Some(n), Some(ids)) = (self.nvtx.as_mut().filter(|_| captured), requests) {
             n.mark_with(step, |text| {
@@ -498,7 +521,7 @@ impl Inner {
                 });
             });
         }
-        true
+        self.iteration_open()
     }
 
     /// How long the step being timed took, ending at `now` unless `step_end()` ended it; clears
