@@ -283,6 +283,7 @@ pub(crate) fn explain(inp: Inputs<'_>) -> Explained {
     // The trace's busy split and every device gap, each gap to the step of the event ending
     // it: all events of a device by start.
     placed.sort_by(|a, b| a.device.cmp(&b.device).then(a.ts.total_cmp(&b.ts)));
+    let with_work = placed.chunk_by(|a, b| a.device == b.device).count() as u64;
     let mut gaps = Gaps {
         keep: inp.gaps,
         list: Vec::new(),
@@ -294,13 +295,9 @@ pub(crate) fn explain(inp: Inputs<'_>) -> Explained {
         });
     }
     gaps.trim();
-    // Each step's busy split: its own events, per device, by start.
-    placed.sort_by(|a, b| {
-        a.step
-            .cmp(&b.step)
-            .then(a.device.cmp(&b.device))
-            .then(a.ts.total_cmp(&b.ts))
-    });
+    // Each step's busy split: its own events, per device, by start: grouped by step in one
+    // pass, the (device, start) order kept within each (the order of a stable sort by step).
+    let placed = group_by_step(&placed, steps.len());
     for run in placed.chunk_by(|a, b| a.step == b.step && a.device == b.device) {
         let Some(g) = steps.get_mut(run[0].step as usize) else {
             continue;
@@ -316,7 +313,7 @@ pub(crate) fn explain(inp: Inputs<'_>) -> Explained {
         trace,
         steps,
         streams,
-        devices: placed.chunk_by(|a, b| a.device == b.device).count() as u64,
+        devices: with_work,
         gaps: gaps.list,
     }
 }
@@ -512,6 +509,26 @@ pub(crate) fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
     let lo = pos.floor() as usize;
     let hi = (lo + 1).min(n - 1);
     Some(sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64))
+}
+
+/// `placed` stably grouped by step, steps in order and events of no step last: a counting
+/// sort, O(n) where a comparison sort of the same order costs O(n log n).
+fn group_by_step(placed: &[Placed], steps: usize) -> Vec<Placed> {
+    let bucket = |p: &Placed| (p.step as usize).min(steps);
+    let mut starts = vec![0usize; steps + 2];
+    for p in placed {
+        starts[bucket(p) + 1] += 1;
+    }
+    for i in 1..starts.len() {
+        starts[i] += starts[i - 1];
+    }
+    let mut out = placed.to_vec();
+    for p in placed {
+        let slot = &mut starts[bucket(p)];
+        out[*slot] = *p;
+        *slot += 1;
+    }
+    out
 }
 
 /// Idle time per stream by HTA's rule. Sorts `ops` by lane, then start.
@@ -773,6 +790,32 @@ mod tests {
         assert!(near(g.busy_us, 650.0));
         assert_eq!(g.launches.copy_launches, 3);
         assert_eq!(g.verdict.unwrap().bound, Bound::Copy);
+    }
+
+    #[test]
+    fn devices_with_work_are_counted_once_whatever_the_steps() {
+        // Two steps, each running a kernel on device 0 and one on device 1.
+        let on = |device: u64, corr: u64, ts: f64| {
+            let args = format!(r#""correlation": {corr}, "device": {device}, "stream": 7"#);
+            ("kernel", "gemm", ts, 10.0, 7, args)
+        };
+        let s = run(vec![
+            step(0.0, 100.0),
+            launch(1, 10.0, 2.0),
+            launch(2, 12.0, 2.0),
+            on(0, 1, 20.0),
+            on(1, 2, 20.0),
+            step(100.0, 100.0),
+            launch(3, 110.0, 2.0),
+            launch(4, 112.0, 2.0),
+            on(0, 3, 120.0),
+            on(1, 4, 120.0),
+        ]);
+        assert_eq!(s.gpu_devices, 2);
+        // Each step's busy time: its two kernels, one per device.
+        for st in &s.steps {
+            assert!(near(st.gpu.unwrap().busy_us, 20.0), "{:?}", st.gpu);
+        }
     }
 
     #[test]
