@@ -270,6 +270,30 @@ fn floor_trace(dir: &Path, with_model: bool) -> std::path::PathBuf {
 }
 
 #[test]
+fn a_trace_whose_steps_all_scheduled_nothing_says_why_it_has_no_floor() {
+    let dir = stepscope_test_doubles::Scratch::empty("explain-floor-idle");
+    let mut doc: Value =
+        serde_json::from_slice(&std::fs::read(floor_trace(&dir, true)).unwrap()).unwrap();
+    // Only the step that scheduled nothing is left.
+    doc["traceEvents"].as_array_mut().unwrap().retain(|e| {
+        e["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("execute_0_"))
+    });
+    let path = dir.join("idle.json");
+    std::fs::write(&path, doc.to_string()).unwrap();
+    let t = analyze(&path);
+    assert_eq!(t["steps"].as_array().unwrap().len(), 1);
+    assert!(
+        t["floor_missing"]
+            .as_str()
+            .is_some_and(|why| why.contains("every step scheduled nothing")),
+        "{}",
+        t["floor_missing"]
+    );
+}
+
+#[test]
 fn each_step_is_held_against_its_floor_from_the_trace_or_the_command_line() {
     let dir = stepscope_test_doubles::Scratch::empty("explain-floor");
     let with = floor_trace(&dir, true);

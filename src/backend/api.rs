@@ -91,8 +91,10 @@ pub trait Backend: Send {
     fn end_iteration(&mut self) {}
 
     /// Whether `begin_iteration` opens something `end_iteration` must close (the default). A
-    /// backend that opens nothing per iteration lets an iteration nothing else annotates (no
-    /// NVTX tool listening) or times end without taking the profiler's lock again.
+    /// backend that opens nothing per iteration lets the `IterationGuard` of an iteration
+    /// that nothing else annotates (no NVTX tool listening), times (no slow-step trigger) or
+    /// records (no timeline) end without taking the profiler's lock again. An explicit
+    /// `step_end()` (the C ABI's, the Python scope's) still takes it while a session is armed.
     fn has_iteration_range(&self) -> bool {
         true
     }

@@ -107,6 +107,17 @@ def test_iteration_names_are_vllms():
         stepscope.Iteration(0, 0, 0, -1)
     with pytest.raises(ValueError, match="ctx_qq_compute"):
         stepscope.Iteration(ctx_qq_compute=-5)
+    # The sums from each request's counts; for no request (a step that scheduled nothing)
+    # zeros, as vLLM names it; computed tokens alone are refused, not taken as no request.
+    shared = stepscope.Iteration(1, 4, 0, 0, request_tokens=[4], request_prefill=[True],
+                                 request_computed=[0])  # fmt: skip
+    assert shared.name(detailed=True).startswith("execute_4_context_1(sq4sk4sqsq16sqsk16)")
+    empty = stepscope.Iteration(request_tokens=[], request_prefill=[], request_computed=[])
+    assert empty.name(detailed=True) == (
+        "execute_0_context_0(sq0sk0sqsq0sqsk0)_generation_0(sq0sk0sqsq0sqsk0)"
+    )
+    with pytest.raises(ValueError, match="request_computed goes with request_tokens"):
+        stepscope.Iteration(1, 512, 0, 0, request_computed=[0])
 
 
 def test_the_package_ships_its_typing_and_version():

@@ -112,8 +112,15 @@ impl PyIteration {
         request_computed: Option<Vec<i64>>,
         request_outputs: Option<Vec<i64>>,
     ) -> PyResult<Self> {
-        // Computed tokens given (even for no request) make the detailed sums known.
+        // Each request's tokens and computed tokens given (even for no request: an iteration
+        // that scheduled nothing) make the detailed sums known.
         let computed_given = request_computed.is_some();
+        if computed_given && request_tokens.is_none() {
+            return Err(PyValueError::new_err(
+                "request_computed goes with request_tokens and request_prefill (or \
+                 request_outputs)",
+            ));
+        }
         let shares = shares_of(
             request_ids.as_ref(),
             request_tokens,

@@ -183,9 +183,14 @@ impl Summary {
         }
         self.peaks = None;
         self.floor_missing = None;
-        let with_work = self.steps.iter().filter(|s| s.work.is_some()).count();
+        // A step that scheduled nothing ran no forward: it has no floor.
+        fn worked(s: &Step) -> Option<&StepWork> {
+            s.work.as_ref().filter(|w| w.tokens() > 0)
+        }
+        let with_work = self.steps.iter().filter(|s| worked(s).is_some()).count();
         let no_work = "no step carries its work (the tokens and context lengths stepscope's \
-                       plugins record, or vLLM's detailed_trace_annotation names)";
+                       plugins record, or vLLM's detailed_trace_annotation names), or every \
+                       step scheduled nothing";
         let cost = match (&self.model, with_work) {
             (None, 0) => Err(format!(
                 "{no_work}, and the trace has no model shape (give analyze --model config.json)"
@@ -202,8 +207,7 @@ impl Summary {
             Err(why) => self.floor_missing = Some(format!("no floor: {why}")),
             Ok((peaks, cost)) => {
                 for s in &mut self.steps {
-                    // A step that scheduled nothing ran no forward: it has no floor.
-                    if let Some(w) = s.work.as_ref().filter(|w| w.tokens() > 0) {
+                    if let Some(w) = worked(s) {
                         let busy = s.gpu.as_ref().map(|g| g.busy_us);
                         s.floor = Some(cost.floor(w, &peaks, s.dur_us, busy));
                     }
