@@ -14,6 +14,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use stepscope_format::files::AtomicFile;
 use stepscope_format::requests::{
     otlp_json, request_spans, step_spans, RequestsDocument, Span, SpanOptions, SpanParent,
 };
@@ -23,15 +24,8 @@ use crate::Error;
 
 /// Where the spans go.
 enum Sink {
-    Collector {
-        url: String,
-        agent: ureq::Agent,
-    },
-    File {
-        path: PathBuf,
-        out: std::io::BufWriter<std::fs::File>,
-        tmp: PathBuf,
-    },
+    Collector { url: String, agent: ureq::Agent },
+    File { path: PathBuf, out: AtomicFile },
 }
 
 impl Sink {
@@ -53,29 +47,31 @@ impl Sink {
                 }
                 Ok(())
             }
-            Sink::File { out, tmp, .. } => {
-                let written = out
-                    .write_all(message.as_bytes())
-                    .and_then(|()| out.write_all(b"\n"));
-                written.map_err(|e| Error::Write {
-                    path: tmp.clone(),
+            Sink::File { path, out } => out
+                .write_all(message.as_bytes())
+                .and_then(|()| out.write_all(b"\n"))
+                .map_err(|e| Error::Write {
+                    path: path.clone(),
                     message: e.to_string(),
-                })
-            }
+                }),
         }
     }
 
+    /// The file whole under its name (nothing of it there on an error before).
     fn finish(self) -> Result<(), Error> {
-        if let Sink::File { path, out, tmp } = self {
-            let write = |e: std::io::Error| Error::Write {
-                path: path.clone(),
-                message: e.to_string(),
-            };
-            let file = out.into_inner().map_err(|e| write(e.into_error()))?;
-            file.sync_all().map_err(write)?;
-            std::fs::rename(&tmp, &path).map_err(write)?;
+        if let Sink::File { path, out } = self {
+            out.commit().map_err(|e| write_error(&path, &e))?;
         }
         Ok(())
+    }
+}
+
+/// The output file `path` could not be written: the operating system's words.
+fn write_error(path: &Path, e: &stepscope_format::Error) -> Error {
+    let message = std::error::Error::source(e).map_or_else(|| e.to_string(), ToString::to_string);
+    Error::Write {
+        path: path.to_path_buf(),
+        message,
     }
 }
 
@@ -126,18 +122,10 @@ pub fn command(a: &ExportArgs) -> Result<std::process::ExitCode, Error> {
             url: url.clone(),
             agent: crate::ctl::http::agent(Duration::from_secs_f64(a.timeout), None),
         },
-        (None, Some(path)) => {
-            let tmp = stepscope_format::files::suffixed(path, ".partial");
-            let file = std::fs::File::create(&tmp).map_err(|e| Error::Write {
-                path: tmp.clone(),
-                message: e.to_string(),
-            })?;
-            Sink::File {
-                path: path.clone(),
-                out: std::io::BufWriter::new(file),
-                tmp,
-            }
-        }
+        (None, Some(path)) => Sink::File {
+            path: path.clone(),
+            out: AtomicFile::create(path).map_err(|e| write_error(path, &e))?,
+        },
         _ => {
             return Err(Error::Usage(
                 "give one of --otlp URL and --otlp-json FILE".into(),

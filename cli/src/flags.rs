@@ -263,7 +263,7 @@ pub struct ExportArgs {
     #[arg(long)]
     pub steps: bool,
     /// A request's costliest steps named on its stepscope.engine span
-    #[arg(long, value_name = "N", default_value_t = 3)]
+    #[arg(long, value_name = "N", default_value_t = stepscope_format::requests::COSTLIEST)]
     pub costliest: usize,
     /// Requests per OTLP message
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]

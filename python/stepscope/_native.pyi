@@ -232,7 +232,7 @@ class RequestLog:
         wanted: Sequence[tuple[str, str | None, str | None]],
         *,
         salt: int,
-        costliest: int = 3,
+        costliest: int | None = None,
         steps_after: int | None = None,
         protobuf: bool = False,
     ) -> tuple[str | bytes, int, int, int | None, int]: ...

@@ -57,7 +57,8 @@ use crate::config::{RequestLogSize, REQUEST_LOG_RANGE};
 
 pub use stepscope_format::requests::{
     in_prefill, otlp_json, otlp_protobuf, request_spans, step_spans, Counts, EngineStep,
-    RequestRecord, RequestsDocument, ScheduledAs, SpanOptions, SpanParent, ID_BYTES,
+    RequestRecord, RequestsDocument, ScheduledAs, SpanOptions, SpanParent, COSTLIEST, ENGINE_SPAN,
+    ID_BYTES,
 };
 
 /// Why a request finished.
@@ -499,7 +500,6 @@ impl RequestLog {
         (step as usize) & (self.steps.len() - 1)
     }
 
-    /// Where step `step` is, while the ring still holds it.
     /// The steps after `after` that have ended, oldest first, up to the first still in
     /// flight: what an exporter sends once each, calling again with [`StepsAfter::through`].
     /// Steps the ring no longer holds are counted ([`StepsAfter::lost`]), not returned.
@@ -530,6 +530,7 @@ impl RequestLog {
         out
     }
 
+    /// Where step `step` is, while the ring still holds it.
     fn step_slot(&self, step: u64) -> Option<usize> {
         let s = self.step_at(step);
         (step != 0 && self.steps[s].step == step).then_some(s)

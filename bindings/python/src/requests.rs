@@ -8,7 +8,7 @@ use pyo3::types::{PyBytes, PyString};
 use stepscope::config::RequestLogSize;
 use stepscope::requests::{
     otlp_json, otlp_protobuf, request_spans, step_spans, Finish, RequestLog, RoleHint, SpanOptions,
-    SpanParent,
+    SpanParent, COSTLIEST, ENGINE_SPAN,
 };
 
 use crate::config::parse_config;
@@ -223,19 +223,20 @@ impl PyRequestLog {
     /// an OTLP ``ExportTraceServiceRequest``: OTLP/JSON text, or with ``protobuf`` its
     /// protobuf bytes (see docs/otel.md for each span and attribute): ``(message, requests,
     /// spans, steps_through, steps_lost)``, ``requests`` those of ``wanted`` the log held
-    /// finished. ``salt`` makes this process's ids its own; ``costliest``: steps named per request. With ``steps_after``
-    /// (an int, or ``-1`` for "from the first step these requests lived through") the spans
+    /// finished. ``salt`` makes this process's ids its own; ``costliest``: steps named per
+    /// request (None: the builder's default). With ``steps_after`` (an int, or ``-1`` for
+    /// "from the first step these requests lived through") the spans
     /// of the engine steps ended since that step go with them, each once: call again with the
     /// ``steps_through`` returned (``steps_lost``: those the log no longer held); the request
     /// spans then link to them. Reads those requests' records alone (``document_of``), then
     /// lets the log go and builds without the GIL: the engine's thread goes on recording.
-    #[pyo3(signature = (wanted, *, salt, costliest = 3, steps_after = None, protobuf = false))]
+    #[pyo3(signature = (wanted, *, salt, costliest = None, steps_after = None, protobuf = false))]
     fn spans_otlp(
         slf: PyRef<'_, Self>,
         py: Python<'_>,
         wanted: Vec<(String, Option<String>, Option<String>)>,
         salt: u64,
-        costliest: usize,
+        costliest: Option<usize>,
         steps_after: Option<i64>,
         protobuf: bool,
     ) -> (Py<PyAny>, usize, usize, Option<u64>, u64) {
@@ -265,14 +266,11 @@ impl PyRequestLog {
                 .collect();
             let opts = SpanOptions {
                 salt,
-                costliest,
+                costliest: costliest.unwrap_or(COSTLIEST),
                 steps: steps.is_some(),
             };
             let mut spans = request_spans(&doc, &wanted, opts);
-            let requests = spans
-                .iter()
-                .filter(|s| s.name == "stepscope.engine")
-                .count();
+            let requests = spans.iter().filter(|s| s.name == ENGINE_SPAN).count();
             let (through, lost) = match steps {
                 Some(st) => {
                     spans.extend(step_spans(doc.pid, &st.steps, salt));

@@ -93,27 +93,66 @@ pub fn process_alive(pid: u32) -> bool {
 /// beside it (named after this process), fsynced, then renamed over `path`. The temporary is
 /// removed when any step fails.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = TempFile::new(temp_path(dir, &name, ""));
-    File::create(tmp.path())
-        .and_then(|mut f| {
-            f.write_all(bytes)?;
-            f.sync_all()
+    let mut file = AtomicFile::create(path)?;
+    file.write_all(bytes)
+        .map_err(|e| Error::io(file.tmp.path(), format!("cannot write: {e}"), e))?;
+    file.commit()
+}
+
+/// A file written as it streams that `path` only ever holds whole: the bytes go into a
+/// temporary beside it (named after this process, removed if the file is dropped before
+/// [`AtomicFile::commit`]), which the commit fsyncs and renames over `path`.
+pub struct AtomicFile {
+    path: PathBuf,
+    tmp: TempFile,
+    out: io::BufWriter<File>,
+}
+
+impl AtomicFile {
+    /// Begins `path`'s temporary.
+    pub fn create(path: &Path) -> Result<Self> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = TempFile::new(temp_path(dir, &name, ""));
+        let file = File::create(tmp.path())
+            .map_err(|e| Error::io(tmp.path(), format!("cannot write: {e}"), e))?;
+        Ok(AtomicFile {
+            path: path.to_path_buf(),
+            tmp,
+            out: io::BufWriter::new(file),
         })
-        .map_err(|e| Error::io(tmp.path(), format!("cannot write: {e}"), e))?;
-    fs::rename(tmp.path(), path).map_err(|e| {
-        Error::io(
-            path,
-            format!("cannot rename the written file into place: {e}"),
-            e,
-        )
-    })?;
-    tmp.keep();
-    Ok(())
+    }
+
+    /// What was written, fsynced and renamed over the final path: there, whole, on return.
+    pub fn commit(self) -> Result<()> {
+        let AtomicFile { path, tmp, out } = self;
+        out.into_inner()
+            .map_err(io::IntoInnerError::into_error)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io(tmp.path(), format!("cannot write: {e}"), e))?;
+        fs::rename(tmp.path(), &path).map_err(|e| {
+            Error::io(
+                &path,
+                format!("cannot rename the written file into place: {e}"),
+                e,
+            )
+        })?;
+        tmp.keep();
+        Ok(())
+    }
+}
+
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.out.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
 }
 
 #[cfg(test)]

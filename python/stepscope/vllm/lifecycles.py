@@ -206,37 +206,30 @@ class _SpanThread:
         self.spans = SpanBuilder()
 
     def build(self, log: Any, wanted: list[Any], salt: int, costliest: int, steps: bool) -> Any:
-        text, requests, spans, lost = self.spans.build(log, wanted, salt, costliest, steps)
-        return {
-            "pid": os.getpid(),
-            "otlp": text,
-            "requests": requests,
-            "spans": spans,
-            "steps_lost": lost,
-        }
+        message, requests, spans, lost = self.spans.build(log, wanted, salt, costliest, steps)
+        return {"otlp": message, "requests": requests, "spans": spans, "steps_lost": lost}
 
 
 _span_thread: _SpanThread | None = None
 
 
 def engine_request_spans(
-    self: Any, wanted: list[Any], salt: int, costliest: int = 3, steps: bool = False
+    self: Any, wanted: list[Any], salt: int, costliest: int, steps: bool
 ) -> Any:
     """``EngineCore.stepscope_request_spans``, for the API server's utility call: a future of
-    the spans of the finished requests among ``wanted`` this engine core's log holds (``{"pid",
-    "otlp", "requests", "spans", "steps_lost"}``), built on a thread of its own; with
+    the spans of the finished requests among ``wanted`` this engine core's log holds
+    (``{"otlp", "requests", "spans", "steps_lost"}``), built on a thread of its own; with
     ``steps``, the spans of the steps ended since the last call's go with them. ``{"otlp":
     None}`` at once when the log is off."""
     global _span_thread
     log = request_log() if requests_wanted() else None
     if log is None:
-        return {"pid": os.getpid(), "otlp": None, "requests": 0, "spans": 0, "steps_lost": 0}
+        return {"otlp": None, "requests": 0, "spans": 0, "steps_lost": 0}
     if _span_thread is None:
         _span_thread = _SpanThread()
     t = _span_thread
     future: Future[Any] = t.pool.submit(t.build, log, wanted, salt, costliest, steps)
     return future
-
 
 
 #: The attribute an engine core carries while a capture runs: the log's step at its start.

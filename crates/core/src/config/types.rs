@@ -159,8 +159,8 @@ pub struct OtelExport {
 pub const OTEL_QUEUE: usize = 1024;
 /// `stepscope.otel.batch`'s default.
 pub const OTEL_BATCH: usize = 64;
-/// `stepscope.otel.costliest`'s default.
-pub const OTEL_COSTLIEST: usize = 3;
+/// `stepscope.otel.costliest`'s default: the span builder's.
+pub const OTEL_COSTLIEST: usize = stepscope_format::requests::COSTLIEST;
 
 impl Default for OtelExport {
     fn default() -> Self {

@@ -21,4 +21,5 @@ pub use document::{
 pub use otlp::{otlp_json, otlp_protobuf};
 pub use spans::{
     request_spans, step_span_id, step_spans, AttrValue, Span, SpanEvent, SpanOptions, SpanParent,
+    COSTLIEST, ENGINE_SPAN,
 };

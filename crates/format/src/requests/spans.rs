@@ -83,6 +83,14 @@ pub struct Span {
     pub links: Vec<(String, String)>,
 }
 
+/// The name of a request's span in its engine (one per request built): what a caller counts
+/// requests by.
+pub const ENGINE_SPAN: &str = "stepscope.engine";
+
+/// How many of a request's costliest steps its engine span names, unless told otherwise
+/// (`stepscope.otel.costliest`, `stepscope export --costliest`).
+pub const COSTLIEST: usize = 3;
+
 /// What to build.
 #[derive(Debug, Clone, Copy)]
 pub struct SpanOptions {
@@ -361,7 +369,7 @@ fn one_request(
         trace_id: trace_id.clone(),
         span_id: engine.clone(),
         parent_span_id: Some(root),
-        name: "stepscope.engine".into(),
+        name: ENGINE_SPAN.into(),
         start_unix_ns: begin,
         end_unix_ns: end.max(begin),
         attributes: attrs,
