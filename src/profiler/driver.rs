@@ -24,8 +24,9 @@ pub(super) struct Meter {
     rss: Option<u64>,
     /// Steps since the last check.
     since: u32,
-    /// The window's age at the last reading of its memory (its start's, at first).
-    memory_read_at_ns: u64,
+    /// The window's age at the last reading of its memory; none yet: the first check reads
+    /// it, whatever the steps' pace.
+    memory_read_at_ns: Option<u64>,
 }
 
 /// The budget checks a running window every this many steps: a clock read, averaged under
@@ -35,9 +36,9 @@ pub(super) const MEASURE_EVERY: u32 = 32;
 /// The budget reads the process's memory at a check when this long has passed since its last
 /// reading: a `pread` of /proc/self/statm costs some 380-700 ns (the kernel formats the file),
 /// so at most 0.07% of the engine thread's time whatever its step rate (every 32nd step once
-/// 32 steps take a millisecond: any real engine's). A window goes over its memory budget by at
-/// most what it grows between two readings: 32 steps, or a millisecond and 32 steps where
-/// steps are shorter than 31 µs.
+/// 32 steps take a millisecond: any real engine's; a window's first check always reads it). A
+/// window goes over its memory budget by at most what it grows between two readings: 32
+/// steps, or a millisecond and 32 steps where steps are shorter than 31 µs.
 pub(super) const READ_MEMORY_EVERY_NS: u64 = 1_000_000;
 
 pub(super) struct Inner {
@@ -398,7 +399,7 @@ impl Inner {
             began: Instant::now(),
             rss: self.rss.as_ref().and_then(|r| r.bytes().ok()),
             since: 0,
-            memory_read_at_ns: 0,
+            memory_read_at_ns: None,
         });
     }
 
@@ -423,9 +424,11 @@ impl Inner {
         }
         meter.since = 0;
         let age = u64::try_from(meter.began.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let read_memory = age.saturating_sub(meter.memory_read_at_ns) >= READ_MEMORY_EVERY_NS;
+        let read_memory = meter
+            .memory_read_at_ns
+            .is_none_or(|at| age.saturating_sub(at) >= READ_MEMORY_EVERY_NS);
         if read_memory {
-            meter.memory_read_at_ns = age;
+            meter.memory_read_at_ns = Some(age);
         }
         let grew = read_memory.then(|| self.window_growth()).flatten();
         let Some(cut) = self.budget.judge(step, grew, age) else {
