@@ -11,6 +11,8 @@ For another torch (one the wheel carries no glue for), build it where that torch
     python -m stepscope.glue build      # needs g++ and torch's headers (in every torch wheel)
     python -m stepscope.glue list       # what is found, and for which torch
 
+The compiler is ``$CXX``, then ``g++`` on PATH if ``$CXX`` fails (a toolchain whose static
+libstdc++ clashes with torch's cannot link the glue), or ``--cxx`` alone.
 ``build`` writes into the package when it is writable, else into ``~/.cache/stepscope/glue``
 (``$XDG_CACHE_HOME``); both are searched. ``STEPSCOPE_KINETO_GLUE_DIR`` (``:``-separated)
 replaces those two directories; ``STEPSCOPE_KINETO_GLUE`` names one glue file and overrides
@@ -151,15 +153,13 @@ def build(
     for d in (*includes, lib):
         if not d.is_dir():
             raise SystemExit(f"stepscope.glue: torch {version} at {root} has no {d.name}/ ({d})")
-    compiler = cxx or os.environ.get("CXX") or "g++"
-    if shutil.which(compiler) is None:
-        raise SystemExit(f"stepscope.glue: no C++ compiler {compiler!r} on PATH (set CXX)")
+    compilers = _compilers(cxx)
     # Written under a temporary name, renamed when complete: a process loading the glue never
     # sees half a file.
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=out_dir)
     os.close(fd)
-    cmd = [
-        compiler, "-shared", "-fPIC", "-O2", "-std=c++20", "-fvisibility=hidden",
+    flags = [
+        "-shared", "-fPIC", "-O2", "-std=c++20", "-fvisibility=hidden",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DGLOG_USE_GLOG_EXPORT",
         *(f for d in includes for f in ("-isystem", str(d))),
         str(src_dir / "kineto.cc"), "-o", tmp,
@@ -171,15 +171,41 @@ def build(
     ]  # fmt: skip
     print(f"stepscope.glue: building {target.name} for torch {version} (10-60 s)", flush=True)
     began = time.monotonic()
-    try:
-        subprocess.run(cmd, check=True)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
-    except (subprocess.CalledProcessError, OSError) as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise SystemExit(f"stepscope.glue: the build failed ({e}); command: {shlex.join(cmd)}") from None
-    print(f"stepscope.glue: wrote {target} in {time.monotonic() - began:.0f} s")
-    return target
+    failures = []
+    for compiler in compilers:
+        cmd = [compiler, *flags]
+        try:
+            subprocess.run(cmd, check=True)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, target)
+        except (subprocess.CalledProcessError, OSError) as e:
+            failures.append(f"{e}; command: {shlex.join(cmd)}")
+            if compiler != compilers[-1]:
+                # A toolchain whose static libstdc++ clashes with torch's (seen: /opt/gcc on a
+                # GPU machine) fails to link; the system's g++ links the same sources.
+                print(f"stepscope.glue: {compiler} failed; trying {compilers[-1]}", flush=True)
+            continue
+        print(f"stepscope.glue: wrote {target} with {compiler} in {time.monotonic() - began:.0f} s")
+        return target
+    Path(tmp).unlink(missing_ok=True)
+    raise SystemExit("stepscope.glue: the build failed: " + " | ".join(failures))
+
+
+def _compilers(cxx: str | None) -> list[str]:
+    """The C++ compilers to try, in order: the one named (``--cxx``) alone; else ``$CXX``, then
+    ``g++`` on PATH when ``$CXX`` is another (the fallback when ``$CXX`` cannot link the glue)."""
+    if cxx:
+        if shutil.which(cxx) is None:
+            raise SystemExit(f"stepscope.glue: no C++ compiler {cxx!r} on PATH")
+        return [cxx]
+    found = []
+    for c in (os.environ.get("CXX"), "g++"):
+        path = shutil.which(c) if c else None
+        if path and all(os.path.realpath(path) != os.path.realpath(shutil.which(f) or f) for f in found):
+            found.append(c)
+    if not found:
+        raise SystemExit(f"stepscope.glue: no C++ compiler on PATH ($CXX={os.environ.get('CXX')!r}, no g++)")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="compile the glue for the torch importable here")
     b.add_argument("--out", help="directory to write to (default: the package, else ~/.cache/stepscope/glue)")
     b.add_argument("--src", help="directory holding kineto.cc and stepscope_kineto.h (default: the package's)")
-    b.add_argument("--cxx", help="C++ compiler (default: $CXX, else g++)")
+    b.add_argument(
+        "--cxx", help="C++ compiler, alone (default: $CXX, then g++ if $CXX fails; else g++)"
+    )
     b.add_argument("--force", action="store_true", help="rebuild even when up to date")
     b.add_argument("--torch-dir", help="build for the torch package unpacked here instead of the importable one")
     sub.add_parser("list", help="list the glue files found and the torch each is for")

@@ -333,6 +333,50 @@ def test_a_torch_without_glue_fails_the_start_naming_the_versions(tmp_path):
     assert "python -m stepscope.glue build" in error
 
 
+def test_the_glue_build_falls_back_to_gxx_when_cxx_cannot_link_it(tmp_path):
+    """`python -m stepscope.glue build` with a $CXX that fails to link (as a GPU machine's
+    /opt/gcc did, its static libstdc++ defining std::__throw_bad_array_new_length again)
+    builds with g++ on PATH; `--cxx` names the one compiler to use, with no fallback."""
+    import os
+    import subprocess
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "stepscope_kineto.h").write_text('extern "C" int stepscope_glue_probe(void);\n')
+    (src / "kineto.cc").write_text(
+        '#include "stepscope_kineto.h"\n'
+        'extern "C" __attribute__((visibility("default"))) int stepscope_glue_probe(void) { return 7; }\n'
+    )
+    bad = tmp_path / "bad-g++"
+    bad.write_text("#!/bin/sh\necho 'multiple definition of std::__throw_bad_array_new_length' >&2\nexit 1\n")
+    bad.chmod(0o755)
+    out = tmp_path / "out"
+
+    def build(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "stepscope.glue", "build", "--src", str(src), "--out", str(out), "--force", *args],
+            env={**os.environ, "CXX": str(bad)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    proc = build()
+    assert proc.returncode == 0, proc.stderr
+    assert f"{bad} failed; trying g++" in proc.stdout
+    (glue,) = out.glob("libstepscope_kineto-torch*.so")
+    import ctypes
+
+    assert ctypes.CDLL(str(glue)).stepscope_glue_probe() == 7  # the file is a working library
+    assert not list(out.glob("*.partial"))
+
+    glue.unlink()
+    proc = build("--cxx", str(bad))
+    assert proc.returncode != 0
+    assert "the build failed" in proc.stderr and "__throw_bad_array_new_length" in proc.stderr
+    assert not list(out.iterdir())  # nothing half-written left behind
+
+
 def resident_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096 / 2**20

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole GPU check on a GPU machine with no Rust and no package registry: run from the
+# repository's root there, with what `make gpu-prep` built here carried along (dist/*.whl,
+# target/release/libstepscope.so, the step bench's binary under target/release/deps/).
+#
+#   scripts/gpu_run.sh OUT_DIR
+#
+# Installs the wheel into a scratch directory, builds the Kineto glue for the machine's torch
+# (python -m stepscope.glue build: $CXX, then g++), runs scripts/gpu_check.py (one JSON line per
+# check into OUT_DIR/results.jsonl, its whole output into OUT_DIR/log.txt) and leaves the
+# traces and the tools' reports in OUT_DIR/gpu_data.tar.gz.
+set -u
+out=${1:?usage: scripts/gpu_run.sh OUT_DIR}
+mkdir -p "$out"
+site=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --target "$site" dist/stepscope-*.whl || exit 3
+export PYTHONPATH=$site PYTHONUNBUFFERED=1
+echo "CXX=${CXX:-} $(command -v g++)"
+python3 -m stepscope.glue build 2>&1 | tail -4
+work=$(mktemp -d)
+timeout "${GPU_CHECK_TIMEOUT:-480}" python3 scripts/gpu_check.py "$work" >"$out/log.txt" 2>&1
+rc=$?
+grep '^{' "$out/log.txt" >"$out/results.jsonl"
+cp "$work/gpu_data.tar.gz" "$out/" 2>/dev/null
+cut -c1-700 "$out/results.jsonl"
+echo "gpu_check exit status: $rc"
+exit $rc
