@@ -147,6 +147,13 @@ pub struct AnalyzeArgs {
     /// carried (instead of the traces' tables)
     #[arg(long, value_name = "ID", conflicts_with = "requests")]
     pub request: Option<String>,
+    /// A trace of the CUDA graphs' capture (vLLM's capture_traces/ with capture_torch_profiler,
+    /// SGLang's --enable-profile-cuda-graph, or torch.profiler around torch.cuda.graph), or a
+    /// directory of them: each graph replay's kernels are given the operators that launched
+    /// them at capture, and each trace gets its time per operator inside graph replays
+    /// (repeatable; the traces are read, not their manifests)
+    #[arg(long, value_name = "PATH")]
+    pub graph_capture: Vec<PathBuf>,
 }
 
 const DIFF_HELP: &str = "\

@@ -11,7 +11,7 @@ use serde::Serialize;
 use stepscope_format::requests::RequestsDocument;
 
 use crate::trace_report::{Source, TraceReport};
-use stepscope_format::trace::Step;
+use stepscope_format::trace::{graph_ops, CaptureMap, CaptureReader, GraphOps, ReplayReader, Step};
 
 use crate::stats::{median, stragglers};
 use crate::text::short;
@@ -82,6 +82,94 @@ fn id_list(ids: &[String], n: usize) -> String {
         out.push_str(&format!(", … (+{} more)", ids.len() - n));
     }
     out
+}
+
+/// The capture regions of the capture traces given (files, or directories of them); `None`
+/// when none is given.
+fn graph_captures(paths: &[PathBuf]) -> Result<Option<CaptureMap>, crate::Error> {
+    if paths.is_empty() {
+        return Ok(None);
+    }
+    let mut map = CaptureMap::default();
+    for file in crate::trace::expand(paths)? {
+        let mut reader = CaptureReader::default();
+        crate::trace::read_events(&file, &mut reader)?;
+        let before = map.regions.len();
+        map.extend(reader, &file.display().to_string());
+        eprintln!(
+            "stepscope: {}: {} CUDA graph capture(s)",
+            file.display(),
+            map.regions.len() - before
+        );
+    }
+    if map.regions.is_empty() {
+        return Err(crate::Error::Usage(
+            "--graph-capture: no trace given holds a CUDA graph capture (a \
+             cudaStreamBeginCapture ... cudaStreamEndCapture recorded by the profiler)"
+                .into(),
+        ));
+    }
+    Ok(Some(map))
+}
+
+/// The operators inside one trace's graph replays.
+fn replay_ops(map: &CaptureMap, file: &Path) -> Result<GraphOps, crate::Error> {
+    let mut reader = ReplayReader::default();
+    crate::trace::read_events(file, &mut reader)?;
+    Ok(graph_ops(map, reader))
+}
+
+/// Operators listed in the text report of the time inside graph replays.
+const GRAPH_OPS: usize = 10;
+
+/// The time per operator inside a trace's graph replays, as text.
+pub fn render_graph_ops(g: &GraphOps) -> String {
+    let mut o = format!(
+        "inside CUDA graph replays: {} of {} replays mapped to their capture",
+        g.mapped, g.replays
+    );
+    if !g.captures.is_empty() {
+        let names: Vec<String> = g
+            .captures
+            .iter()
+            .map(|(c, n)| format!("{c} ×{n}"))
+            .collect();
+        o.push_str(&format!(" ({})", names.join(", ")));
+    }
+    o.push('\n');
+    for u in &g.unmapped {
+        o.push_str(&format!(
+            "  {} replay(s) not mapped: {}\n",
+            u.replays, u.why
+        ));
+    }
+    let total: f64 = g.ops.iter().map(|x| x.total_us).sum();
+    if !g.ops.is_empty() {
+        o.push_str(&format!(
+            "  {:<40} {:>8} {:>12} {:>7}\n",
+            "operator at capture", "events", "GPU time", "share"
+        ));
+    }
+    for x in g.ops.iter().take(GRAPH_OPS) {
+        o.push_str(&format!(
+            "  {:<40} {:>8} {:>12} {:>6.1}%\n",
+            short(&x.op, 40),
+            x.events,
+            ms(x.total_us),
+            if total > 0.0 {
+                100.0 * x.total_us / total
+            } else {
+                0.0
+            }
+        ));
+    }
+    if g.ops.len() > GRAPH_OPS {
+        o.push_str(&format!(
+            "  … {} more (--json lists all)\n",
+            g.ops.len() - GRAPH_OPS
+        ));
+    }
+    o
 }
 
 /// The human-readable report of one trace.
@@ -305,6 +393,14 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
         }
     }
     let rows = ranks(&reports);
+    // Per trace, the operators inside its graph replays, from the capture traces given.
+    let graph_ops: Vec<Option<GraphOps>> = match graph_captures(&a.graph_capture)? {
+        Some(map) => reports
+            .iter()
+            .map(|r| replay_ops(&map, Path::new(&r.file)).map(Some))
+            .collect::<Result<_, _>>()?,
+        None => vec![None; reports.len()],
+    };
     // Per trace, its requests: every one (--json), or one by id.
     let wanted = a.requests.is_some() || a.request.is_some();
     let keep = if a.request.is_some() {
@@ -352,8 +448,11 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
             .map_err(|e| crate::Error::Usage(format!("cannot write the analysis as JSON: {e}")))?;
         // Each trace's groups of like steps beside its steps.
         if let Some(list) = traces.as_array_mut() {
-            for (t, r) in list.iter_mut().zip(&reports) {
+            for ((t, r), g) in list.iter_mut().zip(&reports).zip(&graph_ops) {
                 t["groups"] = serde_json::json!(explain::groups(&r.steps));
+                if let Some(g) = g {
+                    t["graph_ops"] = serde_json::json!(g);
+                }
             }
         }
         let mut doc = serde_json::json!({"traces": traces, "ranks": rows, "errors": errs});
@@ -369,7 +468,15 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
         }
         println!("{doc}");
     } else {
-        for (r, reqs) in reports.iter().zip(&per_trace) {
+        for ((r, reqs), g) in reports.iter().zip(&per_trace).zip(&graph_ops) {
+            if let (Some(g), None) = (g, &a.request) {
+                print!("{}", render(r));
+                println!("{}", render_graph_ops(g));
+                if let Some(top) = a.requests {
+                    println!("{}", requests::render(reqs, top));
+                }
+                continue;
+            }
             match (&a.request, a.requests) {
                 // One request: its iterations, not the whole trace's tables.
                 (Some(_), _) => {

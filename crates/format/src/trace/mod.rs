@@ -33,6 +33,7 @@ mod event;
 mod explain;
 mod floor;
 mod gpu_time;
+mod graph_ops;
 mod header;
 mod scan;
 mod stream;
@@ -45,6 +46,9 @@ pub use explain::KERNEL_WAIT_US;
 pub use floor::{peaks, Cost, DevicePeaks, Floor, PeakOverride, Peaks, Roof, DEVICES};
 pub use gpu_time::{
     Bound, BusySplit, GpuMean, GpuTime, IdleSplit, KernelKind, LaunchStats, StreamIdle, Verdict,
+};
+pub use graph_ops::{
+    graph_ops, CaptureMap, CaptureReader, CaptureRegion, GraphOp, GraphOps, ReplayReader, Unmapped,
 };
 pub use header::{Captured, PhaseWork, StepRequests, StepWork, TraceHeader, Trigger};
 pub use scan::{FromTrace, RawEvent, Serde, Skip};

@@ -1,0 +1,297 @@
+//! CUDA graph replays on a real GPU (tests/data/gpu, captured on an H100 by
+//! scripts/gpu_check.py; README.md there): each replay's kernels in the step that launched it,
+//! each step against the floor computed from the model's own tensors, and each replay kernel
+//! given the operator that launched it at capture — each against what the raw JSON says,
+//! read here without the tool.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use common::{raw, stepscope};
+use serde_json::Value;
+
+fn gpu(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/gpu")
+        .join(name)
+}
+
+const TRACE: &str = "graphs_rank0.pt.trace.json.gz";
+
+fn analyze(args: &[&str]) -> Value {
+    let out = stepscope(&[&["analyze", "--json"], args].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap()
+}
+
+fn events(path: &Path) -> Vec<Value> {
+    raw(path)["traceEvents"].as_array().unwrap().clone()
+}
+
+fn cat(e: &Value) -> &str {
+    e["cat"].as_str().unwrap_or("")
+}
+
+fn is_device(e: &Value) -> bool {
+    matches!(cat(e), "kernel" | "gpu_memcpy" | "gpu_memset")
+}
+
+/// Each runtime call by correlation id.
+fn launches(ev: &[Value]) -> HashMap<u64, &Value> {
+    ev.iter()
+        .filter(|e| matches!(cat(e), "cuda_runtime" | "cuda_driver"))
+        .filter_map(|e| Some((e["args"]["correlation"].as_u64()?, e)))
+        .collect()
+}
+
+fn within(e: &Value, span: &Value) -> bool {
+    let (t, s) = (f(&e["ts"]), f(&span["ts"]));
+    s <= t && t <= s + f(&span["dur"])
+}
+
+/// The step annotations, in time order.
+fn steps(ev: &[Value]) -> Vec<&Value> {
+    let mut s: Vec<&Value> = ev
+        .iter()
+        .filter(|e| cat(e) == "user_annotation")
+        .filter(|e| e["name"].as_str().unwrap().starts_with("execute_"))
+        .collect();
+    s.sort_by(|a, b| f(&a["ts"]).total_cmp(&f(&b["ts"])));
+    s
+}
+
+#[test]
+fn each_graph_replay_is_in_the_step_that_launched_it_with_all_of_the_graphs_nodes() {
+    let provenance: Value =
+        serde_json::from_str(&std::fs::read_to_string(gpu("gpu_check.json")).unwrap()).unwrap();
+    // The graph's nodes, from the CUDA runtime (cudaGraphGetNodes) on the GPU machine.
+    let nodes = &provenance["graph_nodes"];
+    let graph_events = nodes["kernel"].as_u64().unwrap() + nodes["memcpy"].as_u64().unwrap_or(0);
+    assert_eq!(graph_events, 37);
+
+    let ev = events(&gpu(TRACE));
+    let by_corr = launches(&ev);
+    let steps_raw = steps(&ev);
+    let doc = analyze(&[gpu(TRACE).to_str().unwrap()]);
+    let ours = doc["traces"][0]["steps"].as_array().unwrap();
+    assert_eq!(ours.len(), 10);
+    assert_eq!(steps_raw.len(), 10);
+    let mut in_steps = 0;
+    for (s, raw_step) in ours.iter().zip(&steps_raw) {
+        assert_eq!(s["name"], raw_step["name"]);
+        // What the raw JSON says this step launched: device events whose runtime call began
+        // inside the step's annotation.
+        let launched: Vec<&Value> = ev
+            .iter()
+            .filter(|e| is_device(e))
+            .filter(|e| {
+                by_corr
+                    .get(&e["args"]["correlation"].as_u64().unwrap_or(u64::MAX))
+                    .is_some_and(|l| within(l, raw_step))
+            })
+            .collect();
+        in_steps += launched.len();
+        let replays: Vec<&&Value> = by_corr
+            .values()
+            .filter(|l| l["name"] == "cudaGraphLaunch" && within(l, raw_step))
+            .collect();
+        let la = &s["gpu"]["launches"];
+        let kernels = launched.iter().filter(|e| cat(e) == "kernel").count() as u64;
+        assert_eq!(s["kernel_count"].as_u64(), Some(kernels));
+        if s["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("execute_context_1(")
+        {
+            assert_eq!(la["graph_launches"], 0);
+            assert!(replays.is_empty());
+            assert_eq!(la["kernel_launches"].as_u64(), Some(kernels));
+        } else {
+            assert_eq!(la["graph_launches"], 1, "{}", s["name"]);
+            assert_eq!(replays.len(), 1);
+            assert_eq!(la["graph_kernels"].as_u64(), Some(graph_events));
+            let corr = replays[0]["args"]["correlation"].clone();
+            let replayed = launched
+                .iter()
+                .filter(|e| e["args"]["correlation"] == corr)
+                .count();
+            assert_eq!(replayed as u64, graph_events);
+            // Beside the replay, the sampled tokens' copy to the host.
+            assert_eq!(launched.len() - replayed, 1);
+            assert_eq!(la["copy_launches"], 1);
+            assert_eq!(la["kernel_launches"], 0);
+        }
+    }
+    // The trace also holds device work launched after the window's last step (the next
+    // step's replay, recorded until the writer stopped CUPTI): it belongs to no step.
+    let all = ev.iter().filter(|e| is_device(e)).count();
+    let after: Vec<&Value> = ev
+        .iter()
+        .filter(|e| is_device(e))
+        .filter(|e| {
+            by_corr
+                .get(&e["args"]["correlation"].as_u64().unwrap_or(u64::MAX))
+                .is_some_and(|l| f(&l["ts"]) > f(&steps_raw[9]["ts"]) + f(&steps_raw[9]["dur"]))
+        })
+        .collect();
+    assert_eq!(all, in_steps + after.len());
+    assert_eq!(after.len(), 6);
+}
+
+#[test]
+fn each_real_step_is_held_against_the_floor_computed_from_the_models_tensors() {
+    // scripts/gpu_check.py computed each step's FLOPs and bytes from the model's own weight
+    // tensors and shapes (not analyze's closed form), and its % of floor from the step's
+    // kernels alone.
+    let provenance: Value =
+        serde_json::from_str(&std::fs::read_to_string(gpu("gpu_check.json")).unwrap()).unwrap();
+    let doc = analyze(&[gpu(TRACE).to_str().unwrap()]);
+    let t = &doc["traces"][0];
+    assert_eq!(t["peaks"]["tflops"], 989.4); // H100 SXM, from the trace's deviceProperties
+    let ours = t["steps"].as_array().unwrap();
+    let theirs = provenance["steps"].as_array().unwrap();
+    assert_eq!(ours.len(), theirs.len());
+    for (s, p) in ours.iter().zip(theirs) {
+        let (fl, want) = (&s["floor"], &p["floor_from_tensors"]);
+        assert_eq!(f(&fl["flops"]), f(&want["flops"]), "{}", s["name"]);
+        assert_eq!(f(&fl["bytes"]), f(&want["bytes"]), "{}", s["name"]);
+        assert!((f(&fl["floor_us"]) - f(&want["floor_us"])).abs() < 1e-6);
+        let bound = if p["kind"] == "decode" {
+            "memory"
+        } else {
+            "compute"
+        };
+        assert_eq!(fl["bound"], bound);
+        assert_eq!(want["bound"], bound);
+        let of_busy = f(&p["of_busy_from_kernels"]);
+        assert!(
+            (f(&fl["of_busy"]) - of_busy).abs() < 1e-5 * of_busy,
+            "{s} {p}"
+        );
+    }
+}
+
+/// Each device event of the eager decode, in time order: its name and the innermost CPU
+/// operator around the runtime call that launched it.
+fn eager_kernels() -> Vec<(String, String)> {
+    let ev = events(&gpu("eager_decode.pt.trace.json.gz"));
+    let by_corr = launches(&ev);
+    let ops: Vec<&Value> = ev.iter().filter(|e| cat(e) == "cpu_op").collect();
+    let mut device: Vec<&Value> = ev.iter().filter(|e| is_device(e)).collect();
+    device.sort_by(|a, b| f(&a["ts"]).total_cmp(&f(&b["ts"])));
+    device
+        .iter()
+        .map(|d| {
+            let launch = by_corr[&d["args"]["correlation"].as_u64().unwrap()];
+            let op = ops
+                .iter()
+                .filter(|o| o["tid"] == launch["tid"] && within(launch, o))
+                .min_by(|a, b| f(&a["dur"]).total_cmp(&f(&b["dur"])))
+                .map_or("?", |o| o["name"].as_str().unwrap());
+            (d["name"].as_str().unwrap().to_string(), op.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn each_replay_kernel_is_given_the_operator_that_launched_it_at_capture() {
+    let eager = eager_kernels();
+    assert_eq!(eager.len(), 37);
+    // The replays, read here: each one's device events in time order.
+    let ev = events(&gpu(TRACE));
+    let by_corr = launches(&ev);
+    let mut replays: HashMap<u64, Vec<&Value>> = HashMap::new();
+    for e in ev.iter().filter(|e| is_device(e)) {
+        let c = e["args"]["correlation"].as_u64().unwrap();
+        if by_corr
+            .get(&c)
+            .is_some_and(|l| l["name"] == "cudaGraphLaunch")
+        {
+            replays.entry(c).or_default().push(e);
+        }
+    }
+    // The same kernels an eager run of the same code launched from each operator, in order:
+    // what makes a replay's order a map to its operators.
+    let mut want: HashMap<String, (u64, f64)> = HashMap::new();
+    let mut whole = 0;
+    for r in replays.values_mut() {
+        r.sort_by(|a, b| f(&a["ts"]).total_cmp(&f(&b["ts"])));
+        if r.len() != eager.len() {
+            continue; // the replay launched after the window, partly recorded
+        }
+        whole += 1;
+        for (d, (name, op)) in r.iter().zip(&eager) {
+            assert_eq!(d["name"].as_str().unwrap(), name);
+            let w = want.entry(op.clone()).or_default();
+            w.0 += 1;
+            w.1 += f(&d["dur"]);
+        }
+    }
+    assert_eq!(whole, 9);
+
+    let doc = analyze(&[
+        "--graph-capture",
+        gpu("capture_traces").to_str().unwrap(),
+        gpu(TRACE).to_str().unwrap(),
+    ]);
+    let g = &doc["traces"][0]["graph_ops"];
+    assert_eq!(g["replays"], 10);
+    assert_eq!(g["mapped"], 9);
+    assert_eq!(g["unmapped"][0]["why"], "no capture region has 6 launches");
+    assert_eq!(g["captures"][0][0], "capture_32_FULL");
+    let ours = g["ops"].as_array().unwrap();
+    assert_eq!(ours.len(), want.len());
+    for o in ours {
+        let (events, total) = want[o["op"].as_str().unwrap()];
+        assert_eq!(o["events"].as_u64(), Some(events), "{o}");
+        assert!((f(&o["total_us"]) - total).abs() <= 1e-6 * total, "{o}");
+    }
+    assert_eq!(ours[0]["op"], "aten::copy_"); // the GQA heads' repeat_interleave, 47%
+
+    let out = stepscope(&[
+        "analyze",
+        "--graph-capture",
+        gpu("capture_traces").to_str().unwrap(),
+        gpu(TRACE).to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("inside CUDA graph replays: 9 of 10 replays mapped to their capture (capture_32_FULL ×9)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_graph_capture_that_holds_no_capture_is_an_error_naming_what_is_missing() {
+    let not_a_capture = gpu("eager_decode.pt.trace.json.gz");
+    let out = stepscope(&[
+        "analyze",
+        "--graph-capture",
+        not_a_capture.to_str().unwrap(),
+        gpu(TRACE).to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--graph-capture: no trace given holds a CUDA graph capture"),
+        "{err}"
+    );
+    let out = stepscope(&[
+        "analyze",
+        "--graph-capture",
+        "/nonexistent/capture.json",
+        gpu(TRACE).to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/capture.json"));
+}
