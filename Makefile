@@ -23,7 +23,7 @@ VENVSGL := $(CURDIR)/.venv-sglang
 VENV215 := $(CURDIR)/.venv-torch215
 UV := $(VENV)/bin/uv
 
-.PHONY: all setup demo test fmt-check clippy test-rust header glue cli-bin python wheel sdist test-python test-wheel test-sdist bench bench-vllm bench-sglang install clean
+.PHONY: all setup demo test fmt-check clippy test-rust header glue cli-bin python wheel sdist test-python test-wheel test-sdist bench bench-vllm bench-sglang install clean gpu-prep
 
 all: test
 
@@ -169,6 +169,13 @@ test-wheel: setup
 # for that torch and captures a trace (scripts/check_sdist.sh, a scratch venv, 1-3 min).
 test-sdist: setup
 	scripts/check_sdist.sh $(UV)
+
+# What a GPU machine (CUDA and torch, no Rust, no registry) needs from here for
+# scripts/gpu_run.sh: the wheel, the C library for the toy engine, the step bench's binary
+# (carry dist/ and target/release/ there; docs/gpu.md).
+gpu-prep: wheel
+	$(CARGO) build --release -p stepscope-c
+	$(CARGO) bench --bench step --no-run
 
 bench: setup
 	$(CARGO) bench --workspace
