@@ -144,11 +144,17 @@ def test_a_schedulers_spans_sit_under_sglangs_root_span_of_each_request(traced):
     # Each step once.
     assert sorted(s["attributes"]["stepscope.step"] for s in receiver.named("stepscope.step")) == [
         1, 2, 3, 4]  # fmt: skip
-    # /server_info carries the export's counters.
+    # /server_info carries the export's counters. The collector has the spans once it read
+    # the request; the exporter counts them once it has the answer: until then they are
+    # in flight.
     controller = SimpleNamespace(scheduler=SimpleNamespace(profiler_manager=None))
-    out = plugin.hooks.after_internal_state(
-        GetInternalStateReqOutput(internal_state={}), controller, GetInternalStateReq()
-    )
-    status = out.internal_state["stepscope"]["otel"]
+
+    def otel_status():
+        out = plugin.hooks.after_internal_state(
+            GetInternalStateReqOutput(internal_state={}), controller, GetInternalStateReq()
+        )
+        return out.internal_state["stepscope"]["otel"]
+
+    status = wait_until("the export's answer", lambda: (s := otel_status())["in_flight"] == 0 and s or None)
     assert status["endpoint"] == receiver.url
     assert (status["exported_requests"], status["dropped"], status["failed"]) == (3, 0, 0), status
