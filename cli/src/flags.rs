@@ -151,8 +151,9 @@ pub struct AnalyzeArgs {
     /// SGLang's --enable-profile-cuda-graph, or torch.profiler around torch.cuda.graph), or a
     /// directory of them: each graph replay's kernels are given the operators that launched
     /// them at capture, and each trace gets its time per operator inside graph replays
-    /// (repeatable; the traces are read, not their manifests)
-    #[arg(long, value_name = "PATH")]
+    /// (repeatable; give the captures of the graphs the traces replay; every trace analyzed is
+    /// then read whole, even where its manifest holds a summary)
+    #[arg(long, value_name = "PATH", conflicts_with = "request")]
     pub graph_capture: Vec<PathBuf>,
 }
 

@@ -47,7 +47,7 @@ impl Slot {
 }
 
 /// Memory the traces being read at once may take together.
-const MEMORY_BUDGET: u64 = 192 << 20;
+pub(crate) const MEMORY_BUDGET: u64 = 192 << 20;
 
 /// Memory one trace's reading takes, estimated: buffers (about 6 MiB: the gunzip thread's
 /// chunks and the parser's window), plus what the summary keeps, which grows with the events.

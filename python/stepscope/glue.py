@@ -173,7 +173,7 @@ def build(
     began = time.monotonic()
     failures = []
     for compiler in compilers:
-        cmd = [compiler, *flags]
+        cmd = [*compiler, *flags]
         try:
             subprocess.run(cmd, check=True)
             os.chmod(tmp, 0o755)
@@ -183,28 +183,39 @@ def build(
             if compiler != compilers[-1]:
                 # A toolchain whose static libstdc++ clashes with torch's (seen: /opt/gcc on a
                 # GPU machine) fails to link; the system's g++ links the same sources.
-                print(f"stepscope.glue: {compiler} failed; trying {compilers[-1]}", flush=True)
+                print(f"stepscope.glue: {shlex.join(compiler)} failed; trying {shlex.join(compilers[-1])}",
+                      flush=True)  # fmt: skip
             continue
-        print(f"stepscope.glue: wrote {target} with {compiler} in {time.monotonic() - began:.0f} s")
+        print(f"stepscope.glue: wrote {target} with {shlex.join(compiler)} in {time.monotonic() - began:.0f} s")
         return target
     Path(tmp).unlink(missing_ok=True)
     raise SystemExit("stepscope.glue: the build failed: " + " | ".join(failures))
 
 
-def _compilers(cxx: str | None) -> list[str]:
-    """The C++ compilers to try, in order: the one named (``--cxx``) alone; else ``$CXX``, then
-    ``g++`` on PATH when ``$CXX`` is another (the fallback when ``$CXX`` cannot link the glue)."""
+def _compilers(cxx: str | None) -> list[list[str]]:
+    """The C++ compilers to try, in order, each a command (``"ccache g++"`` is two words): the
+    one named (``--cxx``) alone; else ``$CXX``, then ``g++`` on PATH when ``$CXX`` is another
+    (the fallback when ``$CXX`` cannot link the glue). A ``$CXX`` not found is said, then
+    skipped."""
     if cxx:
-        if shutil.which(cxx) is None:
-            raise SystemExit(f"stepscope.glue: no C++ compiler {cxx!r} on PATH")
-        return [cxx]
-    found = []
-    for c in (os.environ.get("CXX"), "g++"):
-        path = shutil.which(c) if c else None
-        if path and all(os.path.realpath(path) != os.path.realpath(shutil.which(f) or f) for f in found):
-            found.append(c)
+        cmd = shlex.split(cxx)
+        if not cmd or shutil.which(cmd[0]) is None:
+            raise SystemExit(f"stepscope.glue: --cxx {cxx!r}: {cmd[0] if cmd else cxx!r} is not on PATH")
+        return [cmd]
+    found: list[list[str]] = []
+    env = os.environ.get("CXX")
+    for text in (env, "g++"):
+        cmd = shlex.split(text) if text else []
+        path = shutil.which(cmd[0]) if cmd else None
+        if path is None:
+            if text == env and text:
+                print(f"stepscope.glue: $CXX={env!r}: {cmd[0]!r} is not on PATH; using g++", flush=True)
+            continue
+        if all(os.path.realpath(path) != os.path.realpath(shutil.which(f[0]) or f[0]) or f[1:] != cmd[1:]
+               for f in found):  # fmt: skip
+            found.append(cmd)
     if not found:
-        raise SystemExit(f"stepscope.glue: no C++ compiler on PATH ($CXX={os.environ.get('CXX')!r}, no g++)")
+        raise SystemExit(f"stepscope.glue: no C++ compiler on PATH ($CXX={env!r}, no g++)")
     return found
 
 

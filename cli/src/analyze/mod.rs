@@ -94,26 +94,33 @@ fn graph_captures(paths: &[PathBuf]) -> Result<Option<CaptureMap>, crate::Error>
     for file in crate::trace::expand(paths)? {
         let mut reader = CaptureReader::default();
         crate::trace::read_events(&file, &mut reader)?;
-        let before = map.regions.len();
+        let (regions, skipped) = (map.regions.len(), map.skipped.len());
         map.extend(reader, &file.display().to_string());
         eprintln!(
             "stepscope: {}: {} CUDA graph capture(s)",
             file.display(),
-            map.regions.len() - before
+            map.regions.len() - regions
         );
+        for (_, why) in &map.skipped[skipped..] {
+            eprintln!("stepscope: {}: a capture left out: {why}", file.display());
+        }
     }
     if map.regions.is_empty() {
-        return Err(crate::Error::Usage(
-            "--graph-capture: no trace given holds a CUDA graph capture (a \
-             cudaStreamBeginCapture ... cudaStreamEndCapture recorded by the profiler)"
-                .into(),
-        ));
+        return Err(crate::Error::Usage(format!(
+            "--graph-capture: no trace given holds a CUDA graph capture that can be mapped (a \
+             cudaStreamBeginCapture ... cudaStreamEndCapture recorded by the profiler){}",
+            if map.skipped.is_empty() {
+                String::new()
+            } else {
+                format!("; {} left out (see above)", map.skipped.len())
+            }
+        )));
     }
     Ok(Some(map))
 }
 
 /// The operators inside one trace's graph replays.
-fn replay_ops(map: &CaptureMap, file: &Path) -> Result<GraphOps, crate::Error> {
+fn replay_ops(map: &CaptureMap, file: &Path) -> Result<GraphOps, crate::trace::TraceError> {
     let mut reader = ReplayReader::default();
     crate::trace::read_events(file, &mut reader)?;
     Ok(graph_ops(map, reader))
@@ -124,6 +131,9 @@ const GRAPH_OPS: usize = 10;
 
 /// The time per operator inside a trace's graph replays, as text.
 pub fn render_graph_ops(g: &GraphOps) -> String {
+    if g.replays == 0 {
+        return "inside CUDA graph replays: this trace has no graph replay\n".into();
+    }
     let mut o = format!(
         "inside CUDA graph replays: {} of {} replays mapped to their capture",
         g.mapped, g.replays
@@ -380,7 +390,7 @@ pub(crate) fn request_logs(dir: &Path) -> Vec<(String, RequestsDocument)> {
 pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, crate::Error> {
     let crate::load::Loaded {
         mut reports,
-        errors,
+        mut errors,
         ..
     } = crate::load::load(&a.inputs, a.top)?;
     crate::floor::apply(reports.iter_mut().map(|r| &mut r.summary), &a.floor)?;
@@ -393,12 +403,33 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
         }
     }
     let rows = ranks(&reports);
-    // Per trace, the operators inside its graph replays, from the capture traces given.
+    // Per trace, the operators inside its graph replays, from the capture traces given: each
+    // trace read again (in parallel), a trace that cannot be read an error of its own.
     let graph_ops: Vec<Option<GraphOps>> = match graph_captures(&a.graph_capture)? {
-        Some(map) => reports
-            .iter()
-            .map(|r| replay_ops(&map, Path::new(&r.file)).map(Some))
-            .collect::<Result<_, _>>()?,
+        Some(map) => {
+            let files: Vec<&Path> = reports.iter().map(|r| Path::new(&r.file)).collect();
+            crate::load::read_files(&files, crate::load::MEMORY_BUDGET, |f| replay_ops(&map, f))
+                .into_iter()
+                .zip(&files)
+                .map(|(g, f)| match g {
+                    Some(Ok(g)) => Some(g),
+                    Some(Err(e)) => {
+                        eprintln!("stepscope: error: {e}");
+                        errors.push(e);
+                        None
+                    }
+                    None => {
+                        let e = crate::trace::TraceError {
+                            path: f.to_path_buf(),
+                            message: "internal error: its graph replays were not read".into(),
+                        };
+                        eprintln!("stepscope: error: {e}");
+                        errors.push(e);
+                        None
+                    }
+                })
+                .collect()
+        }
         None => vec![None; reports.len()],
     };
     // Per trace, its requests: every one (--json), or one by id.
@@ -469,8 +500,8 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
         println!("{doc}");
     } else {
         for ((r, reqs), g) in reports.iter().zip(&per_trace).zip(&graph_ops) {
-            if let (Some(g), None) = (g, &a.request) {
-                print!("{}", render(r));
+            if let Some(g) = g {
+                println!("{}", render(r));
                 println!("{}", render_graph_ops(g));
                 if let Some(top) = a.requests {
                     println!("{}", requests::render(reqs, top));
