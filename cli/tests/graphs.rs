@@ -149,6 +149,67 @@ fn each_graph_replay_is_in_the_step_that_launched_it_with_all_of_the_graphs_node
 }
 
 #[test]
+fn the_next_steps_work_after_the_stop_is_left_out_of_the_trace_figures() {
+    // The same trace with its header's stop time (newer stepscopes write it; this one's is its
+    // manifest's, from the same run): what was launched after it is left out and counted.
+    use std::io::{Read, Write};
+    let provenance: Value =
+        serde_json::from_str(&std::fs::read_to_string(gpu("gpu_check.json")).unwrap()).unwrap();
+    let stop = provenance["stop_unix_ns"].as_u64().unwrap();
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(gpu(TRACE)).unwrap())
+        .read_to_string(&mut text)
+        .unwrap();
+    let with_stop = text.replacen(
+        "\"iterations\":10,",
+        &format!("\"iterations\":10,\"stop_unix_ns\":{stop},"),
+        1,
+    );
+    assert_ne!(with_stop, text);
+    let dir = std::env::temp_dir().join(format!("stepscope-after-stop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("stopped.pt.trace.json.gz");
+    let mut gz = flate2::write::GzEncoder::new(
+        std::fs::File::create(&path).unwrap(),
+        flate2::Compression::fast(),
+    );
+    gz.write_all(with_stop.as_bytes()).unwrap();
+    gz.finish().unwrap();
+    let before = analyze(&[gpu(TRACE).to_str().unwrap()]);
+    let after = analyze(&[path.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Read here: the runtime calls begun after the stop, on the trace's clock, and the device
+    // events they launched.
+    let doc = raw(&gpu(TRACE));
+    let base = doc["baseTimeNanoseconds"].as_u64().unwrap();
+    let stop_us = (stop - base) as f64 / 1000.0;
+    let ev = events(&gpu(TRACE));
+    let late: Vec<u64> = launches(&ev)
+        .into_iter()
+        .filter(|(_, l)| f(&l["ts"]) > stop_us)
+        .map(|(c, _)| c)
+        .collect();
+    let late_device: Vec<&Value> = ev
+        .iter()
+        .filter(|e| is_device(e))
+        .filter(|e| late.contains(&e["args"]["correlation"].as_u64().unwrap_or(u64::MAX)))
+        .collect();
+    assert_eq!(late_device.len(), 6);
+    let kernels = |d: &Value| d["traces"][0]["kernels"]["count"].as_u64().unwrap();
+    assert_eq!(before["traces"][0]["after_stop"], Value::Null);
+    let a = &after["traces"][0]["after_stop"];
+    assert_eq!(a["runtime_calls"].as_u64(), Some(late.len() as u64));
+    assert_eq!(a["device_events"].as_u64(), Some(6));
+    let late_kernels = late_device.iter().filter(|e| cat(e) == "kernel").count() as u64;
+    assert_eq!(kernels(&after), kernels(&before) - late_kernels);
+    // What is left is the window's: 9 replays of 36 kernels and the prefill's 30.
+    assert_eq!(kernels(&after), 9 * 36 + 30);
+    // The steps are the same.
+    assert_eq!(after["traces"][0]["steps"], before["traces"][0]["steps"]);
+}
+
+#[test]
 fn each_real_step_is_held_against_the_floor_computed_from_the_models_tensors() {
     // scripts/gpu_check.py computed each step's FLOPs and bytes from the model's own weight
     // tensors and shapes (not analyze's closed form), and its % of floor from the step's

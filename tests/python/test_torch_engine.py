@@ -80,6 +80,14 @@ def test_delay_and_max_select_exactly_the_iterations_in_the_trace(tmp_path):
     assert manifest["trace_file"] == trace.name
     assert manifest["local_rank"] == 1
     assert (tmp_path / "py-engine.profiler_out.txt").exists()
+    # The header says when the capture stopped (what analyze leaves out after it), on the
+    # trace's clock through Kineto's baseTimeNanoseconds: after the last captured iteration.
+    with gzip.open(trace, "rt") as f:
+        doc = json.load(f)
+    header = doc["stepscope"] if isinstance(doc["stepscope"], dict) else json.loads(doc["stepscope"])
+    assert header["stop_unix_ns"] == manifest["stop_time_unix_ns"]
+    stop_us = (header["stop_unix_ns"] - doc["baseTimeNanoseconds"]) / 1000
+    assert max(a["ts"] + a["dur"] for a in annotations) <= stop_us
 
 
 def test_stop_returns_before_the_trace_is_written_and_flush_finds_it_complete(tmp_path):

@@ -221,6 +221,14 @@ pub fn render(r: &TraceReport) -> String {
         r.gpu_devices,
         100.0 * r.utilization
     ));
+    if let Some(a) = &r.after_stop {
+        o.push_str(&format!(
+            "left out: {} device event(s) ({}) of {} runtime call(s) made after the capture stopped (the next step's)\n",
+            a.device_events,
+            ms(a.device_us),
+            a.runtime_calls
+        ));
+    }
     o.push_str(&format!(
         "kernels {} ({})   memcpy {}   memset {}\n",
         r.kernels.count,

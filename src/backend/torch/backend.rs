@@ -198,6 +198,7 @@ impl TorchBackend {
             steps,
             cut_short: session.and_then(|s| s.cut_short),
             model: self.model.clone(),
+            stop_unix_ns: u64::try_from(stop_unix_ns).ok(),
         };
         // Metadata only enters the trace while the profiler is live, so before disabling.
         // torch.profiler's own keys first (a fresh trace id, the options recorded), then the

@@ -140,6 +140,8 @@ pub struct Meta {
     pub stepscope: TraceHeader,
     /// Whether a `traceEvents` array was found.
     pub has_events: bool,
+    /// `baseTimeNanoseconds`: Kineto's events' `ts` (µs) plus this is Unix time.
+    pub base_time_ns: Option<u64>,
 }
 
 /// One entry of `deviceProperties`.

@@ -59,6 +59,11 @@ pub struct TraceHeader {
     /// The served model's shape, when the engine gave it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelShape>,
+    /// When the capture stopped (Unix ns): what the profiler records after it (the CUDA work
+    /// the next step launches before the writer thread stops CUPTI) is left out of the
+    /// analysis (`Summary::after_stop`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_unix_ns: Option<u64>,
 }
 
 /// One captured iteration's requests and work, as the trace header and the manifest list

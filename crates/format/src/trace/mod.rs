@@ -54,4 +54,4 @@ pub use header::{Captured, PhaseWork, StepRequests, StepWork, TraceHeader, Trigg
 pub use scan::{FromTrace, RawEvent, Serde, Skip};
 pub use stream::{EventSink, EventStream, ReadError, StreamError, StreamErrorKind};
 pub use summarizer::Summarizer;
-pub use summary::{Gap, KernelStat, Kernels, OpStat, Split, Step, Summary};
+pub use summary::{AfterStop, Gap, KernelStat, Kernels, OpStat, Split, Step, Summary};

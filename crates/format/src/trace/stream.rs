@@ -69,6 +69,7 @@ enum Key {
     Distributed,
     Devices,
     Stepscope,
+    BaseTime,
     Other,
 }
 
@@ -300,6 +301,7 @@ impl EventStream {
                     "distributedInfo" => Key::Distributed,
                     "deviceProperties" => Key::Devices,
                     "stepscope" => Key::Stepscope,
+                    "baseTimeNanoseconds" => Key::BaseTime,
                     _ => Key::Other,
                 };
                 self.pos += len;
@@ -339,6 +341,9 @@ impl EventStream {
                                 Err(_) => Err(e),
                             })
                             .unwrap_or_default();
+                    }
+                    Key::BaseTime => {
+                        self.meta.base_time_ns = text.trim().trim_matches('"').parse().ok()
                     }
                     Key::Events | Key::Other => {}
                 }

@@ -171,6 +171,24 @@ pub struct Summary {
     /// Why the steps have no floor, when they have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub floor_missing: Option<String>,
+    /// What the profiler recorded after the capture stopped, left out of every figure above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_stop: Option<AfterStop>,
+}
+
+/// Device work launched after a capture stopped: the engine thread only detaches the session
+/// at the stop (so that it never waits), and CUPTI records until the writer thread stops it,
+/// so the next step's launches and some of their kernels reach the trace. A stepscope trace's
+/// header says when the capture stopped (`stop_unix_ns`); what was launched after it is left
+/// out of the summary and counted here.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct AfterStop {
+    /// Runtime calls (launches, copies, synchronizations) begun after the stop.
+    pub runtime_calls: u64,
+    /// Kernels, memcpys and memsets they launched.
+    pub device_events: u64,
+    /// Those events' summed duration, µs.
+    pub device_us: f64,
 }
 
 impl Summary {

@@ -4,14 +4,14 @@
 
 use std::collections::HashMap;
 
-use super::{Summarizer, ANNOTATION};
+use super::{Acc, Summarizer, ANNOTATION};
 use crate::trace::breakdown::{Breakdown, NameCategory, NameTime};
 use crate::trace::event::Meta;
-use crate::trace::explain::{explain, launch_of, Explained, Inputs, NO_NAME};
+use crate::trace::explain::{explain, launch_of, Explained, Inputs, OpClass, NO_NAME};
 use crate::trace::floor::PeakOverride;
 use crate::trace::gpu_time::{KernelKind, LaunchStats};
 use crate::trace::header::{StepRequests, StepWork};
-use crate::trace::summary::{Gap, KernelStat, Kernels, OpStat, Split, Step, Summary};
+use crate::trace::summary::{AfterStop, Gap, KernelStat, Kernels, OpStat, Split, Step, Summary};
 
 /// Idle gaps listed.
 const GAPS: usize = 5;
@@ -36,13 +36,14 @@ impl Summarizer {
         top: usize,
         breakdown: Option<&mut Breakdown>,
     ) -> Summary {
+        // Sorted by correlation, file order kept among equals: the last launch of an id wins.
+        self.launches.sort_by_key(|l| l.corr);
+        let after_stop = self.leave_out_after_stop(&meta);
         let (first, span) = if self.first > self.last {
             (0.0, 0.0)
         } else {
             (self.first, self.last - self.first)
         };
-        // Sorted by correlation, file order kept among equals: the last launch of an id wins.
-        self.launches.sort_by_key(|l| l.corr);
         let (steps, explained) = self.steps(&meta, first, breakdown);
         let busy = explained.trace.busy_us;
         let devices = explained.devices;
@@ -118,10 +119,79 @@ impl Summarizer {
             model: meta.stepscope.model,
             peaks: None,
             floor_missing: None,
+            after_stop,
         };
         summary.apply_floor(PeakOverride::default());
         summary.keep_top(top);
         summary
+    }
+
+    /// Leaves out what was launched after the capture stopped (the header's `stop_unix_ns`,
+    /// placed on the trace's clock by `baseTimeNanoseconds`): those runtime calls, the device
+    /// events they launched, and the kernel and copy totals recounted without them; the span
+    /// ends at the last of what is kept. `None` when the trace does not say when it stopped,
+    /// or nothing was launched after.
+    fn leave_out_after_stop(&mut self, meta: &Meta) -> Option<AfterStop> {
+        let (Some(stop_ns), Some(base_ns), Some(base)) =
+            (meta.stepscope.stop_unix_ns, meta.base_time_ns, self.base)
+        else {
+            return None;
+        };
+        // The stop on this summary's clock: µs after `base`, the trace's first whole µs.
+        let on_trace = i128::from(stop_ns) - i128::from(base_ns);
+        let stop = (on_trace.div_euclid(1000) - i128::from(base)) as f64
+            + on_trace.rem_euclid(1000) as f64 / 1000.0;
+        let mut late: Vec<u64> = self
+            .launches
+            .iter()
+            .filter(|l| l.ts > stop)
+            .map(|l| l.corr)
+            .collect();
+        if late.is_empty() {
+            return None;
+        }
+        late.sort_unstable();
+        late.dedup();
+        let is_late = |corr: u64| late.binary_search(&corr).is_ok();
+        let mut out = AfterStop {
+            runtime_calls: late.len() as u64,
+            ..AfterStop::default()
+        };
+        self.device_ops.retain(|op| {
+            let gone = is_late(op.corr);
+            if gone {
+                out.device_events += 1;
+                out.device_us += op.end - op.ts;
+            }
+            !gone
+        });
+        self.launches.retain(|l| !is_late(l.corr));
+        // The totals, recounted from what is kept.
+        self.kernels.iter_mut().for_each(|a| *a = Acc::default());
+        (self.kernel_count, self.kernel_total) = (0, 0.0);
+        (self.memcpy_count, self.memset_count, self.copy_us) = (0, 0, 0.0);
+        for op in &self.device_ops {
+            let dur = op.end - op.ts;
+            if op.name != NO_NAME {
+                self.kernel_count += 1;
+                self.kernel_total += dur;
+                self.kernels[op.name as usize].add(dur);
+            } else {
+                if op.class == OpClass::Memset {
+                    self.memset_count += 1;
+                } else {
+                    self.memcpy_count += 1;
+                }
+                self.copy_us += dur;
+            }
+        }
+        let kept_end = self
+            .device_ops
+            .iter()
+            .map(|op| op.end)
+            .fold(f64::NEG_INFINITY, f64::max);
+        self.last = self.last.min(stop.max(kept_end));
+        Some(out)
     }
 
     /// The longest gaps (device, start, length) with the CPU operator running as each began.
@@ -332,6 +402,46 @@ mod tests {
         stream.feed(json.as_bytes(), &mut sink).unwrap();
         let meta = stream.finish(&mut sink).unwrap();
         sink.finish_with_breakdown(meta, 0)
+    }
+
+    #[test]
+    fn what_was_launched_after_the_stop_is_left_out_and_counted() {
+        // The stop at 1,000,000,150 µs of Unix time; the trace's clock starts at 1,000,000,000:
+        // ts 150. A step launched a kernel (running past the stop: kept); the next step's
+        // launch at 180 made a kernel and a memcpy (written before their launch: left out).
+        let json = |header: &str| {
+            format!(
+                r#"{{"stepscope": {{"iterations": 1{header}}}, "baseTimeNanoseconds": 1000000000000000,
+            "traceEvents": [
+            {{"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_1(1)", "ts": 0, "dur": 100, "pid": 1, "tid": 1}},
+            {{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 30, "dur": 2, "pid": 1, "tid": 1, "args": {{"correlation": 1}}}},
+            {{"ph": "X", "cat": "kernel", "name": "gemm", "ts": 50, "dur": 140, "pid": 0, "tid": 7, "args": {{"correlation": 1, "device": 0, "stream": 7}}}},
+            {{"ph": "X", "cat": "kernel", "name": "gemm", "ts": 200, "dur": 40, "pid": 0, "tid": 7, "args": {{"correlation": 2, "device": 0, "stream": 7}}}},
+            {{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": 240, "dur": 5, "pid": 0, "tid": 7, "args": {{"correlation": 3, "device": 0, "stream": 7}}}},
+            {{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 180, "dur": 2, "pid": 1, "tid": 1, "args": {{"correlation": 2}}}},
+            {{"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 185, "dur": 2, "pid": 1, "tid": 1, "args": {{"correlation": 3}}}}
+            ]}}"#
+            )
+        };
+        let (kept, _) = summarize(&json(r#", "stop_unix_ns": 1000000000150000"#));
+        assert_eq!(
+            kept.after_stop,
+            Some(AfterStop {
+                runtime_calls: 2,
+                device_events: 2,
+                device_us: 45.0
+            })
+        );
+        assert_eq!((kept.kernels.count, kept.kernels.total_us), (1, 140.0));
+        assert_eq!(kept.kernels.by_name[0].count, 1);
+        assert_eq!((kept.memcpy_count, kept.split.memory_us), (0, 0.0));
+        assert_eq!(kept.gpu_busy_us, 140.0);
+        assert_eq!(kept.span_us, 190.0); // to the kept kernel's end, past the stop
+                                         // Without the stop in the header, all of it counts.
+        let (all, _) = summarize(&json(""));
+        assert_eq!(all.after_stop, None);
+        assert_eq!((all.kernels.count, all.memcpy_count), (2, 1));
+        assert_eq!(all.gpu_busy_us, 185.0);
     }
 
     #[test]
