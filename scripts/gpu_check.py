@@ -412,6 +412,17 @@ def attribute(events: list[dict], step_prefix: str = "execute_") -> dict:
     return {"steps": per, "outside": outside, "runtime": runtime}
 
 
+def load_header(path: Path) -> dict:
+    """stepscope's header of a trace, with Kineto's baseTimeNanoseconds beside it."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        doc = json.load(f)
+    h = doc.get("stepscope") or {}
+    h = json.loads(h) if isinstance(h, str) else dict(h)
+    h["_base_time_ns"] = doc.get("baseTimeNanoseconds")
+    return h
+
+
 def union_us(intervals: list[tuple[float, float]]) -> float:
     total, end = 0.0, float("-inf")
     for a, b in sorted(intervals):
@@ -734,6 +745,13 @@ def graphs(out: Path) -> dict:
         ],
         "trace": str(trace.relative_to(out)), "trace_bytes": trace.stat().st_size,
         "peaks": peaks, "floor_missing": t.get("floor_missing"),
+        # What analyze left out as launched after the stop (the header's stop_unix_ns), and the
+        # kernels it kept: each step's, counted from the raw JSON.
+        "after_stop": t.get("after_stop"),
+        "kernels_kept": t["kernels"]["count"],
+        "kernels_in_steps_raw": sum(1 for st in attr["steps"] for e in st["device"] if e.get("cat") == "kernel"),
+        "header_stop_unix_ns": (doc_header := load_header(trace)).get("stop_unix_ns"),
+        "base_time_ns": doc_header.get("_base_time_ns"),
         "steps": rows, "kernel_to_op": to_op,
     }  # fmt: skip
     # Device work outside the steps may only be the next step's, launched after the window
@@ -741,7 +759,9 @@ def graphs(out: Path) -> dict:
     last_end = max((s["ts"] + s["dur"] for s in raw if s.get("cat") == "user_annotation"), default=0.0)
     after_only = all((attr["runtime"].get(e["args"].get("correlation")) or {}).get("ts", -1.0) > last_end
                      for e in attr["outside"])  # fmt: skip
-    result["ok"] = bool(all_ok and len(steps) == G_MAX and after_only
+    # With the stop in the header, the trace's kernels are exactly its steps' (on a GPU).
+    kept_ok = not gpu or result["kernels_kept"] == result["kernels_in_steps_raw"]
+    result["ok"] = bool(all_ok and len(steps) == G_MAX and after_only and kept_ok
                         and manifest["status"] == "complete" and (nodes.get("kernel") or not gpu))
     return result
 
