@@ -70,10 +70,51 @@ fn steps(ev: &[Value]) -> Vec<&Value> {
     s
 }
 
+/// What scripts/gpu_check.py recorded of a run beside its traces (`dir/gpu_check.json`).
+fn provenance(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("gpu_check.json")).unwrap()).unwrap()
+}
+
+/// The device events whose runtime call satisfies `launch`.
+fn launched<'a>(
+    ev: &'a [Value],
+    by_corr: &HashMap<u64, &Value>,
+    launch: impl Fn(&Value) -> bool,
+) -> Vec<&'a Value> {
+    ev.iter()
+        .filter(|e| is_device(e))
+        .filter(|e| {
+            by_corr
+                .get(&e["args"]["correlation"].as_u64().unwrap_or(u64::MAX))
+                .is_some_and(|l| launch(l))
+        })
+        .collect()
+}
+
+/// Adds a replay's device events (in time order) to the operators an eager run gives the same
+/// kernels (`eager`: each one's name and operator), as (events, µs) per operator.
+fn add_ops(want: &mut HashMap<String, (u64, f64)>, replay: &[&Value], eager: &[(String, String)]) {
+    for (d, (_, op)) in replay.iter().zip(eager) {
+        let w = want.entry(op.clone()).or_default();
+        w.0 += 1;
+        w.1 += f(&d["dur"]);
+    }
+}
+
+/// `analyze`'s time per operator inside the replays equals `want`.
+fn assert_ops(graph_ops: &Value, want: &HashMap<String, (u64, f64)>) {
+    let ours = graph_ops["ops"].as_array().unwrap();
+    assert_eq!(ours.len(), want.len());
+    for o in ours {
+        let (events, total) = want[o["op"].as_str().unwrap()];
+        assert_eq!(o["events"].as_u64(), Some(events), "{o}");
+        assert!((f(&o["total_us"]) - total).abs() <= 1e-6 * total, "{o}");
+    }
+}
+
 #[test]
 fn each_graph_replay_is_in_the_step_that_launched_it_with_all_of_the_graphs_nodes() {
-    let provenance: Value =
-        serde_json::from_str(&std::fs::read_to_string(gpu("gpu_check.json")).unwrap()).unwrap();
+    let provenance = provenance(&gpu(""));
     // The graph's nodes, from the CUDA runtime (cudaGraphGetNodes) on the GPU machine.
     let nodes = &provenance["graph_nodes"];
     let graph_events = nodes["kernel"].as_u64().unwrap() + nodes["memcpy"].as_u64().unwrap_or(0);
@@ -91,15 +132,7 @@ fn each_graph_replay_is_in_the_step_that_launched_it_with_all_of_the_graphs_node
         assert_eq!(s["name"], raw_step["name"]);
         // What the raw JSON says this step launched: device events whose runtime call began
         // inside the step's annotation.
-        let launched: Vec<&Value> = ev
-            .iter()
-            .filter(|e| is_device(e))
-            .filter(|e| {
-                by_corr
-                    .get(&e["args"]["correlation"].as_u64().unwrap_or(u64::MAX))
-                    .is_some_and(|l| within(l, raw_step))
-            })
-            .collect();
+        let launched = launched(&ev, &by_corr, |l| within(l, raw_step));
         in_steps += launched.len();
         let replays: Vec<&&Value> = by_corr
             .values()
@@ -135,15 +168,8 @@ fn each_graph_replay_is_in_the_step_that_launched_it_with_all_of_the_graphs_node
     // The trace also holds device work launched after the window's last step (the next
     // step's replay, recorded until the writer stopped CUPTI): it belongs to no step.
     let all = ev.iter().filter(|e| is_device(e)).count();
-    let after: Vec<&Value> = ev
-        .iter()
-        .filter(|e| is_device(e))
-        .filter(|e| {
-            by_corr
-                .get(&e["args"]["correlation"].as_u64().unwrap_or(u64::MAX))
-                .is_some_and(|l| f(&l["ts"]) > f(&steps_raw[9]["ts"]) + f(&steps_raw[9]["dur"]))
-        })
-        .collect();
+    let last_end = f(&steps_raw[9]["ts"]) + f(&steps_raw[9]["dur"]);
+    let after = launched(&ev, &by_corr, |l| f(&l["ts"]) > last_end);
     assert_eq!(all, in_steps + after.len());
     assert_eq!(after.len(), 6);
 }
@@ -153,9 +179,7 @@ fn the_next_steps_work_after_the_stop_is_left_out_of_the_trace_figures() {
     // The same trace with its header's stop time (newer stepscopes write it; this one's is its
     // manifest's, from the same run): what was launched after it is left out and counted.
     use std::io::{Read, Write};
-    let provenance: Value =
-        serde_json::from_str(&std::fs::read_to_string(gpu("gpu_check.json")).unwrap()).unwrap();
-    let stop = provenance["stop_unix_ns"].as_u64().unwrap();
+    let stop = provenance(&gpu(""))["stop_unix_ns"].as_u64().unwrap();
     let mut text = String::new();
     flate2::read::GzDecoder::new(std::fs::File::open(gpu(TRACE)).unwrap())
         .read_to_string(&mut text)
@@ -166,9 +190,17 @@ fn the_next_steps_work_after_the_stop_is_left_out_of_the_trace_figures() {
         1,
     );
     assert_ne!(with_stop, text);
-    let dir = std::env::temp_dir().join(format!("stepscope-after-stop-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("stopped.pt.trace.json.gz");
+    /// Removed when the test ends, passing or not.
+    struct Scratch(PathBuf);
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let dir =
+        Scratch(std::env::temp_dir().join(format!("stepscope-after-stop-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let path = dir.0.join("stopped.pt.trace.json.gz");
     let mut gz = flate2::write::GzEncoder::new(
         std::fs::File::create(&path).unwrap(),
         flate2::Compression::fast(),
@@ -177,7 +209,6 @@ fn the_next_steps_work_after_the_stop_is_left_out_of_the_trace_figures() {
     gz.finish().unwrap();
     let before = analyze(&[gpu(TRACE).to_str().unwrap()]);
     let after = analyze(&[path.to_str().unwrap()]);
-    std::fs::remove_dir_all(&dir).unwrap();
 
     // Read here: the runtime calls begun after the stop, on the trace's clock, and the device
     // events they launched.
@@ -190,11 +221,7 @@ fn the_next_steps_work_after_the_stop_is_left_out_of_the_trace_figures() {
         .filter(|(_, l)| f(&l["ts"]) > stop_us)
         .map(|(c, _)| c)
         .collect();
-    let late_device: Vec<&Value> = ev
-        .iter()
-        .filter(|e| is_device(e))
-        .filter(|e| late.contains(&e["args"]["correlation"].as_u64().unwrap_or(u64::MAX)))
-        .collect();
+    let late_device = launched(&ev, &launches(&ev), |l| f(&l["ts"]) > stop_us);
     assert_eq!(late_device.len(), 6);
     let kernels = |d: &Value| d["traces"][0]["kernels"]["count"].as_u64().unwrap();
     assert_eq!(before["traces"][0]["after_stop"], Value::Null);
@@ -214,8 +241,7 @@ fn each_real_step_is_held_against_the_floor_computed_from_the_models_tensors() {
     // scripts/gpu_check.py computed each step's FLOPs and bytes from the model's own weight
     // tensors and shapes (not analyze's closed form), and its % of floor from the step's
     // kernels alone.
-    let provenance: Value =
-        serde_json::from_str(&std::fs::read_to_string(gpu("gpu_check.json")).unwrap()).unwrap();
+    let provenance = provenance(&gpu(""));
     let doc = analyze(&[gpu(TRACE).to_str().unwrap()]);
     let t = &doc["traces"][0];
     assert_eq!(t["peaks"]["tflops"], 989.4); // H100 SXM, from the trace's deviceProperties
@@ -242,31 +268,9 @@ fn each_real_step_is_held_against_the_floor_computed_from_the_models_tensors() {
     }
 }
 
-/// Each device event of the eager decode, in time order: its name and the innermost CPU
-/// operator around the runtime call that launched it.
-fn eager_kernels() -> Vec<(String, String)> {
-    let ev = events(&gpu("eager_decode.pt.trace.json.gz"));
-    let by_corr = launches(&ev);
-    let ops: Vec<&Value> = ev.iter().filter(|e| cat(e) == "cpu_op").collect();
-    let mut device: Vec<&Value> = ev.iter().filter(|e| is_device(e)).collect();
-    device.sort_by(|a, b| f(&a["ts"]).total_cmp(&f(&b["ts"])));
-    device
-        .iter()
-        .map(|d| {
-            let launch = by_corr[&d["args"]["correlation"].as_u64().unwrap()];
-            let op = ops
-                .iter()
-                .filter(|o| o["tid"] == launch["tid"] && within(launch, o))
-                .min_by(|a, b| f(&a["dur"]).total_cmp(&f(&b["dur"])))
-                .map_or("?", |o| o["name"].as_str().unwrap());
-            (d["name"].as_str().unwrap().to_string(), op.to_string())
-        })
-        .collect()
-}
-
 #[test]
 fn each_replay_kernel_is_given_the_operator_that_launched_it_at_capture() {
-    let eager = eager_kernels();
+    let eager = eager_by_annotation(&gpu("eager_decode.pt.trace.json.gz"))["eager_decode"].clone();
     assert_eq!(eager.len(), 37);
     // The replays, read here: each one's device events in time order.
     let ev = events(&gpu(TRACE));
@@ -291,12 +295,10 @@ fn each_replay_kernel_is_given_the_operator_that_launched_it_at_capture() {
             continue; // the replay launched after the window, partly recorded
         }
         whole += 1;
-        for (d, (name, op)) in r.iter().zip(&eager) {
+        for (d, (name, _)) in r.iter().zip(&eager) {
             assert_eq!(d["name"].as_str().unwrap(), name);
-            let w = want.entry(op.clone()).or_default();
-            w.0 += 1;
-            w.1 += f(&d["dur"]);
         }
+        add_ops(&mut want, r, &eager);
     }
     assert_eq!(whole, 9);
 
@@ -315,14 +317,8 @@ fn each_replay_kernel_is_given_the_operator_that_launched_it_at_capture() {
         "{why}"
     );
     assert_eq!(g["captures"][0][0], "capture_32_FULL");
-    let ours = g["ops"].as_array().unwrap();
-    assert_eq!(ours.len(), want.len());
-    for o in ours {
-        let (events, total) = want[o["op"].as_str().unwrap()];
-        assert_eq!(o["events"].as_u64(), Some(events), "{o}");
-        assert!((f(&o["total_us"]) - total).abs() <= 1e-6 * total, "{o}");
-    }
-    assert_eq!(ours[0]["op"], "aten::copy_"); // the GQA heads' repeat_interleave, 47%
+    assert_ops(g, &want);
+    assert_eq!(g["ops"][0]["op"], "aten::copy_"); // the GQA heads' repeat_interleave, 47%
 
     let out = stepscope(&[
         "analyze",
@@ -337,19 +333,16 @@ fn each_replay_kernel_is_given_the_operator_that_launched_it_at_capture() {
     );
 }
 
-/// Per eager annotation (`eager_{batch}`) of `path`: its device events in time order, each with
-/// its name and the innermost CPU operator around its launch.
+/// Per annotation of an eager run's trace (`eager_decode`, `eager_{batch}`): the device events
+/// launched inside it in time order, each with its name and the innermost CPU operator around
+/// its launch.
 fn eager_by_annotation(path: &Path) -> HashMap<String, Vec<(String, String)>> {
     let ev = events(path);
     let by_corr = launches(&ev);
     let ops: Vec<&Value> = ev.iter().filter(|e| cat(e) == "cpu_op").collect();
     let mut out = HashMap::new();
     for a in ev.iter().filter(|e| cat(e) == "user_annotation") {
-        let mut device: Vec<&Value> = ev
-            .iter()
-            .filter(|e| is_device(e))
-            .filter(|e| within(by_corr[&e["args"]["correlation"].as_u64().unwrap()], a))
-            .collect();
+        let mut device = launched(&ev, &by_corr, |l| within(l, a));
         device.sort_by(|x, y| f(&x["ts"]).total_cmp(&f(&y["ts"])));
         let list = device
             .iter()
@@ -374,9 +367,7 @@ fn one_graph_per_batch_size_in_one_capture_trace_maps_each_replay_as_vllm_captur
     // the decode steps cycling through them. The sizes launch different kernels (cuBLAS splits
     // the smaller products: 39 nodes against 37), from the same operators.
     let dir = gpu("batches");
-    let provenance: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("gpu_check.json")).unwrap())
-            .unwrap();
+    let provenance = provenance(&dir);
     let eager = eager_by_annotation(&dir.join("eager_batches.pt.trace.json.gz"));
     let trace = dir.join("batches_rank0.pt.trace.json.gz");
     let ev = events(&trace);
@@ -398,24 +389,14 @@ fn one_graph_per_batch_size_in_one_capture_trace_maps_each_replay_as_vllm_captur
             expected.len() as u64,
             nodes["kernel"].as_u64().unwrap() + nodes["memcpy"].as_u64().unwrap()
         );
-        let mut replay: Vec<&Value> = ev
-            .iter()
-            .filter(|e| is_device(e))
-            .filter(|e| {
-                by_corr
-                    .get(&e["args"]["correlation"].as_u64().unwrap_or(u64::MAX))
-                    .is_some_and(|l| l["name"] == "cudaGraphLaunch" && within(l, step))
-            })
-            .collect();
+        let mut replay = launched(&ev, &by_corr, |l| {
+            l["name"] == "cudaGraphLaunch" && within(l, step)
+        });
         replay.sort_by(|a, b| f(&a["ts"]).total_cmp(&f(&b["ts"])));
         let names: Vec<&str> = replay.iter().map(|e| e["name"].as_str().unwrap()).collect();
         let eager_names: Vec<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, eager_names, "{name}");
-        for (d, (_, op)) in replay.iter().zip(&expected) {
-            let w = want.entry(op.clone()).or_default();
-            w.0 += 1;
-            w.1 += f(&d["dur"]);
-        }
+        add_ops(&mut want, &replay, &expected);
         replays += 1;
     }
     assert_eq!(replays, 9);
@@ -438,13 +419,7 @@ fn one_graph_per_batch_size_in_one_capture_trace_maps_each_replay_as_vllm_captur
             ["capture_32_FULL", 3]
         ])
     );
-    let ours = g["ops"].as_array().unwrap();
-    assert_eq!(ours.len(), want.len());
-    for o in ours {
-        let (events, total) = want[o["op"].as_str().unwrap()];
-        assert_eq!(o["events"].as_u64(), Some(events), "{o}");
-        assert!((f(&o["total_us"]) - total).abs() <= 1e-6 * total, "{o}");
-    }
+    assert_ops(g, &want);
 }
 
 #[test]

@@ -419,22 +419,18 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
             crate::load::read_files(&files, crate::load::MEMORY_BUDGET, |f| replay_ops(&map, f))
                 .into_iter()
                 .zip(&files)
-                .map(|(g, f)| match g {
-                    Some(Ok(g)) => Some(g),
-                    Some(Err(e)) => {
-                        eprintln!("stepscope: error: {e}");
-                        errors.push(e);
-                        None
-                    }
-                    None => {
-                        let e = crate::trace::TraceError {
+                .map(|(g, f)| {
+                    let read = g.unwrap_or_else(|| {
+                        Err(crate::trace::TraceError {
                             path: f.to_path_buf(),
                             message: "internal error: its graph replays were not read".into(),
-                        };
+                        })
+                    });
+                    read.map_err(|e| {
                         eprintln!("stepscope: error: {e}");
                         errors.push(e);
-                        None
-                    }
+                    })
+                    .ok()
                 })
                 .collect()
         }
@@ -508,14 +504,11 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
         println!("{doc}");
     } else {
         for ((r, reqs), g) in reports.iter().zip(&per_trace).zip(&graph_ops) {
-            if let Some(g) = g {
-                println!("{}", render(r));
-                println!("{}", render_graph_ops(g));
-                if let Some(top) = a.requests {
-                    println!("{}", requests::render(reqs, top));
-                }
-                continue;
-            }
+            // After the trace's tables, its time inside graph replays (--graph-capture).
+            let graph = g
+                .as_ref()
+                .map(|g| format!("\n{}", render_graph_ops(g)))
+                .unwrap_or_default();
             match (&a.request, a.requests) {
                 // One request: its iterations, not the whole trace's tables.
                 (Some(_), _) => {
@@ -525,8 +518,10 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
                     reqs.iter()
                         .for_each(|q| println!("{}", requests::render_one(q)));
                 }
-                (None, Some(top)) => println!("{}{}", render(r), requests::render(reqs, top)),
-                (None, None) => println!("{}", render(r)),
+                (None, Some(top)) => {
+                    println!("{}{graph}{}", render(r), requests::render(reqs, top))
+                }
+                (None, None) => println!("{}{graph}", render(r)),
             }
         }
         if reports.len() > 1 {

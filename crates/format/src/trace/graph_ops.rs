@@ -32,11 +32,13 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::event::{Event, Id, Meta};
+use super::event::{Event, Meta};
 use super::explain::CallKind;
 use super::stream::EventSink;
+use super::summarizer::{device_category, is_launch_category, is_step_annotation, ThreadKey};
 
-/// What a graph node (and the replay's device event made from it) is.
+/// What a device event is (a kernel, memcpy or memset), and the graph node a replay's event
+/// was made from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NodeKind {
     /// A kernel (`cat: kernel`).
@@ -113,18 +115,9 @@ struct CallAt {
 /// Reads a capture trace: its runtime calls, CPU operators and annotations, per thread.
 #[derive(Debug, Default)]
 pub struct CaptureReader {
-    calls: HashMap<String, Vec<CallAt>>,
-    ops: HashMap<String, Vec<Span>>,
-    annotations: HashMap<String, Vec<Span>>,
-}
-
-fn thread_key(e: &Event<'_>) -> String {
-    let id = |i: &Option<Id<'_>>| match i {
-        Some(Id::Num(n)) => n.to_string(),
-        Some(Id::Str(s)) => s.to_string(),
-        None => String::new(),
-    };
-    format!("{}/{}", id(&e.pid), id(&e.tid))
+    calls: HashMap<ThreadKey, Vec<CallAt>>,
+    ops: HashMap<ThreadKey, Vec<Span>>,
+    annotations: HashMap<ThreadKey, Vec<Span>>,
 }
 
 fn call_of(name: &str) -> Option<Call> {
@@ -157,14 +150,17 @@ impl EventSink for CaptureReader {
         };
         let dur = e.dur.unwrap_or(0.0);
         match e.cat.as_deref().unwrap_or("") {
-            cat @ ("cuda_runtime" | "cuda_driver") => {
+            cat if is_launch_category(cat) => {
                 let Some(call) = call_of(name) else { return };
-                self.calls.entry(thread_key(&e)).or_default().push(CallAt {
-                    ts,
-                    end: ts + dur,
-                    call,
-                    driver: cat == "cuda_driver",
-                });
+                self.calls
+                    .entry(ThreadKey::of(&e))
+                    .or_default()
+                    .push(CallAt {
+                        ts,
+                        end: ts + dur,
+                        call,
+                        driver: cat == "cuda_driver",
+                    });
             }
             cat @ ("cpu_op" | "user_annotation") => {
                 let span = Span {
@@ -177,7 +173,7 @@ impl EventSink for CaptureReader {
                 } else {
                     &mut self.annotations
                 };
-                to.entry(thread_key(&e)).or_default().push(span);
+                to.entry(ThreadKey::of(&e)).or_default().push(span);
             }
             _ => {}
         }
@@ -222,7 +218,7 @@ impl CaptureReader {
     /// The capture regions, in time order per thread, and why each one left out was.
     fn regions(mut self) -> (Vec<CaptureRegion>, Vec<String>) {
         let (mut out, mut skipped) = (Vec::new(), Vec::new());
-        let mut threads: Vec<String> = self.calls.keys().cloned().collect();
+        let mut threads: Vec<ThreadKey> = self.calls.keys().cloned().collect();
         threads.sort();
         for thread in threads {
             let Some(mut calls) = self.calls.remove(&thread) else {
@@ -348,7 +344,8 @@ pub struct ReplayReader {
     /// (correlation, start) of each `cudaGraphLaunch`.
     launches: Vec<(u64, f64)>,
     devices: Vec<Device>,
-    /// (start, end) of each step annotation (`execute_…`, `ProfilerStep#…`).
+    /// (start, end) of each step annotation (the summarizer's rule: `execute_…`,
+    /// `ProfilerStep#…`).
     steps: Vec<(f64, f64)>,
 }
 
@@ -362,23 +359,15 @@ impl EventSink for ReplayReader {
         let Some(ts) = e.ts else { return };
         let cat = e.cat.as_deref().unwrap_or("");
         let name = e.name.as_deref().unwrap_or("");
-        let kind = match cat {
-            "cuda_runtime" | "cuda_driver" if CallKind::of(name) == CallKind::Graph => {
+        let Some(kind) = device_category(cat) else {
+            if is_launch_category(cat) && CallKind::of(name) == CallKind::Graph {
                 if let Some(c) = e.args().correlation {
                     self.launches.push((c, ts));
                 }
-                return;
-            }
-            "user_annotation"
-                if name.starts_with("execute_") || name.starts_with("ProfilerStep#") =>
-            {
+            } else if is_step_annotation(cat, name) {
                 self.steps.push((ts, ts + e.dur.unwrap_or(0.0)));
-                return;
             }
-            "kernel" => NodeKind::Kernel,
-            "gpu_memcpy" => NodeKind::Memcpy,
-            "gpu_memset" => NodeKind::Memset,
-            _ => return,
+            return;
         };
         let args = e.args();
         let Some(corr) = args.correlation else { return };

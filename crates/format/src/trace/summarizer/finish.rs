@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::{Acc, Summarizer, ANNOTATION};
 use crate::trace::breakdown::{Breakdown, NameCategory, NameTime};
 use crate::trace::event::Meta;
-use crate::trace::explain::{explain, launch_of, Explained, Inputs, OpClass, NO_NAME};
+use crate::trace::explain::{explain, launch_of, Explained, Inputs, NO_NAME};
 use crate::trace::floor::PeakOverride;
 use crate::trace::gpu_time::{KernelKind, LaunchStats};
 use crate::trace::header::{StepRequests, StepWork};
@@ -170,21 +170,9 @@ impl Summarizer {
         self.kernels.iter_mut().for_each(|a| *a = Acc::default());
         (self.kernel_count, self.kernel_total) = (0, 0.0);
         (self.memcpy_count, self.memset_count, self.copy_us) = (0, 0, 0.0);
-        for op in &self.device_ops {
-            let dur = op.end - op.ts;
-            if op.name != NO_NAME {
-                self.kernel_count += 1;
-                self.kernel_total += dur;
-                self.kernels[op.name as usize].add(dur);
-            } else {
-                if op.class == OpClass::Memset {
-                    self.memset_count += 1;
-                } else {
-                    self.memcpy_count += 1;
-                }
-                self.copy_us += dur;
-            }
-        }
+        let kept = std::mem::take(&mut self.device_ops);
+        kept.iter().for_each(|op| self.tally(op));
+        self.device_ops = kept;
         let kept_end = self
             .device_ops
             .iter()

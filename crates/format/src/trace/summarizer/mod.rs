@@ -14,6 +14,7 @@ use std::collections::HashMap;
 
 use super::event::{Event, Id, Meta};
 use super::explain::{CallKind, DeviceOp, Launch, OpClass, NO_CORRELATION, NO_NAME};
+use super::graph_ops::NodeKind;
 use super::stream::EventSink;
 
 #[derive(Default, Clone, Copy)]
@@ -70,10 +71,21 @@ impl CpuOp {
 }
 
 /// A process and thread id, owned (numbers in Kineto's traces; strings elsewhere).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum ThreadKey {
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum ThreadKey {
     Num(i64, i64),
     Other(String),
+}
+
+impl ThreadKey {
+    /// An event's thread.
+    pub(crate) fn of(e: &Event<'_>) -> Self {
+        match (&e.pid, &e.tid) {
+            (Some(Id::Num(p)), Some(Id::Num(t))) => ThreadKey::Num(*p, *t),
+            (None, Some(Id::Num(t))) => ThreadKey::Num(i64::MIN, *t),
+            (p, t) => ThreadKey::Other(format!("{p:?}/{t:?}")),
+        }
+    }
 }
 
 /// Interned strings: each distinct name is stored once.
@@ -99,25 +111,26 @@ impl Names {
     }
 }
 
-/// The device categories, and what their events count as.
-enum Device {
-    Kernel,
-    Memcpy,
-    Memset,
-}
-
-fn device_category(cat: &str) -> Option<Device> {
+/// The device categories, and what their events are.
+pub(crate) fn device_category(cat: &str) -> Option<NodeKind> {
     match cat {
         // MTIA's on-device events are Kineto's CONCURRENT_KERNEL under another name.
-        "kernel" | "mtia_ccp_events" => Some(Device::Kernel),
-        "gpu_memcpy" => Some(Device::Memcpy),
-        "gpu_memset" => Some(Device::Memset),
+        "kernel" | "mtia_ccp_events" => Some(NodeKind::Kernel),
+        "gpu_memcpy" => Some(NodeKind::Memcpy),
+        "gpu_memset" => Some(NodeKind::Memset),
         _ => None,
     }
 }
 
+/// Whether an event is a step's annotation: `ProfilerStep#N` (torch's schedule), or an
+/// engine iteration's `execute_…` (vLLM's and stepscope's names) other than its GPU echo.
+pub(crate) fn is_step_annotation(cat: &str, name: &str) -> bool {
+    name.starts_with("ProfilerStep#")
+        || (name.starts_with("execute_") && !matches!(cat, "kernel" | "gpu_user_annotation"))
+}
+
 /// Host-side runtime calls whose correlation id links them to a device event.
-fn is_launch_category(cat: &str) -> bool {
+pub(crate) fn is_launch_category(cat: &str) -> bool {
     matches!(cat, "cuda_runtime" | "cuda_driver" | "mtia_runtime")
 }
 
@@ -191,11 +204,7 @@ impl Summarizer {
     }
 
     fn thread(&mut self, e: &Event<'_>) -> u32 {
-        let key = match (&e.pid, &e.tid) {
-            (Some(Id::Num(p)), Some(Id::Num(t))) => ThreadKey::Num(*p, *t),
-            (None, Some(Id::Num(t))) => ThreadKey::Num(i64::MIN, *t),
-            (p, t) => ThreadKey::Other(format!("{p:?}/{t:?}")),
-        };
+        let key = ThreadKey::of(e);
         let n = self.threads.len() as u32;
         *self.threads.entry(key).or_insert(n)
     }
@@ -211,7 +220,7 @@ impl Summarizer {
         });
     }
 
-    fn device_event(&mut self, e: &Event<'_>, device: Device, name: &str, ts: f64, dur: f64) {
+    fn device_event(&mut self, e: &Event<'_>, device: NodeKind, name: &str, ts: f64, dur: f64) {
         let args = e.args();
         let num = |id: &Option<Id<'_>>| match id {
             Some(Id::Num(n)) => Some(*n),
@@ -225,35 +234,42 @@ impl Summarizer {
             self.lane_list.push((dev, stream));
         }
         let (class, name) = match device {
-            Device::Memcpy => {
-                self.memcpy_count += 1;
-                self.copy_us += dur;
-                (OpClass::of_memcpy(name), NO_NAME)
-            }
-            Device::Memset => {
-                self.memset_count += 1;
-                self.copy_us += dur;
-                (OpClass::Memset, NO_NAME)
-            }
-            Device::Kernel => {
-                self.kernel_count += 1;
-                self.kernel_total += dur;
-                let id = self.kernel_names.intern(name);
-                if self.kernels.len() <= id as usize {
-                    self.kernels.resize(id as usize + 1, Acc::default());
-                }
-                self.kernels[id as usize].add(dur);
-                (OpClass::of_kernel(name), id)
-            }
+            NodeKind::Memcpy => (OpClass::of_memcpy(name), NO_NAME),
+            NodeKind::Memset => (OpClass::Memset, NO_NAME),
+            NodeKind::Kernel => (OpClass::of_kernel(name), self.kernel_names.intern(name)),
         };
-        self.device_ops.push(DeviceOp {
+        let op = DeviceOp {
             ts,
             end: ts + dur,
             corr: args.correlation.unwrap_or(NO_CORRELATION),
             name,
             lane,
             class,
-        });
+        };
+        self.tally(&op);
+        self.device_ops.push(op);
+    }
+
+    /// Counts a device event in the kernel table and the copy totals (as it is read, and again
+    /// for the events kept when some are left out).
+    fn tally(&mut self, op: &DeviceOp) {
+        let dur = op.end - op.ts;
+        if op.name != NO_NAME {
+            self.kernel_count += 1;
+            self.kernel_total += dur;
+            let id = op.name as usize;
+            if self.kernels.len() <= id {
+                self.kernels.resize(id + 1, Acc::default());
+            }
+            self.kernels[id].add(dur);
+        } else {
+            if op.class == OpClass::Memset {
+                self.memset_count += 1;
+            } else {
+                self.memcpy_count += 1;
+            }
+            self.copy_us += dur;
+        }
     }
 }
 
@@ -301,6 +317,9 @@ impl EventSink for Summarizer {
             let id = self.annotation_names.intern(name) | ANNOTATION;
             self.push_cpu_range(&e, ts, dur, id);
         }
+        if !is_step_annotation(cat, name) {
+            return;
+        }
         if name.starts_with("ProfilerStep#") {
             self.profiler_steps.push(Annot {
                 name: name.to_string(),
@@ -309,7 +328,7 @@ impl EventSink for Summarizer {
                 step: None,
                 requests: Vec::new(),
             });
-        } else if name.starts_with("execute_") && !matches!(cat, "kernel" | "gpu_user_annotation") {
+        } else {
             let args = e.args();
             self.execute_steps.push(Annot {
                 name: name.to_string(),
