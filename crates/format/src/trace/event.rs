@@ -175,3 +175,56 @@ pub(crate) struct DistributedInfo {
     #[serde(default)]
     pub world_size: Option<i64>,
 }
+
+/// What a device event is (a kernel, memcpy or memset), and the graph node a replay's event
+/// was made from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NodeKind {
+    /// A kernel (`cat: kernel`).
+    Kernel,
+    /// A memcpy (`gpu_memcpy`).
+    Memcpy,
+    /// A memset (`gpu_memset`).
+    Memset,
+}
+
+/// The device categories, and what their events are.
+pub(crate) fn device_category(cat: &str) -> Option<NodeKind> {
+    match cat {
+        // MTIA's on-device events are Kineto's CONCURRENT_KERNEL under another name.
+        "kernel" | "mtia_ccp_events" => Some(NodeKind::Kernel),
+        "gpu_memcpy" => Some(NodeKind::Memcpy),
+        "gpu_memset" => Some(NodeKind::Memset),
+        _ => None,
+    }
+}
+
+/// Whether an event is a step's annotation: `ProfilerStep#N` (torch's schedule), or an
+/// engine iteration's `execute_…` (vLLM's and stepscope's names) other than its GPU echo.
+pub(crate) fn is_step_annotation(cat: &str, name: &str) -> bool {
+    name.starts_with("ProfilerStep#")
+        || (name.starts_with("execute_") && !matches!(cat, "kernel" | "gpu_user_annotation"))
+}
+
+/// Host-side runtime calls whose correlation id links them to a device event.
+pub(crate) fn is_launch_category(cat: &str) -> bool {
+    matches!(cat, "cuda_runtime" | "cuda_driver" | "mtia_runtime")
+}
+
+/// A process and thread id, owned (numbers in Kineto's traces; strings elsewhere).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum ThreadKey {
+    Num(i64, i64),
+    Other(String),
+}
+
+impl ThreadKey {
+    /// An event's thread.
+    pub(crate) fn of(e: &Event<'_>) -> Self {
+        match (&e.pid, &e.tid) {
+            (Some(Id::Num(p)), Some(Id::Num(t))) => ThreadKey::Num(*p, *t),
+            (None, Some(Id::Num(t))) => ThreadKey::Num(i64::MIN, *t),
+            (p, t) => ThreadKey::Other(format!("{p:?}/{t:?}")),
+        }
+    }
+}

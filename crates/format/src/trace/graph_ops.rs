@@ -32,22 +32,11 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::event::{Event, Meta};
+use super::event::{
+    device_category, is_launch_category, is_step_annotation, Event, Meta, NodeKind, ThreadKey,
+};
 use super::explain::CallKind;
 use super::stream::EventSink;
-use super::summarizer::{device_category, is_launch_category, is_step_annotation, ThreadKey};
-
-/// What a device event is (a kernel, memcpy or memset), and the graph node a replay's event
-/// was made from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum NodeKind {
-    /// A kernel (`cat: kernel`).
-    Kernel,
-    /// A memcpy (`gpu_memcpy`).
-    Memcpy,
-    /// A memset (`gpu_memset`).
-    Memset,
-}
 
 /// One capture region: each launch's operator and kind, in launch order.
 #[derive(Debug, Clone, PartialEq)]
@@ -344,8 +333,7 @@ pub struct ReplayReader {
     /// (correlation, start) of each `cudaGraphLaunch`.
     launches: Vec<(u64, f64)>,
     devices: Vec<Device>,
-    /// (start, end) of each step annotation (the summarizer's rule: `execute_…`,
-    /// `ProfilerStep#…`).
+    /// (start, end) of each step annotation ([`is_step_annotation`]).
     steps: Vec<(f64, f64)>,
 }
 

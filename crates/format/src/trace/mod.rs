@@ -41,7 +41,7 @@ mod summarizer;
 mod summary;
 
 pub use breakdown::{Breakdown, NameCategory, NameTime};
-pub use event::{Args, DeviceProperties, Event, Id, Meta, RawArgs};
+pub use event::{Args, DeviceProperties, Event, Id, Meta, NodeKind, RawArgs};
 pub use explain::KERNEL_WAIT_US;
 pub use floor::{peaks, Cost, DevicePeaks, Floor, PeakOverride, Peaks, Roof, DEVICES};
 pub use gpu_time::{

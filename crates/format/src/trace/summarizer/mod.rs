@@ -12,9 +12,10 @@ mod finish;
 
 use std::collections::HashMap;
 
-use super::event::{Event, Id, Meta};
+use super::event::{
+    device_category, is_launch_category, is_step_annotation, Event, Id, Meta, NodeKind, ThreadKey,
+};
 use super::explain::{CallKind, DeviceOp, Launch, OpClass, NO_CORRELATION, NO_NAME};
-use super::graph_ops::NodeKind;
 use super::stream::EventSink;
 
 #[derive(Default, Clone, Copy)]
@@ -70,24 +71,6 @@ impl CpuOp {
     }
 }
 
-/// A process and thread id, owned (numbers in Kineto's traces; strings elsewhere).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum ThreadKey {
-    Num(i64, i64),
-    Other(String),
-}
-
-impl ThreadKey {
-    /// An event's thread.
-    pub(crate) fn of(e: &Event<'_>) -> Self {
-        match (&e.pid, &e.tid) {
-            (Some(Id::Num(p)), Some(Id::Num(t))) => ThreadKey::Num(*p, *t),
-            (None, Some(Id::Num(t))) => ThreadKey::Num(i64::MIN, *t),
-            (p, t) => ThreadKey::Other(format!("{p:?}/{t:?}")),
-        }
-    }
-}
-
 /// Interned strings: each distinct name is stored once.
 #[derive(Default)]
 struct Names {
@@ -109,29 +92,6 @@ impl Names {
     fn get(&self, id: u32) -> &str {
         self.names.get(id as usize).map_or("", |n| n)
     }
-}
-
-/// The device categories, and what their events are.
-pub(crate) fn device_category(cat: &str) -> Option<NodeKind> {
-    match cat {
-        // MTIA's on-device events are Kineto's CONCURRENT_KERNEL under another name.
-        "kernel" | "mtia_ccp_events" => Some(NodeKind::Kernel),
-        "gpu_memcpy" => Some(NodeKind::Memcpy),
-        "gpu_memset" => Some(NodeKind::Memset),
-        _ => None,
-    }
-}
-
-/// Whether an event is a step's annotation: `ProfilerStep#N` (torch's schedule), or an
-/// engine iteration's `execute_…` (vLLM's and stepscope's names) other than its GPU echo.
-pub(crate) fn is_step_annotation(cat: &str, name: &str) -> bool {
-    name.starts_with("ProfilerStep#")
-        || (name.starts_with("execute_") && !matches!(cat, "kernel" | "gpu_user_annotation"))
-}
-
-/// Host-side runtime calls whose correlation id links them to a device event.
-pub(crate) fn is_launch_category(cat: &str) -> bool {
-    matches!(cat, "cuda_runtime" | "cuda_driver" | "mtia_runtime")
 }
 
 /// The summarizing sink; see the module docs.
