@@ -12,7 +12,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use stepscope_format::manifest::MANIFEST_SUFFIX;
 pub use stepscope_format::trace::{DeviceProperties, Event, EventSink, Id, Meta, RawEvent};
-use stepscope_format::trace::{EventStream, ReadError, StreamErrorKind};
+use stepscope_format::trace::{EventStream, ReadError, StreamErrorKind, CHUNK_HEADROOM};
 
 /// A trace file that could not be read; the message names the file and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,21 +41,35 @@ fn err(path: &Path, message: impl Into<String>) -> TraceError {
 /// Bytes of the compressed file read at a time.
 const FILE_BUFFER: usize = 256 << 10;
 
-/// Opens a trace for reading, gunzipping as it reads when the file starts with the gzip magic
-/// (members concatenated, as `cat a.gz b.gz` makes, are read as one stream).
-pub fn open(path: &Path) -> Result<Box<dyn Read + Send>, TraceError> {
+/// A trace file opened: read as it is, or gunzipped on a thread of its own.
+enum Source {
+    Plain(BufReader<File>),
+    Gzip(Prefetch),
+}
+
+/// Opens a trace, gunzipping as it reads when the file starts with the gzip magic (members
+/// concatenated, as `cat a.gz b.gz` makes, are read as one stream).
+fn open_source(path: &Path) -> Result<Source, TraceError> {
     let file = File::open(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
     let mut input = BufReader::with_capacity(FILE_BUFFER, file);
     let head = input
         .fill_buf()
         .map_err(|e| err(path, format!("cannot read: {e}")))?;
     if head.starts_with(&[0x1f, 0x8b]) {
-        Ok(Box::new(Prefetch::spawn(
+        Ok(Source::Gzip(Prefetch::spawn(
             flate2::bufread::MultiGzDecoder::new(input),
         )))
     } else {
-        Ok(Box::new(input))
+        Ok(Source::Plain(input))
     }
+}
+
+/// Opens a trace for reading its JSON (gunzipped as [`read_events`] reads it).
+pub fn open(path: &Path) -> Result<Box<dyn Read + Send>, TraceError> {
+    Ok(match open_source(path)? {
+        Source::Plain(input) => Box::new(input),
+        Source::Gzip(prefetch) => Box::new(prefetch),
+    })
 }
 
 /// Decompressed bytes handed from the gunzip thread at a time: the first chunk is the
@@ -67,7 +81,9 @@ const PREFETCH_CHUNK: usize = 1 << 20;
 const PREFETCH_DEPTH: usize = 3;
 
 /// A reader whose source is read on a thread of its own, a few chunks ahead: gunzip runs
-/// beside the parser instead of before it. The thread ends when the reader is dropped.
+/// beside the parser instead of before it. Each chunk's bytes follow [`CHUNK_HEADROOM`] bytes
+/// of room, so the parser reads them where they lie ([`EventStream::feed_chunk`]) instead of
+/// copying them. The thread ends when the reader is dropped.
 struct Prefetch {
     chunks: Receiver<std::io::Result<Vec<u8>>>,
     /// Emptied chunks, back to the thread for reuse.
@@ -83,12 +99,17 @@ impl Prefetch {
         let mut size = PREFETCH_FIRST;
         std::thread::spawn(move || loop {
             let mut chunk = back.try_recv().unwrap_or_default();
-            chunk.clear();
+            // The room is zeroed once per buffer; a buffer back from the parser keeps its own.
+            if chunk.len() < CHUNK_HEADROOM {
+                chunk.clear();
+                chunk.resize(CHUNK_HEADROOM, 0);
+            }
+            chunk.truncate(CHUNK_HEADROOM);
             chunk.reserve_exact(size);
             // Read into the chunk's spare capacity: nothing is zeroed first.
             let result = (&mut source).take(size as u64).read_to_end(&mut chunk);
             size = (size * 2).min(PREFETCH_CHUNK);
-            let end = chunk.is_empty() || result.is_err();
+            let end = chunk.len() == CHUNK_HEADROOM || result.is_err();
             let sent = match result {
                 Ok(_) => tx.send(Ok(chunk)),
                 Err(e) => tx.send(Err(e)),
@@ -104,22 +125,40 @@ impl Prefetch {
             at: 0,
         }
     }
+
+    /// The next chunk, `None` after the last.
+    fn next_chunk(&mut self) -> Option<std::io::Result<Vec<u8>>> {
+        match self.chunks.recv() {
+            Ok(Ok(chunk)) if chunk.len() <= CHUNK_HEADROOM => None,
+            Ok(chunk) => Some(chunk),
+            // The thread has ended after the last chunk.
+            Err(_) => None,
+        }
+    }
+
+    /// Streams every chunk's events into `sink`, each read where it lies.
+    fn read_all<S: EventSink>(
+        mut self,
+        mut stream: EventStream,
+        sink: &mut S,
+    ) -> Result<Meta, ReadError> {
+        while let Some(chunk) = self.next_chunk() {
+            let spent = stream.feed_chunk(chunk.map_err(ReadError::Io)?, sink)?;
+            let _ = self.spent.try_send(spent);
+        }
+        Ok(stream.finish(sink)?)
+    }
 }
 
 impl Read for Prefetch {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        while self.at == self.current.len() {
-            let next = match self.chunks.recv() {
-                Ok(chunk) => chunk?,
-                // The thread has ended after the last chunk.
-                Err(_) => return Ok(0),
-            };
-            if next.is_empty() {
+        while self.at >= self.current.len() {
+            let Some(next) = self.next_chunk() else {
                 return Ok(0);
-            }
-            let spent = std::mem::replace(&mut self.current, next);
+            };
+            let spent = std::mem::replace(&mut self.current, next?);
             let _ = self.spent.try_send(spent);
-            self.at = 0;
+            self.at = CHUNK_HEADROOM;
         }
         let n = out.len().min(self.current.len() - self.at);
         out[..n].copy_from_slice(&self.current[self.at..self.at + n]);
@@ -131,25 +170,27 @@ impl Read for Prefetch {
 /// Streams a trace's events into `sink`, reading the file once, in bounded memory (the
 /// event being parsed and what the sink keeps). Returns the trace's top-level metadata.
 pub fn read_events<S: EventSink>(path: &Path, sink: &mut S) -> Result<Meta, TraceError> {
-    let input = open(path)?;
-    EventStream::new()
-        .read_all(input, sink)
-        .map_err(|e| match e {
-            ReadError::Stream(e) if e.kind == StreamErrorKind::NotATrace => err(path, e.message),
-            ReadError::Stream(e) => err(path, format!("not valid trace JSON: {e}")),
-            ReadError::Io(io)
-                if matches!(
-                    io.kind(),
-                    ErrorKind::InvalidInput | ErrorKind::InvalidData | ErrorKind::UnexpectedEof
-                ) =>
-            {
-                err(
-                    path,
-                    format!("not a valid gzip file (truncated or corrupt): {io}"),
-                )
-            }
-            ReadError::Io(io) => err(path, format!("cannot read: {io}")),
-        })
+    let stream = EventStream::new();
+    let read = match open_source(path)? {
+        Source::Plain(input) => stream.read_all(input, sink),
+        Source::Gzip(prefetch) => prefetch.read_all(stream, sink),
+    };
+    read.map_err(|e| match e {
+        ReadError::Stream(e) if e.kind == StreamErrorKind::NotATrace => err(path, e.message),
+        ReadError::Stream(e) => err(path, format!("not valid trace JSON: {e}")),
+        ReadError::Io(io)
+            if matches!(
+                io.kind(),
+                ErrorKind::InvalidInput | ErrorKind::InvalidData | ErrorKind::UnexpectedEof
+            ) =>
+        {
+            err(
+                path,
+                format!("not a valid gzip file (truncated or corrupt): {io}"),
+            )
+        }
+        ReadError::Io(io) => err(path, format!("cannot read: {io}")),
+    })
 }
 
 /// Whether a path looks like a trace file: `.json` or `.json.gz`, not a temporary still being

@@ -52,6 +52,6 @@ pub use graph_ops::{
 };
 pub use header::{Captured, PhaseWork, StepRequests, StepWork, TraceHeader, Trigger};
 pub use scan::{FromTrace, RawEvent, Serde, Skip};
-pub use stream::{EventSink, EventStream, ReadError, StreamError, StreamErrorKind};
+pub use stream::{EventSink, EventStream, ReadError, StreamError, StreamErrorKind, CHUNK_HEADROOM};
 pub use summarizer::Summarizer;
 pub use summary::{AfterStop, Gap, KernelStat, Kernels, OpStat, Split, Step, Summary};

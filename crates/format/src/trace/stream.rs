@@ -39,6 +39,10 @@ pub trait EventSink {
 const FIRST_READ: usize = 64 << 10;
 const CHUNK: usize = 1 << 20;
 
+/// The room at the front of a chunk given to [`EventStream::feed_chunk`], for the bytes of an
+/// event cut at the end of the chunk before it.
+pub const CHUNK_HEADROOM: usize = 64 << 10;
+
 /// Where the reader is in the document's outer structure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -144,7 +148,9 @@ pub struct EventStream {
     buf: Vec<u8>,
     /// The first byte of `buf` not consumed.
     pos: usize,
-    /// Bytes dropped from `buf`'s front so far (for error offsets).
+    /// The document offset of `buf`'s first byte, for error offsets. Wrapping: a chunk handed
+    /// over whole ([`EventStream::feed_chunk`]) may begin with room before the document's
+    /// first byte.
     dropped: u64,
     /// How many bytes beyond those buffered the next step needs before it can move on.
     want: usize,
@@ -182,6 +188,39 @@ impl EventStream {
         self.compact();
         self.buf.extend_from_slice(bytes);
         self.drain_when_ready(sink)
+    }
+
+    /// Feeds the next bytes of the document as a chunk handed over whole: its bytes from
+    /// [`CHUNK_HEADROOM`] on are the document's, the room before them takes the bytes of an
+    /// event the last chunk cut, so the chunk is read where it lies instead of being copied
+    /// (what a gunzip thread hands over). Returns a buffer done with, for the next chunk.
+    pub fn feed_chunk<S: EventSink>(
+        &mut self,
+        mut chunk: Vec<u8>,
+        sink: &mut S,
+    ) -> Result<Vec<u8>, StreamError> {
+        // A chunk no longer than its room holds none of the document.
+        let Some(bytes) = chunk.get(CHUNK_HEADROOM..).filter(|b| !b.is_empty()) else {
+            return Ok(chunk);
+        };
+        let left = self.buf.len() - self.pos;
+        // What a cut value waits for is not all in this chunk, or the cut part does not fit
+        // the room: copied, as `feed` does.
+        if left > CHUNK_HEADROOM || left + bytes.len() < self.want {
+            self.feed(bytes, sink)?;
+            return Ok(chunk);
+        }
+        let at = CHUNK_HEADROOM - left;
+        chunk[at..CHUNK_HEADROOM].copy_from_slice(&self.buf[self.pos..]);
+        // `buf[pos]` and `chunk[at]` are the same byte of the document.
+        self.dropped = self
+            .dropped
+            .wrapping_add(self.pos as u64)
+            .wrapping_sub(at as u64);
+        self.pos = at;
+        let spent = std::mem::replace(&mut self.buf, chunk);
+        self.drain_when_ready(sink)?;
+        Ok(spent)
     }
 
     /// Ends the document: an error if it is incomplete. Returns the top-level metadata.
@@ -240,14 +279,14 @@ impl EventStream {
     fn compact(&mut self) {
         if self.pos > 0 {
             self.buf.drain(..self.pos);
-            self.dropped += self.pos as u64;
+            self.dropped = self.dropped.wrapping_add(self.pos as u64);
             self.pos = 0;
         }
     }
 
     fn error(&self, at: usize, message: impl Into<String>) -> StreamError {
         StreamError {
-            offset: self.dropped + at as u64,
+            offset: self.dropped.wrapping_add(at as u64),
             message: message.into(),
             kind: StreamErrorKind::Malformed,
         }
@@ -497,6 +536,56 @@ mod tests {
         let meta = EventStream::new().read_all(DOC, &mut names).unwrap();
         assert_eq!(names.0.len(), 3);
         assert_eq!(meta.rank, Some(3));
+    }
+
+    /// Feeds `doc` in chunks of `n` bytes handed over whole, each after its room; the buffers
+    /// handed back are reused, as a gunzip thread reuses them.
+    fn feed_chunks_by<S: EventSink>(
+        doc: &[u8],
+        n: usize,
+        sink: &mut S,
+    ) -> Result<Meta, StreamError> {
+        let mut s = EventStream::new();
+        let mut spare: Vec<Vec<u8>> = Vec::new();
+        for piece in doc.chunks(n.max(1)) {
+            let mut chunk = spare.pop().unwrap_or_default();
+            // Whatever the room held before: the stream writes what it needs there.
+            chunk.resize(CHUNK_HEADROOM, 0xAA);
+            chunk.truncate(CHUNK_HEADROOM);
+            chunk.extend_from_slice(piece);
+            spare.push(s.feed_chunk(chunk, sink)?);
+        }
+        // A chunk of room alone holds nothing.
+        spare.push(s.feed_chunk(vec![b'x'; CHUNK_HEADROOM], sink)?);
+        s.finish(sink)
+    }
+
+    #[test]
+    fn chunks_read_where_they_lie_give_what_copied_bytes_give() {
+        for n in 1..DOC.len() + 1 {
+            let mut names = Names(Vec::new());
+            let meta =
+                feed_chunks_by(DOC, n, &mut names).unwrap_or_else(|e| panic!("split {n}: {e}"));
+            assert_eq!(names.0, ["a", "b\"q", "é"], "split {n}");
+            assert_eq!((meta.rank, meta.world_size), (Some(3), Some(8)));
+        }
+        // An event longer than the room, cut across many chunks: copied until whole, in
+        // linear work, then chunks are read in place again.
+        let long = format!(
+            "{{\"traceEvents\": [{{\"name\": \"{}\"}}, {{\"name\": \"after\"}}]}}",
+            "x".repeat(CHUNK_HEADROOM * 3)
+        );
+        let mut names = Names(Vec::new());
+        feed_chunks_by(long.as_bytes(), 1000, &mut names).unwrap();
+        assert_eq!(names.0.len(), 2);
+        assert_eq!(names.0[0].len(), CHUNK_HEADROOM * 3);
+        assert_eq!(names.0[1], "after");
+        // Offsets in errors are the document's, whatever the room before them.
+        let bad = b"{\"traceEvents\": [{}, {\"a\" 1}]}";
+        for n in 1..bad.len() {
+            let e = feed_chunks_by(bad, n, &mut Count(0)).unwrap_err();
+            assert_eq!(e.offset, 26, "split {n}: {e}");
+        }
     }
 
     #[test]
