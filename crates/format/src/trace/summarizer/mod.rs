@@ -11,6 +11,7 @@
 mod finish;
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::event::{
     device_category, is_launch_category, is_step_annotation, Event, Id, Meta, NodeKind, ThreadKey,
@@ -71,10 +72,54 @@ impl CpuOp {
     }
 }
 
+/// The hash of the summarizer's tables (names, lanes, threads): FxHash's word-at-a-time
+/// multiply, several times cheaper than the standard library's keyed SipHash on keys of a few
+/// dozen bytes, looked up once per event. The tables are the reader's own and short-lived:
+/// nothing to guard against.
+#[derive(Default, Clone, Copy)]
+struct TableHasher(u64);
+
+/// A table of the summarizer's: a key to its index.
+type Table<K> = HashMap<K, u32, BuildHasherDefault<TableHasher>>;
+
+impl TableHasher {
+    #[inline(always)]
+    fn mix(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for TableHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(w);
+            self.mix(u64::from_le_bytes(b));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            self.mix(u64::from_le_bytes(b));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.mix(u64::from(i));
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// Interned strings: each distinct name is stored once.
 #[derive(Default)]
 struct Names {
-    ids: HashMap<Box<str>, u32>,
+    ids: Table<Box<str>>,
     names: Vec<Box<str>>,
 }
 
@@ -104,6 +149,8 @@ pub struct Summarizer {
     first: f64,
     last: f64,
     kernel_names: Names,
+    /// Each kernel name's class, by its id in `kernel_names` (found once per name).
+    kernel_classes: Vec<OpClass>,
     kernels: Vec<Acc>,
     kernel_count: u64,
     kernel_total: f64,
@@ -116,12 +163,12 @@ pub struct Summarizer {
     /// Each runtime call with a correlation id (24 bytes each).
     launches: Vec<Launch>,
     /// The (device, stream) lanes of `device_ops`, interned.
-    lanes: HashMap<(i64, i64), u32>,
+    lanes: Table<(i64, i64)>,
     lane_list: Vec<(i64, i64)>,
     op_names: Names,
     ops: Vec<Acc>,
     cpu_ops: Vec<CpuOp>,
-    threads: HashMap<ThreadKey, u32>,
+    threads: Table<ThreadKey>,
     profiler_steps: Vec<Annot>,
     execute_steps: Vec<Annot>,
     /// Whether [`Summarizer::finish_with_breakdown`] will be asked for: user annotations are
@@ -196,7 +243,19 @@ impl Summarizer {
         let (class, name) = match device {
             NodeKind::Memcpy => (OpClass::of_memcpy(name), NO_NAME),
             NodeKind::Memset => (OpClass::Memset, NO_NAME),
-            NodeKind::Kernel => (OpClass::of_kernel(name), self.kernel_names.intern(name)),
+            NodeKind::Kernel => {
+                let id = self.kernel_names.intern(name);
+                let class = match self.kernel_classes.get(id as usize) {
+                    Some(&class) => class,
+                    // A name seen for the first time: ids are given in order.
+                    None => {
+                        let class = OpClass::of_kernel(name);
+                        self.kernel_classes.push(class);
+                        class
+                    }
+                };
+                (class, id)
+            }
         };
         let op = DeviceOp {
             ts,
