@@ -40,8 +40,8 @@ const FIRST_READ: usize = 64 << 10;
 const CHUNK: usize = 1 << 20;
 
 /// The room at the front of a chunk given to [`EventStream::feed_chunk`], for the bytes of an
-/// event cut at the end of the chunk before it.
-pub const CHUNK_HEADROOM: usize = 64 << 10;
+/// event cut at the end of the chunk before it (a longer one is copied instead).
+pub const CHUNK_HEADROOM: usize = 16 << 10;
 
 /// Where the reader is in the document's outer structure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
