@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Times `stepscope analyze` against Holistic Trace Analysis 0.5.0 on the same traces, one row
 # per trace, and prints the ratios. stepscope is timed as a whole process (start, gunzip, parse,
-# analysis, JSON out; best of 7). HTA (TraceAnalysis + get_gpu_kernel_breakdown) twice: as a
+# analysis, JSON out; best of 8). HTA (TraceAnalysis + get_gpu_kernel_breakdown) twice: as a
 # whole process too, as a user runs it (interpreter start and imports included, best of 3), and
-# in-process, its import and interpreter start left out (best of 3), which favours HTA.
+# in-process, its import and interpreter start left out (best of 3, one after another in one
+# process), which favours HTA. stepscope's runs are taken four just before HTA's in-process runs
+# and four just after, so that both bests come from the same stretch of the machine's time.
 # HTA comes from the package registry in its own venv, .bench-venv/ (scripts/hta_venv.sh).
 # Usage: scripts/bench_hta.sh [TRACE.json.gz ...]   (default: every trace of ../shared/traces/hta
 # with over 1 MB of JSON, else those of cli/tests/data/hta). Not part of `make test`.
@@ -31,19 +33,7 @@ for trace in "$@"; do
   d="$dir/$(basename "$trace" .json.gz)"
   mkdir -p "$d"
   cp "$trace" "$d/"
-  # stepscope from a plain interpreter: forking from one that has pandas loaded would charge
-  # HTA's process size to stepscope.
-  ours=$(python3 - "$bin" "$d" <<'PY'
-import subprocess, sys, time
-b, d = sys.argv[1:]
-t = []
-for _ in range(7):
-    s = time.perf_counter()
-    subprocess.run([b, "analyze", "--json", "--from-traces", d], check=True, stdout=subprocess.DEVNULL)
-    t.append(time.perf_counter() - s)
-print(min(t))
-PY
-)
+  # HTA as a user runs it: a whole process each time.
   hta_process=$(python3 - "$venv/bin/python" "$d" <<'PY'
 import subprocess, sys, time
 py, d = sys.argv[1:]
@@ -60,20 +50,44 @@ for _ in range(3):
 print(min(t))
 PY
 )
-  hta=$("$venv/bin/python" - "$d" <<'PY'
-import sys, time, logging, warnings
-warnings.filterwarnings("ignore")
-logging.disable(logging.WARNING)
-from hta.trace_analysis import TraceAnalysis
-d = sys.argv[1]
-t = []
+  # stepscope's runs around HTA's in-process runs: on a shared VM whose speed drifts, a best of
+  # each taken a minute apart compared two machines. HTA runs in one process of its venv,
+  # imported once; stepscope from this plain interpreter (forking from one that has pandas
+  # loaded would charge HTA's process size to stepscope).
+  read -r ours hta < <(python3 - "$bin" "$venv/bin/python" "$d" <<'PY'
+import subprocess, sys, time
+b, py, d = sys.argv[1:]
+server = (
+    "import sys, time, logging, warnings\n"
+    "warnings.filterwarnings('ignore'); logging.disable(logging.WARNING)\n"
+    "from hta.trace_analysis import TraceAnalysis\n"
+    "for _ in sys.stdin:\n"
+    "    s = time.perf_counter()\n"
+    "    TraceAnalysis(trace_dir=sys.argv[1]).get_gpu_kernel_breakdown(visualize=False)\n"
+    "    print(time.perf_counter() - s, flush=True)\n"
+)
+hta = subprocess.Popen([py, "-c", server, d], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, text=True)
+ours, theirs = [], []
+def run_ours(n):
+    for _ in range(n):
+        s = time.perf_counter()
+        subprocess.run([b, "analyze", "--json", "--from-traces", d], check=True,
+                       stdout=subprocess.DEVNULL)
+        ours.append(time.perf_counter() - s)
+run_ours(4)
 for _ in range(3):
-    s = time.perf_counter()
-    TraceAnalysis(trace_dir=d).get_gpu_kernel_breakdown(visualize=False)
-    t.append(time.perf_counter() - s)
-print(min(t))
+    hta.stdin.write("run\n")
+    hta.stdin.flush()
+    line = hta.stdout.readline()
+    theirs.append(float(line) if line.strip() else float("nan"))
+run_ours(4)
+hta.stdin.close()
+hta.wait()
+print(min(ours), min(theirs))
 PY
-) || hta=""
+)
+  ours=${ours:-nan}
   python3 - "$(basename "$trace")" "$json" "${hta_process:-nan}" "${hta:-nan}" "$ours" <<'PY'
 import math, sys
 name, json = sys.argv[1], int(sys.argv[2])
