@@ -97,7 +97,12 @@ impl Prefetch {
         let (tx, chunks) = sync_channel(PREFETCH_DEPTH);
         let (spent, back) = sync_channel::<Vec<u8>>(PREFETCH_DEPTH + 1);
         std::thread::spawn(move || loop {
-            let mut chunk = back.try_recv().unwrap_or_default();
+            let mut chunk = back
+                .try_recv()
+                .ok()
+                // A buffer the parser grew for an event longer than the room is let go.
+                .filter(|c| c.capacity() <= 2 * (CHUNK_HEADROOM + PREFETCH_CHUNK))
+                .unwrap_or_default();
             // The room is zeroed once per buffer; a buffer back from the parser keeps its own.
             if chunk.len() < CHUNK_HEADROOM {
                 chunk.clear();

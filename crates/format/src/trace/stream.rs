@@ -230,12 +230,11 @@ impl EventStream {
             return Err(self.error(self.buf.len(), "the JSON ends early (truncated trace)"));
         }
         if !self.meta.has_events {
+            // The whole document is at fault: its first byte.
             return Err(StreamError {
+                offset: 0,
+                message: "JSON without a \"traceEvents\" array: not a Kineto/Chrome trace".into(),
                 kind: StreamErrorKind::NotATrace,
-                ..self.error(
-                    0,
-                    "JSON without a \"traceEvents\" array: not a Kineto/Chrome trace",
-                )
             });
         }
         Ok(self.meta)
@@ -580,6 +579,15 @@ mod tests {
         assert_eq!(names.0.len(), 2);
         assert_eq!(names.0[0].len(), CHUNK_HEADROOM * 3);
         assert_eq!(names.0[1], "after");
+        // A document that is no trace is at fault from its first byte, however it was fed.
+        for n in [1, 3, 100] {
+            let e = feed_chunks_by(br#"{"a": 1, "b": [2]}"#, n, &mut Count(0)).unwrap_err();
+            assert_eq!(
+                (e.kind, e.offset),
+                (StreamErrorKind::NotATrace, 0),
+                "split {n}"
+            );
+        }
         // Offsets in errors are the document's, whatever the room before them.
         let bad = b"{\"traceEvents\": [{}, {\"a\" 1}]}";
         for n in 1..bad.len() {
