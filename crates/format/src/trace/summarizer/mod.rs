@@ -74,8 +74,8 @@ impl CpuOp {
 
 /// The hash of the summarizer's tables (names, lanes, threads): FxHash's word-at-a-time
 /// multiply, several times cheaper than the standard library's keyed SipHash on keys of a few
-/// dozen bytes, looked up once per event. The tables are the reader's own and short-lived:
-/// nothing to guard against.
+/// dozen bytes, looked up once per event. Unkeyed: a trace whose names were chosen to collide
+/// would make its own reading slower, never wrong, in a process of its reader's own.
 #[derive(Default, Clone, Copy)]
 struct TableHasher(u64);
 
