@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::{Acc, Summarizer, ANNOTATION};
 use crate::trace::breakdown::{Breakdown, NameCategory, NameTime};
 use crate::trace::event::Meta;
-use crate::trace::explain::{explain, launch_of, Explained, Inputs, NO_NAME};
+use crate::trace::explain::{explain, launch_of, DeviceOp, Explained, Inputs, OpClass, NO_NAME};
 use crate::trace::floor::PeakOverride;
 use crate::trace::gpu_time::{KernelKind, LaunchStats};
 use crate::trace::header::{StepRequests, StepWork};
@@ -15,6 +15,44 @@ use crate::trace::summary::{AfterStop, Gap, KernelStat, Kernels, OpStat, Split, 
 
 /// Idle gaps listed.
 const GAPS: usize = 5;
+
+/// The kernel table (by name id) and the copy totals of a trace's device events.
+#[derive(Default)]
+struct Totals {
+    kernels: Vec<Acc>,
+    kernel_count: u64,
+    kernel_total: f64,
+    memcpy_count: u64,
+    memset_count: u64,
+    /// Memcpy and memset time: the kernels' kinds come from their names.
+    copy_us: f64,
+}
+
+impl Totals {
+    /// Counted from `ops`, with a row for each of `names` kernel names.
+    fn of(ops: &[DeviceOp], names: usize) -> Self {
+        let mut t = Totals {
+            kernels: vec![Acc::default(); names],
+            ..Totals::default()
+        };
+        for op in ops {
+            let dur = op.end - op.ts;
+            if let Some(a) = t.kernels.get_mut(op.name as usize) {
+                t.kernel_count += 1;
+                t.kernel_total += dur;
+                a.add(dur);
+            } else {
+                if op.class == OpClass::Memset {
+                    t.memset_count += 1;
+                } else {
+                    t.memcpy_count += 1;
+                }
+                t.copy_us += dur;
+            }
+        }
+        t
+    }
+}
 
 impl Summarizer {
     /// Computes the summary. `top`: kernel and operator names kept (0: all).
@@ -39,6 +77,7 @@ impl Summarizer {
         // Sorted by correlation, file order kept among equals: the last launch of an id wins.
         self.launches.sort_by_key(|l| l.corr);
         let after_stop = self.leave_out_after_stop(&meta);
+        let totals = Totals::of(&self.device_ops, self.kernel_names.names.len());
         let (first, span) = if self.first > self.last {
             (0.0, 0.0)
         } else {
@@ -48,7 +87,7 @@ impl Summarizer {
         let busy = explained.trace.busy_us;
         let devices = explained.devices;
         let gaps = self.gaps(explained.gaps, first);
-        let mut kernels: Vec<KernelStat> = self
+        let mut kernels: Vec<KernelStat> = totals
             .kernels
             .iter()
             .enumerate()
@@ -66,7 +105,7 @@ impl Summarizer {
             .collect();
         kernels.sort_by(|a, b| b.total_us.total_cmp(&a.total_us).then(a.name.cmp(&b.name)));
         let mut split = Split {
-            memory_us: self.copy_us,
+            memory_us: totals.copy_us,
             ..Split::default()
         };
         for k in &kernels {
@@ -95,13 +134,13 @@ impl Summarizer {
             devices: meta.devices,
             events: self.events,
             kernels: Kernels {
-                count: self.kernel_count,
-                total_us: self.kernel_total,
+                count: totals.kernel_count,
+                total_us: totals.kernel_total,
                 by_name: kernels,
             },
             split,
-            memcpy_count: self.memcpy_count,
-            memset_count: self.memset_count,
+            memcpy_count: totals.memcpy_count,
+            memset_count: totals.memset_count,
             gpu_busy_us: busy,
             gpu_devices: devices,
             span_us: span,
@@ -127,8 +166,8 @@ impl Summarizer {
     }
 
     /// Leaves out what was launched after the capture stopped (the header's `stop_unix_ns`,
-    /// placed on the trace's clock by `baseTimeNanoseconds`): those runtime calls, the device
-    /// events they launched, and the kernel and copy totals recounted without them; the span
+    /// placed on the trace's clock by `baseTimeNanoseconds`): those runtime calls and the device
+    /// events they launched (the kernel and copy totals are counted after, from the rest); the span
     /// ends at the last of what is kept. `None` when the trace does not say when it stopped,
     /// or nothing was launched after.
     fn leave_out_after_stop(&mut self, meta: &Meta) -> Option<AfterStop> {
@@ -166,13 +205,6 @@ impl Summarizer {
             !gone
         });
         self.launches.retain(|l| !is_late(l.corr));
-        // The totals, recounted from what is kept.
-        self.kernels.iter_mut().for_each(|a| *a = Acc::default());
-        (self.kernel_count, self.kernel_total) = (0, 0.0);
-        (self.memcpy_count, self.memset_count, self.copy_us) = (0, 0, 0.0);
-        let kept = std::mem::take(&mut self.device_ops);
-        kept.iter().for_each(|op| self.tally(op));
-        self.device_ops = kept;
         let kept_end = self
             .device_ops
             .iter()

@@ -151,14 +151,8 @@ pub struct Summarizer {
     kernel_names: Names,
     /// Each kernel name's class, by its id in `kernel_names` (found once per name).
     kernel_classes: Vec<OpClass>,
-    kernels: Vec<Acc>,
-    kernel_count: u64,
-    kernel_total: f64,
-    /// Memcpy and memset time: the kernels' kinds come from their names, in `finish`.
-    copy_us: f64,
-    memcpy_count: u64,
-    memset_count: u64,
-    /// Every kernel, memcpy and memset (40 bytes each).
+    /// Every kernel, memcpy and memset (40 bytes each): the kernel table and the copy totals
+    /// are counted from these in `finish`, once what is left out is gone.
     device_ops: Vec<DeviceOp>,
     /// Each runtime call with a correlation id (24 bytes each).
     launches: Vec<Launch>,
@@ -257,38 +251,14 @@ impl Summarizer {
                 (class, id)
             }
         };
-        let op = DeviceOp {
+        self.device_ops.push(DeviceOp {
             ts,
             end: ts + dur,
             corr: args.correlation.unwrap_or(NO_CORRELATION),
             name,
             lane,
             class,
-        };
-        self.tally(&op);
-        self.device_ops.push(op);
-    }
-
-    /// Counts a device event in the kernel table and the copy totals (as it is read, and again
-    /// for the events kept when some are left out).
-    fn tally(&mut self, op: &DeviceOp) {
-        let dur = op.end - op.ts;
-        if op.name != NO_NAME {
-            self.kernel_count += 1;
-            self.kernel_total += dur;
-            let id = op.name as usize;
-            if self.kernels.len() <= id {
-                self.kernels.resize(id + 1, Acc::default());
-            }
-            self.kernels[id].add(dur);
-        } else {
-            if op.class == OpClass::Memset {
-                self.memset_count += 1;
-            } else {
-                self.memcpy_count += 1;
-            }
-            self.copy_us += dur;
-        }
+        });
     }
 }
 
