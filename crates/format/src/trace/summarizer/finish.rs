@@ -87,10 +87,12 @@ impl Summarizer {
         let busy = explained.trace.busy_us;
         let devices = explained.devices;
         let gaps = self.gaps(explained.gaps, first);
+        // A name whose every event was left out (launched after the stop) has no row.
         let mut kernels: Vec<KernelStat> = totals
             .kernels
             .iter()
             .enumerate()
+            .filter(|(_, a)| a.count > 0)
             .map(|(id, a)| {
                 let name = self.kernel_names.get(id as u32);
                 KernelStat {
@@ -462,6 +464,22 @@ mod tests {
         assert_eq!(all.after_stop, None);
         assert_eq!((all.kernels.count, all.memcpy_count), (2, 1));
         assert_eq!(all.gpu_busy_us, 185.0);
+    }
+
+    #[test]
+    fn a_kernel_name_seen_only_after_the_stop_has_no_row() {
+        let json = r#"{"stepscope": {"iterations": 1, "stop_unix_ns": 1000000000150000},
+            "baseTimeNanoseconds": 1000000000000000, "traceEvents": [
+            {"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_1(1)", "ts": 0, "dur": 100, "pid": 1, "tid": 1},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 30, "dur": 2, "pid": 1, "tid": 1, "args": {"correlation": 1}},
+            {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 50, "dur": 40, "pid": 0, "tid": 7, "args": {"correlation": 1, "device": 0, "stream": 7}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 180, "dur": 2, "pid": 1, "tid": 1, "args": {"correlation": 2}},
+            {"ph": "X", "cat": "kernel", "name": "next_steps_only", "ts": 190, "dur": 10, "pid": 0, "tid": 7, "args": {"correlation": 2, "device": 0, "stream": 7}}
+            ]}"#;
+        let (s, _) = summarize(json);
+        let names: Vec<&str> = s.kernels.by_name.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["gemm"]);
+        assert_eq!(s.after_stop.map(|a| a.device_events), Some(1));
     }
 
     #[test]
