@@ -49,10 +49,11 @@ impl Slot {
 /// Memory the traces being read at once may take together.
 pub(crate) const MEMORY_BUDGET: u64 = 192 << 20;
 
-/// Memory one trace's reading takes, estimated: buffers (about 6 MiB: the gunzip thread's
-/// chunks and the parser's window), plus what the summary keeps, which grows with the events.
-/// On the 35 MB bench trace (1.8 MB of gzip) the whole process peaked at 11.8 MB of RSS
-/// (`scripts/bench_read.py`): the allowance of 4 bytes per byte of gzip is above that.
+/// Memory one trace's reading takes, estimated: buffers (under 1 MiB: a few gunzipped chunks of
+/// 144 KiB, and the parser's window when an event outgrows a chunk's room; 8 MiB allowed), plus
+/// what the summary keeps, which grows with the events. On the 35 MB bench trace (1.8 MB of
+/// gzip) the whole process peaked at 8.7 MB of RSS (`scripts/bench_read.py`): the allowance of
+/// 4 bytes per byte of gzip is above that.
 fn reading_cost(path: &Path) -> u64 {
     let size = std::fs::metadata(path).map_or(0, |m| m.len());
     let gz = path.extension().is_some_and(|e| e == "gz");
@@ -148,12 +149,12 @@ fn slots(inputs: &Inputs, top: usize) -> Result<Vec<Slot>, Error> {
 
 /// Reads `files` with `read`, in their order, on as many threads as the cores and `budget`
 /// (bytes for the traces read at once, each costing [`reading_cost`]) allow; on a terminal,
-/// says so when they are large. A slot is `None` only if its thread panicked.
+/// says so when they are large. A file whose reading thread panicked is an error naming it.
 pub(crate) fn read_files<P: AsRef<Path> + Sync, R: Send>(
     files: &[P],
     budget: u64,
-    read: impl Fn(&Path) -> R + Sync,
-) -> Vec<Option<R>> {
+    read: impl Fn(&Path) -> Result<R, TraceError> + Sync,
+) -> Vec<Result<R, TraceError>> {
     let bytes: u64 = files
         .iter()
         .filter_map(|f| std::fs::metadata(f).ok())
@@ -175,7 +176,18 @@ pub(crate) fn read_files<P: AsRef<Path> + Sync, R: Send>(
         .max()
         .unwrap_or(1);
     let threads = cores.min((budget / widest.max(1)).max(1) as usize);
-    let out = par_map(files, threads, |f| read(f.as_ref()));
+    let out: Vec<Result<R, TraceError>> = par_map(files, threads, |f| read(f.as_ref()))
+        .into_iter()
+        .zip(files)
+        .map(|(r, f)| {
+            r.unwrap_or_else(|| {
+                Err(TraceError {
+                    path: f.as_ref().to_path_buf(),
+                    message: "internal error: its reading stopped (a thread panicked)".into(),
+                })
+            })
+        })
+        .collect();
     if show_progress {
         eprintln!(
             "stepscope: done in {:.1} s",
@@ -206,17 +218,7 @@ pub fn load(inputs: &Inputs, top: usize) -> Result<Loaded, Error> {
         );
     }
 
-    let mut read = read_files(&files, MEMORY_BUDGET, |f| analyze_file(f, top))
-        .into_iter()
-        .zip(&files)
-        .map(|(r, f)| {
-            r.unwrap_or_else(|| {
-                Err(TraceError {
-                    path: f.clone(),
-                    message: "internal error: not analyzed".into(),
-                })
-            })
-        });
+    let mut read = read_files(&files, MEMORY_BUDGET, |f| analyze_file(f, top)).into_iter();
     let mut reports = Vec::new();
     let mut errors = Vec::new();
     for slot in slots {

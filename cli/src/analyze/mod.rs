@@ -418,14 +418,7 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
             let files: Vec<&Path> = reports.iter().map(|r| Path::new(&r.file)).collect();
             crate::load::read_files(&files, crate::load::MEMORY_BUDGET, |f| replay_ops(&map, f))
                 .into_iter()
-                .zip(&files)
-                .map(|(g, f)| {
-                    let read = g.unwrap_or_else(|| {
-                        Err(crate::trace::TraceError {
-                            path: f.to_path_buf(),
-                            message: "internal error: its graph replays were not read".into(),
-                        })
-                    });
+                .map(|read| {
                     read.map_err(|e| {
                         eprintln!("stepscope: error: {e}");
                         errors.push(e);

@@ -164,7 +164,7 @@ fn load(before: Vec<Source>, after: Vec<Source>) -> (Vec<Capture>, Vec<Capture>,
     for (i, source) in all.into_iter().enumerate() {
         let capture = match source {
             Source::Manifest(_, c) => Ok(*c),
-            Source::Trace(f) => read.next().flatten().unwrap_or_else(|| {
+            Source::Trace(f) => read.next().unwrap_or_else(|| {
                 Err(TraceError {
                     path: f,
                     message: "internal error: not read".into(),
