@@ -199,6 +199,19 @@ pub(crate) fn device_category(cat: &str) -> Option<NodeKind> {
     }
 }
 
+/// A device event's lane: its (device, stream) from `args`, else its numeric `pid` and `tid`
+/// (where Kineto places device events), else -1.
+pub(crate) fn device_lane(e: &Event<'_>, args: &Args) -> (i64, i64) {
+    let num = |id: &Option<Id<'_>>| match id {
+        Some(Id::Num(n)) => Some(*n),
+        _ => None,
+    };
+    (
+        args.device.map(|d| d as i64).or(num(&e.pid)).unwrap_or(-1),
+        args.stream.map(|s| s as i64).or(num(&e.tid)).unwrap_or(-1),
+    )
+}
+
 /// Whether an event is a step's annotation: `ProfilerStep#N` (torch's schedule), or an
 /// engine iteration's `execute_…` (vLLM's and stepscope's names) other than its GPU echo.
 pub(crate) fn is_step_annotation(cat: &str, name: &str) -> bool {

@@ -33,7 +33,8 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::event::{
-    device_category, is_launch_category, is_step_annotation, Event, Meta, NodeKind, ThreadKey,
+    device_category, device_lane, is_launch_category, is_step_annotation, Event, Meta, NodeKind,
+    ThreadKey,
 };
 use super::explain::CallKind;
 use super::stream::EventSink;
@@ -359,10 +360,7 @@ impl EventSink for ReplayReader {
         };
         let args = e.args();
         let Some(corr) = args.correlation else { return };
-        let lane = (
-            args.device.map_or(-1, |d| d as i64),
-            args.stream.map_or(-1, |s| s as i64),
-        );
+        let lane = device_lane(&e, &args);
         self.devices.push(Device {
             corr,
             ts,

@@ -14,7 +14,8 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::event::{
-    device_category, is_launch_category, is_step_annotation, Event, Id, Meta, NodeKind, ThreadKey,
+    device_category, device_lane, is_launch_category, is_step_annotation, Event, Meta, NodeKind,
+    ThreadKey,
 };
 use super::explain::{CallKind, DeviceOp, Launch, OpClass, NO_CORRELATION, NO_NAME};
 use super::stream::EventSink;
@@ -223,12 +224,7 @@ impl Summarizer {
 
     fn device_event(&mut self, e: &Event<'_>, device: NodeKind, name: &str, ts: f64, dur: f64) {
         let args = e.args();
-        let num = |id: &Option<Id<'_>>| match id {
-            Some(Id::Num(n)) => Some(*n),
-            _ => None,
-        };
-        let dev = args.device.map(|d| d as i64).or(num(&e.pid)).unwrap_or(-1);
-        let stream = args.stream.map(|s| s as i64).or(num(&e.tid)).unwrap_or(-1);
+        let (dev, stream) = device_lane(e, &args);
         let next = self.lane_list.len() as u32;
         let lane = *self.lanes.entry((dev, stream)).or_insert(next);
         if lane == next {
