@@ -768,6 +768,11 @@ def graphs(out: Path) -> dict:
 BATCHES = (32, 16, 8)  # one graph per decode batch size, captured in one trace as vLLM does
 
 
+def decode_batch(step_name: str) -> int:
+    """The requests of a decode step from its annotation: `execute_context_0(0)_generation_B(B)`."""
+    return int(step_name.split("_generation_")[1].split("(")[0])
+
+
 def graphs_batches(out: Path) -> dict:
     """Check 6 again as vLLM has it: one graph per batch size, all captured in one trace
     (capture_{batch}_FULL each), decode steps cycling through them in a window; analyze
@@ -847,7 +852,7 @@ def graphs_batches(out: Path) -> dict:
     per_step = []
     ok = True
     for st in t["steps"]:
-        b = int(st["name"].split("_generation_")[1].split("(")[0])
+        b = decode_batch(st["name"])
         la = st["gpu"]["launches"]
         good = la["graph_launches"] == 1 and la["graph_kernels"] == (want[b] or la["graph_kernels"])
         per_step.append((b, la["graph_kernels"], want[b], good))
@@ -862,7 +867,7 @@ def graphs_batches(out: Path) -> dict:
     attr = attribute(raw)
     names_equal = []
     for st in attr["steps"]:
-        b = int(st["name"].split("_generation_")[1].split("(")[0])
+        b = decode_batch(st["name"])
         launches = {r["args"]["correlation"] for r in st["runtime"] if "GraphLaunch" in r["name"]}
         ks = sorted((e for e in st["device"] if e["args"].get("correlation") in launches), key=lambda e: e["ts"])
         names_equal.append([e["name"] for e in ks] == eager_names[b])

@@ -203,6 +203,7 @@ def _compilers(cxx: str | None) -> list[list[str]]:
             raise SystemExit(f"stepscope.glue: --cxx {cxx!r}: {cmd[0] if cmd else cxx!r} is not on PATH")
         return [cmd]
     found: list[list[str]] = []
+    seen: set[tuple[str, ...]] = set()  # each command once: the compiler's real path, its words
     env = os.environ.get("CXX")
     for text in (env, "g++"):
         cmd = shlex.split(text) if text else []
@@ -211,8 +212,9 @@ def _compilers(cxx: str | None) -> list[list[str]]:
             if text == env and text:
                 print(f"stepscope.glue: $CXX={env!r}: {cmd[0]!r} is not on PATH; using g++", flush=True)
             continue
-        if all(os.path.realpath(path) != os.path.realpath(shutil.which(f[0]) or f[0]) or f[1:] != cmd[1:]
-               for f in found):  # fmt: skip
+        key = (os.path.realpath(path), *cmd[1:])
+        if key not in seen:
+            seen.add(key)
             found.append(cmd)
     if not found:
         raise SystemExit(f"stepscope.glue: no C++ compiler on PATH ($CXX={env!r}, no g++)")
