@@ -357,6 +357,28 @@ fn stepscope_keys_are_checked() {
 }
 
 #[test]
+fn gzip_level_is_an_integer_from_1_to_9() {
+    use stepscope::config::{GZIP_LEVEL, GZIP_LEVELS};
+    let d = ProfilerConfig::from_json_str("{}").unwrap();
+    assert_eq!(d.stepscope.gzip_level, GZIP_LEVEL);
+    assert!(GZIP_LEVELS.contains(&GZIP_LEVEL));
+    for level in [1, 9] {
+        let c = ProfilerConfig::from_json_str(&format!(
+            r#"{{"stepscope": {{"gzip_level": {level}}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.stepscope.gzip_level, level);
+    }
+    for bad in ["0", "10", "-1", "1.5", "\"6\"", "true"] {
+        assert_err(
+            &format!(r#"{{"stepscope": {{"gzip_level": {bad}}}}}"#),
+            "stepscope.gzip_level",
+            "an integer from 1 to 9",
+        );
+    }
+}
+
+#[test]
 fn otel_takes_true_false_or_its_fields_needs_the_request_log_and_names_a_bad_field() {
     use stepscope::config::{OtelExport, OTEL_BATCH, OTEL_COSTLIEST, OTEL_QUEUE};
     let on = |otel: &str| {

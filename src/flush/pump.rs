@@ -23,6 +23,7 @@ use crate::trace::Summary;
 pub(super) fn stream_gzip(
     fifo: &Path,
     gz: &Path,
+    level: u32,
     requests: Option<RequestArgs>,
     save: impl FnOnce() -> Result<()>,
 ) -> Result<Option<Streamed>> {
@@ -30,7 +31,7 @@ pub(super) fn stream_gzip(
     let (saved, pumped) = thread::scope(|scope| {
         let pump = thread::Builder::new()
             .name("stepscope-gzip".into())
-            .spawn_scoped(scope, || pump_gzip(fifo, gz, requests));
+            .spawn_scoped(scope, || pump_gzip(fifo, gz, level, requests));
         let pump = match pump {
             Ok(p) => p,
             Err(e) => {
@@ -85,15 +86,15 @@ struct Pumped {
     summary: Option<Summary>,
 }
 
-/// Reads the FIFO to its end, gzipping into `gz` (fsynced), with the captured iterations'
+/// Reads the FIFO to its end, gzipping into `gz` at `level` (fsynced), with the captured iterations'
 /// requests written into their annotations on the way (`requests`), and summarized on a
 /// thread beside it. On a write error it still
 /// drains the FIFO, so Kineto never writes into a closed pipe (SIGPIPE would end a host process
 /// that does not ignore it).
-fn pump_gzip(fifo: &Path, gz: &Path, requests: Option<RequestArgs>) -> Result<Pumped> {
+fn pump_gzip(fifo: &Path, gz: &Path, level: u32, requests: Option<RequestArgs>) -> Result<Pumped> {
     thread::scope(|scope| {
         let mut summary = SummaryThread::spawn(scope);
-        let pumped = pump_into(fifo, gz, requests, &mut summary);
+        let pumped = pump_into(fifo, gz, level, requests, &mut summary);
         let summary = summary.and_then(SummaryThread::finish);
         pumped.map(|(json_bytes, complete)| Pumped {
             json_bytes,
@@ -107,6 +108,7 @@ fn pump_gzip(fifo: &Path, gz: &Path, requests: Option<RequestArgs>) -> Result<Pu
 fn pump_into(
     fifo: &Path,
     gz: &Path,
+    level: u32,
     mut requests: Option<RequestArgs>,
     summary: &mut Option<SummaryThread<'_>>,
 ) -> Result<(u64, bool)> {
@@ -118,7 +120,7 @@ fn pump_into(
             // The output is a tenth of the input or less: 256 KiB writes.
             flate2::write::GzEncoder::new(
                 BufWriter::with_capacity(256 << 10, f),
-                flate2::Compression::new(6),
+                flate2::Compression::new(level),
             )
         })
         .map_err(|e| Error::io(gz, format!("creating the compressed trace: {e}"), e));
@@ -259,12 +261,11 @@ pub(super) fn check_complete(path: &Path) -> Result<u64> {
     }
 }
 
-/// gzip at level 6 (gzip's own default): a third of the time torch's level-9 export takes, for
-/// a file a few percent larger.
-pub(super) fn compress(src: &Path, dst: &Path) -> io::Result<()> {
+/// Gzips `src` into `dst` at `level` (fsynced).
+pub(super) fn compress(src: &Path, dst: &Path, level: u32) -> io::Result<()> {
     let mut input = BufReader::with_capacity(1 << 20, File::open(src)?);
     let out = BufWriter::with_capacity(1 << 20, File::create(dst)?);
-    let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::new(6));
+    let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::new(level));
     io::copy(&mut input, &mut gz)?;
     let out = gz.finish()?;
     out.into_inner().map_err(|e| e.into_error())?.sync_all()

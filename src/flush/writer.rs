@@ -60,7 +60,8 @@ pub(crate) trait Trace: Send {
 /// How traces are written; fixed for the backend's life.
 pub(crate) struct Settings {
     pub dir: PathBuf,
-    pub gzip: bool,
+    /// The gzip level (`stepscope.gzip_level`) of a `.json.gz` trace; `None`: plain JSON.
+    pub gzip: Option<u32>,
     pub flush_timeout: Duration,
 }
 
@@ -223,7 +224,7 @@ impl Writer {
             &job.manifest.captured.worker_name,
             job.time_ns,
             job.how.trace_name.as_deref(),
-            s.gzip,
+            s.gzip.is_some(),
         );
         job.manifest.manifest_version = MANIFEST_VERSION;
         job.manifest.stepscope_version = crate::VERSION.into();
@@ -518,14 +519,20 @@ fn write_job(
         .to_string();
     let mut save = || trace.save(&json_str);
 
-    let (json_bytes, summary) = if settings.gzip {
+    let (json_bytes, summary) = if let Some(level) = settings.gzip {
         let gz_tmp = TempFile::new(temp_path(dir, final_name, ""));
         let requests = manifest
             .steps
             .as_deref()
             .filter(|_| how.requests_into_args)
             .and_then(RequestArgs::new);
-        let pumped = stream_gzip(serializer_tmp.path(), gz_tmp.path(), requests, &mut save)?;
+        let pumped = stream_gzip(
+            serializer_tmp.path(),
+            gz_tmp.path(),
+            level,
+            requests,
+            &mut save,
+        )?;
         let (json_bytes, summary) = match pumped {
             Some(streamed) => (
                 streamed.json_bytes,
@@ -541,7 +548,7 @@ fn write_job(
             // compress the file it wrote (summarized once the trace is in place).
             None => {
                 let tail = check_complete(json_tmp.path())?;
-                compress(json_tmp.path(), gz_tmp.path())
+                compress(json_tmp.path(), gz_tmp.path(), level)
                     .map_err(|e| io_err("compressing the trace", gz_tmp.path(), e))?;
                 (tail, SummaryFrom::File(json_tmp.path()))
             }

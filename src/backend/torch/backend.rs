@@ -75,7 +75,9 @@ impl TorchBackend {
         let dir = trace_dir(config)?;
         let writer = Writer::new(flush::Settings {
             dir,
-            gzip: config.torch_profiler_use_gzip,
+            gzip: config
+                .torch_profiler_use_gzip
+                .then_some(config.stepscope.gzip_level),
             flush_timeout: config.stepscope.flush_timeout,
         });
         let recording = SessionOptions::from_config(config);

@@ -269,6 +269,13 @@ impl StepscopeConfig {
                 ))
             }
         };
+        let gzip_level = f
+            .optional("gzip_level", "an integer from 1 to 9", |v| {
+                v.as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|n| GZIP_LEVELS.contains(n))
+            })?
+            .unwrap_or(d.gzip_level);
         let torch_with_modules = f.bool("torch_with_modules", d.torch_with_modules)?;
         let request_ids = f.bool("request_ids", d.request_ids)?;
         let timeline = timeline_steps(f.take("timeline"))?;
@@ -289,6 +296,7 @@ impl StepscopeConfig {
             cuda_device,
             flush_timeout,
             stop_returns,
+            gzip_level,
             torch_with_modules,
             capture,
             request_ids,

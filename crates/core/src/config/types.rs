@@ -103,6 +103,9 @@ pub struct StepscopeConfig {
     pub flush_timeout: Duration,
     /// When the engine plugins answer a stop (default: once its traces are written).
     pub stop_returns: StopReturns,
+    /// The gzip level of `.json.gz` traces, 1 (fastest) to 9 (smallest); default
+    /// [`GZIP_LEVEL`].
+    pub gzip_level: u32,
     /// torch.profiler's `with_modules` (module hierarchy in the trace; TorchScript models
     /// only), which vLLM's config has no field for: set by `profiler_kwargs` through the
     /// Python package, or here. Default false.
@@ -419,6 +422,15 @@ fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::O
 /// traces being written. Written here only; the Python package reads it from the extension.
 pub const DEFAULT_FLUSH_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// `stepscope.gzip_level`'s default. The writer's compression shares one core with Kineto's
+/// serializer wherever the engine is pinned (vLLM's CPU workers), and the stop waits for both:
+/// level 1 (zlib-rs) compressed a 35 MB Kineto trace 7x faster than level 6 into a file 1.8x as
+/// large (docs/engines.md has the writer bench's figures).
+pub const GZIP_LEVEL: u32 = 1;
+
+/// The gzip levels `stepscope.gzip_level` accepts.
+pub const GZIP_LEVELS: std::ops::RangeInclusive<u32> = 1..=9;
+
 impl Default for StepscopeConfig {
     fn default() -> Self {
         StepscopeConfig {
@@ -427,6 +439,7 @@ impl Default for StepscopeConfig {
             cuda_device: None,
             flush_timeout: DEFAULT_FLUSH_TIMEOUT,
             stop_returns: StopReturns::Written,
+            gzip_level: GZIP_LEVEL,
             torch_with_modules: false,
             request_ids: false,
             timeline: None,

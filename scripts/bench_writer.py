@@ -1,0 +1,146 @@
+"""The torch backend's writer on a capture with Python stacks (vLLM's default config records
+them): a Python loop of small torch ops called through nested functions, captured with the
+Python API, then stopped and waited for. The same workload is captured once per gzip level
+asked (`stepscope.gzip_level`), the levels alternating capture by capture in one process, so
+that each sees the same stretch of the machine; the medians are printed per level.
+
+For each capture: its JSON, Kineto's finalize (torch's post-processing, on stepscope's finalize
+thread: wall and CPU seconds), the write (Kineto's serializer into the pipe, the gzip pump and
+the summary: wall, and CPU seconds of every thread but the finalizer's), JSON MB per second of
+the write's CPU time (per core), the stop to the trace on disk, and the gzip'd size.
+`--one-core` pins the process to one CPU first, as vLLM's CPU workers are pinned (the writer's
+threads then share the core left to them).
+
+    .venv/bin/python scripts/bench_writer.py [--levels 6,1] [--rounds 5] [--ops 20000] [--one-core]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+
+def cpu_of_thread(name: str) -> float:
+    """CPU seconds of this process's thread named `name` (0 if it does not exist yet)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in glob.glob("/proc/self/task/*"):
+        try:
+            with open(f"{task}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+            with open(f"{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            continue
+    return 0.0
+
+
+def cpu_of_process() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def capture(level: int, ops: int) -> dict:
+    import torch
+
+    import stepscope
+
+    a = torch.ones(8, 8)
+
+    # Nested Python calls, as a model's forward makes them: each op carries a stack.
+    def mlp(x):
+        return torch.relu(torch.mm(x, a))
+
+    def attention(x):
+        return torch.softmax(torch.mm(x, a), dim=-1)
+
+    def layer(x):
+        return mlp(attention(x)) + x
+
+    def forward(x, n):
+        for _ in range(n):
+            x = layer(x)
+        return x
+
+    with tempfile.TemporaryDirectory() as out:
+        cfg = {
+            "profiler": "torch",
+            "torch_profiler_dir": out,
+            "torch_profiler_with_stack": True,
+            "stepscope": {"gzip_level": level},
+        }
+        p = stepscope.WorkerProfiler(cfg, "bench")
+        p.start()
+        per_step = 200
+        for _ in range(max(1, ops // (per_step * 6))):
+            p.step()
+            forward(a, per_step)
+            p.step_end()
+        finalize_cpu = cpu_of_thread("stepscope-final")
+        process_cpu = cpu_of_process()
+        began = time.perf_counter()
+        p.stop()
+        if not p.flush(600):
+            raise RuntimeError("the trace was not written within 600 s")
+        on_disk = time.perf_counter() - began
+        finalize_cpu = cpu_of_thread("stepscope-final") - finalize_cpu
+        process_cpu = cpu_of_process() - process_cpu
+        (manifest,) = [json.load(open(m)) for m in glob.glob(out + "/*.stepscope.json")]
+        p.shutdown()
+    if manifest["status"] != "complete":
+        raise RuntimeError(f"the trace was not written: {manifest.get('error')}")
+    json_mb = manifest["json_bytes"] / 1e6
+    write_cpu = process_cpu - finalize_cpu
+    return {
+        "level": level,
+        "json_mb": json_mb,
+        "gz_mb": manifest["trace_bytes"] / 1e6,
+        "finalize_s": manifest["finalize_seconds"],
+        "finalize_cpu_s": finalize_cpu,
+        "write_s": manifest["write_seconds"],
+        "write_cpu_s": write_cpu,
+        "mb_s_per_core": json_mb / write_cpu if write_cpu > 0 else float("nan"),
+        "on_disk_s": on_disk,
+        # The op table and the final manifest, after the trace's rename.
+        "after_rename_s": on_disk - manifest["writer_seconds"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--levels", default="6,1", help="gzip levels to compare (default 6,1)")
+    ap.add_argument("--rounds", type=int, default=5, help="captures per level (default 5)")
+    ap.add_argument("--ops", type=int, default=20000, help="torch ops per capture")
+    ap.add_argument("--one-core", action="store_true", help="pin the process to one CPU first")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    if args.one_core:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    runs: dict[int, list[dict]] = {lvl: [] for lvl in levels}
+    for r in range(args.rounds):
+        for lvl in levels if r % 2 == 0 else reversed(levels):
+            row = capture(lvl, args.ops)
+            runs[lvl].append(row)
+            print(json.dumps({k: round(v, 3) for k, v in row.items()}), file=sys.stderr, flush=True)
+    cores = "one core" if args.one_core else f"{len(os.sched_getaffinity(0))} cores"
+    print(f"medians of {args.rounds} captures per level, {args.ops} ops each, Python stacks, {cores}")
+    head = ("level", "JSON MB", "gz MB", "finalize s", "(CPU s)", "write s", "(CPU s)",
+            "MB/s/core", "stop→disk s", "after rename")  # fmt: skip
+    print("".join(f"{h:>12}" for h in head))
+    keys = ("json_mb", "gz_mb", "finalize_s", "finalize_cpu_s", "write_s", "write_cpu_s",
+            "mb_s_per_core", "on_disk_s", "after_rename_s")  # fmt: skip
+    for lvl in levels:
+        cells = [statistics.median(r[k] for r in runs[lvl]) for k in keys]
+        print(f"{lvl:>12}" + "".join(f"{c:>12.2f}" if c < 100 else f"{c:>12.0f}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
