@@ -374,6 +374,34 @@ fn gzip_off_writes_plain_json_and_the_manifest_matches_the_file() {
 }
 
 #[test]
+fn gzip_level_sets_how_hard_the_trace_is_compressed() {
+    let _k = lock();
+    let e = engine();
+    // JSON bytes per trace byte, at each level, for the same 40 iterations.
+    let ratio = |level: u32| {
+        let dir = fresh_dir(&format!("gzip-{level}"));
+        let extra = format!(r#", "max_iterations": 40, "stepscope": {{"gzip_level": {level}}}"#);
+        let p = WorkerProfiler::new(&config(&dir, &extra), "w0").unwrap();
+        p.start().unwrap();
+        for step in 1..=41 {
+            e.iteration(&p, step);
+        }
+        flush(&p);
+        let (trace, m) = only_trace(&dir, ".pt.trace.json.gz");
+        assert_eq!(iterations(&trace).len(), 40);
+        assert_eq!(m["status"], "complete");
+        assert_eq!(m["config"]["stepscope"]["gzip_level"], level);
+        no_temporaries(&dir);
+        m["json_bytes"].as_f64().unwrap() / m["trace_bytes"].as_f64().unwrap()
+    };
+    let (fast, small) = (ratio(1), ratio(9));
+    assert!(
+        small > fast * 1.1,
+        "level 9 compressed {small:.1}x, level 1 {fast:.1}x"
+    );
+}
+
+#[test]
 fn warmup_steps_are_discarded_and_not_counted() {
     let _k = lock();
     let dir = fresh_dir("warmup");
