@@ -115,6 +115,7 @@ fn pump_into(
     use std::io::Read;
     let mut input = retry_interrupted(|| File::open(fifo))
         .map_err(|e| Error::io(fifo, format!("opening the pipe: {e}"), e))?;
+    widen_pipe(&input);
     let mut out = File::create(gz)
         .map(|f| {
             // The output is a tenth of the input or less: 256 KiB writes.
@@ -179,6 +180,22 @@ fn pump_into(
         .and_then(|f| f.sync_all())
         .map_err(|e| compressing(gz, e))?;
     Ok((json_bytes, last == b'}'))
+}
+
+/// The pipe's buffer, as large as the system lets an unprivileged process make it (1 MiB by
+/// default, `/proc/sys/fs/pipe-max-size`), in place of 64 KiB: where the serializer and the
+/// pump share one core (the engine pinned to the other), each time the pipe fills is a switch
+/// between them. Left as it is if the system refuses.
+fn widen_pipe(pipe: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_SETPIPE_SZ on a descriptor this function borrows; no memory is passed.
+    let rc = unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+    if rc < 0 {
+        log::debug!(
+            "stepscope: the trace pipe keeps its size: {}",
+            io::Error::last_os_error()
+        );
+    }
 }
 
 fn compressing(gz: &Path, e: io::Error) -> Error {
