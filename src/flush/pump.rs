@@ -40,8 +40,11 @@ pub(super) fn stream_gzip(
             }
         };
         let saved = save();
-        // If Kineto never opened the FIFO, the pump still waits in open(): let it go.
-        release_reader(fifo);
+        // If Kineto never opened the FIFO, the pump waits in open(), or is about to: let it go.
+        // Until the pump has the FIFO open, there is no reader to open it against (ENXIO).
+        while !release_reader(fifo) && !pump.is_finished() {
+            thread::sleep(std::time::Duration::from_millis(1));
+        }
         let pumped = pump.join().unwrap_or_else(|p| {
             let message = format!("the gzip thread panicked: {}", panic_message(&*p));
             Err(Error::write(gz, message))
@@ -224,14 +227,16 @@ fn make_fifo(path: &Path) -> io::Result<()> {
     }
 }
 
-/// Opens the FIFO's write end without blocking and closes it: a reader still waiting in
-/// open() (no writer ever came) wakes to an empty stream. Harmless when nobody waits.
-fn release_reader(fifo: &Path) {
+/// Opens the FIFO's write end without blocking and closes it: a reader waiting in open() (no
+/// writer ever came) wakes to an empty stream; harmless to one reading. `false` when no reader
+/// has the FIFO open (ENXIO): one that has not reached open() yet would then wait there.
+fn release_reader(fifo: &Path) -> bool {
     use std::os::unix::fs::OpenOptionsExt;
-    let _ = fs::OpenOptions::new()
+    let opened = fs::OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(fifo);
+    !matches!(opened, Err(e) if e.raw_os_error() == Some(libc::ENXIO))
 }
 
 /// The file's size, after checking that its last non-whitespace byte is `}`: Kineto does not

@@ -596,3 +596,68 @@ fn write_job(
         renamed,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+
+    use stepscope_test_doubles::Scratch;
+
+    use super::*;
+
+    /// A capture whose trace is written straight to the path (as a serializer that does not go
+    /// through `{path}.tmp`), and that says when it is dropped.
+    struct Fake(Arc<AtomicBool>);
+    struct FakeTrace(Arc<AtomicBool>);
+
+    impl Capture for Fake {
+        fn finalize(self: Box<Self>) -> Result<Box<dyn Trace>> {
+            Ok(Box::new(FakeTrace(Arc::clone(&self.0))))
+        }
+    }
+
+    impl Trace for FakeTrace {
+        fn save(&mut self, path: &str) -> Result<()> {
+            fs::write(path, br#"{"traceEvents": []}"#).map_err(|e| Error::io(path, "writing", e))
+        }
+    }
+
+    impl Drop for FakeTrace {
+        fn drop(&mut self) {
+            self.0.store(true, SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_trace_is_freed_before_its_waiters_go_on() {
+        // A window begun as soon as a stop's wait returns takes the process's memory as its
+        // budget's baseline: the stopped capture's buffers must be gone by then.
+        let dir = Scratch::empty("writer-freed");
+        let mut writer = Writer::new(Settings {
+            dir: dir.to_path_buf(),
+            gzip: Some(1),
+            flush_timeout: Duration::from_secs(120),
+        });
+        for time_ns in 1..=3 {
+            let dropped = Arc::new(AtomicBool::new(false));
+            let mut manifest = Manifest::default();
+            manifest.captured.worker_name = "w".into();
+            let job = Job {
+                session: Box::new(Fake(Arc::clone(&dropped))),
+                time_ns,
+                queued: Instant::now(),
+                manifest,
+                held_bytes: 0,
+                how: HowToWrite::default(),
+            };
+            writer.submit(job).expect("submit");
+            assert!(
+                writer.pending().wait(Duration::from_secs(120)),
+                "not written"
+            );
+            assert!(dropped.load(SeqCst), "the trace outlived its write's end");
+            let written = writer.pending().traces_since(0);
+            assert_eq!(written.last().map(|t| t.status), Some(Status::Complete));
+        }
+    }
+}
