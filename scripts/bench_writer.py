@@ -5,8 +5,9 @@ asked (`stepscope.gzip_level`), the levels alternating capture by capture in one
 that each sees the same stretch of the machine; the medians are printed per level.
 
 For each capture: its JSON, Kineto's finalize (torch's post-processing, on stepscope's finalize
-thread: wall and CPU seconds), the write (Kineto's serializer into the pipe, the gzip pump and
-the summary: wall, and CPU seconds of every thread but the finalizer's), JSON MB per second of
+thread: wall and CPU seconds), the write (Kineto's serializer into the pipe, the gzip pump, the
+summary, then the op table and the free: wall to the rename, and CPU seconds of every thread but
+the finalizer's to the end), JSON MB per second of
 the write's CPU time (per core), the stop to the trace on disk, and the gzip'd size.
 `--one-core` pins the process to one CPU first, as vLLM's CPU workers are pinned (the writer's
 threads then share the core left to them).
@@ -25,6 +26,11 @@ import statistics
 import sys
 import tempfile
 import time
+
+
+#: The aten ops one `layer()` below records: mm, softmax (and the _softmax it dispatches to), mm,
+#: relu, add.
+ATEN_OPS_PER_LAYER = 6
 
 
 def cpu_of_thread(name: str) -> float:
@@ -80,7 +86,7 @@ def capture(level: int, ops: int) -> dict:
         p = stepscope.WorkerProfiler(cfg, "bench")
         p.start()
         per_step = 200
-        for _ in range(max(1, ops // (per_step * 6))):
+        for _ in range(max(1, ops // (per_step * ATEN_OPS_PER_LAYER))):
             p.step()
             forward(a, per_step)
             p.step_end()
@@ -101,7 +107,8 @@ def capture(level: int, ops: int) -> dict:
         raise RuntimeError(f"the trace was not written: {manifest.get('error')}")
     json_mb = manifest["json_bytes"] / 1e6
     # Every thread's CPU over the stop and the write, but the finalizer's and this one's (which
-    # only waits): the saver (Kineto's serializer), the gzip pump, the summary.
+    # only waits): the saver (Kineto's serializer, the op table, the free of Kineto's buffers),
+    # the gzip pump, the summary.
     write_cpu = process_cpu - finalize_cpu - main_cpu
     return {
         "level": level,
@@ -113,7 +120,7 @@ def capture(level: int, ops: int) -> dict:
         "write_cpu_s": write_cpu,
         "mb_s_per_core": json_mb / write_cpu if write_cpu > 0 else float("nan"),
         "on_disk_s": on_disk,
-        # The op table and the final manifest, after the trace's rename.
+        # The op table, the free of Kineto's buffers and the final manifest, after the rename.
         "after_rename_s": on_disk - manifest["writer_seconds"],
     }
 

@@ -89,11 +89,10 @@ struct Pumped {
     summary: Option<Summary>,
 }
 
-/// Reads the FIFO to its end, gzipping into `gz` at `level` (fsynced), with the captured iterations'
-/// requests written into their annotations on the way (`requests`), and summarized on a
-/// thread beside it. On a write error it still
-/// drains the FIFO, so Kineto never writes into a closed pipe (SIGPIPE would end a host process
-/// that does not ignore it).
+/// Reads the FIFO to its end, gzipping into `gz` at `level` (fsynced), with the captured
+/// iterations' requests written into their annotations on the way (`requests`), and summarized
+/// on a thread beside it. On a write error it still drains the FIFO, so Kineto never writes
+/// into a closed pipe (SIGPIPE would end a host process that does not ignore it).
 fn pump_gzip(fifo: &Path, gz: &Path, level: u32, requests: Option<RequestArgs>) -> Result<Pumped> {
     thread::scope(|scope| {
         let mut summary = SummaryThread::spawn(scope);

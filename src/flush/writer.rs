@@ -606,7 +606,8 @@ mod tests {
     use super::*;
 
     /// A capture whose trace is written straight to the path (as a serializer that does not go
-    /// through `{path}.tmp`), and that says when it is dropped.
+    /// through `{path}.tmp`: the pump, never opened, must be let go), and that says when it is
+    /// dropped.
     struct Fake(Arc<AtomicBool>);
     struct FakeTrace(Arc<AtomicBool>);
 

@@ -269,8 +269,13 @@ impl StepscopeConfig {
                 ))
             }
         };
+        let gzip_must_be = format!(
+            "an integer from {} to {}",
+            GZIP_LEVELS.start(),
+            GZIP_LEVELS.end()
+        );
         let gzip_level = f
-            .optional("gzip_level", "an integer from 1 to 9", |v| {
+            .optional("gzip_level", &gzip_must_be, |v| {
                 v.as_u64()
                     .and_then(|n| u32::try_from(n).ok())
                     .filter(|n| GZIP_LEVELS.contains(n))
