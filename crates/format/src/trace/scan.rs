@@ -108,6 +108,17 @@ const POW10: [f64; 23] = [
     1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
 ];
 
+/// The powers of ten a u64 holds.
+const POW10_U64: [u64; 20] = {
+    let mut p = [1u64; 20];
+    let mut i = 1;
+    while i < p.len() {
+        p[i] = p[i - 1] * 10;
+        i += 1;
+    }
+    p
+};
+
 /// Eight bytes at a time (SWAR): a word's bytes, first byte lowest.
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGHS: u64 = 0x8080_8080_8080_8080;
@@ -345,9 +356,13 @@ impl Number<'_> {
     /// digits than fit).
     fn split(&self) -> Option<(i64, f64)> {
         let m = self.mantissa.filter(|_| !self.exponent)?;
-        let p = 10u64.checked_pow(self.decimals)?;
-        let whole = i64::try_from(m / p).ok()?;
-        let frac = (m % p) as f64 / p as f64;
+        let (whole, frac) = if self.decimals == 0 {
+            (m, 0.0)
+        } else {
+            let p = *POW10_U64.get(self.decimals as usize)?;
+            (m / p, (m % p) as f64 / p as f64)
+        };
+        let whole = i64::try_from(whole).ok()?;
         Some(if self.negative {
             (-whole, -frac)
         } else {
@@ -713,6 +728,56 @@ impl<'a> Scanner<'a> {
         Ok(w.depth == 0)
     }
 
+    /// One of [`FIELDS`] as the key at `pos` (its opening quote), found by one word compare
+    /// and consumed with its closing quote (not the `:`), as its index there; `None` (nothing
+    /// consumed) for any other key, one with an escape, or one the buffer may cut:
+    /// [`Scanner::key`] reads those.
+    #[inline(always)]
+    fn event_key(&mut self) -> Option<usize> {
+        /// A key with its quotes, as the low bytes of a word, and their count.
+        const fn quoted(key: &[u8]) -> (u64, u32) {
+            let mut w = b'"' as u64;
+            let mut i = 0;
+            while i < key.len() {
+                w |= (key[i] as u64) << (8 * (i + 1));
+                i += 1;
+            }
+            w |= (b'"' as u64) << (8 * (key.len() + 1));
+            (w, key.len() as u32 + 2)
+        }
+        const KEYS: [(u64, u32); FIELDS.len()] = {
+            let mut keys = [(0, 0); FIELDS.len()];
+            let mut i = 0;
+            while i < FIELDS.len() {
+                keys[i] = quoted(FIELDS[i].as_bytes());
+                i += 1;
+            }
+            keys
+        };
+        if self.pos + 8 > self.buf.len() {
+            return None;
+        }
+        let w = word(self.buf, self.pos);
+        // The key's first letter leaves one or two candidates.
+        let candidates: &[usize] = match (w >> 8) as u8 {
+            b'p' => &[0, 3],
+            b'c' => &[1],
+            b'n' => &[2],
+            b't' => &[5, 4],
+            b'd' => &[6],
+            b'a' => &[7],
+            _ => &[],
+        };
+        for &field in candidates {
+            let (key, len) = KEYS[field];
+            if w & (u64::MAX >> (64 - 8 * len)) == key {
+                self.pos += len as usize;
+                return Some(field);
+            }
+        }
+        None
+    }
+
     /// A string or null, for a field named `field`.
     fn opt_str(&mut self, field: &str) -> Scan<Option<Cow<'a, str>>> {
         match self.next()? {
@@ -924,19 +989,17 @@ impl<'de> FromTrace<'de> for Event<'de> {
         loop {
             s.next()?;
             let at = s.pos;
-            let key = s.key()?;
-            let field = match &*key {
-                b"ph" => 0,
-                b"cat" => 1,
-                b"name" => 2,
-                b"pid" => 3,
-                b"tid" => 4,
-                b"ts" => 5,
-                b"dur" => 6,
-                b"args" => 7,
-                _ => 8,
+            let field = match s.event_key() {
+                Some(field) => {
+                    s.eat(b':', "':'")?;
+                    field
+                }
+                None => {
+                    let key = s.key()?;
+                    (FIELDS.iter().position(|f| f.as_bytes() == &*key)).unwrap_or(FIELDS.len())
+                }
             };
-            if field < 8 {
+            if field < FIELDS.len() {
                 if seen & (1 << field) != 0 {
                     return s.bad(at, format!("duplicate field `{}`", FIELDS[field]));
                 }
@@ -1132,6 +1195,37 @@ mod tests {
             let n = s.number().unwrap();
             assert_eq!(n.f64(), text.parse::<f64>().unwrap(), "{text}");
             assert_eq!(s.pos(), text.len());
+        }
+    }
+
+    #[test]
+    fn keys_read_by_one_word_compare_are_those_serde_reads() {
+        // Each field's key as written plainly (one word compare), with an escape (the key
+        // reader), and keys that begin like one of them but are not it.
+        let plain = r#"{"ph": "X", "cat": "c", "name": "n", "pid": 1, "tid": 2, "ts": 3, "dur": 4, "args": {"device": 5}}"#;
+        let escaped = r#"{"p\u0068": "X", "c\u0061t": "c", "nam\u0065": "n", "\u0070id": 1, "ti\u0064": 2, "t\u0073": 3, "du\u0072": 4, "arg\u0073": {"device": 5}}"#;
+        let mut want = event(plain).unwrap();
+        want.ts_split = None;
+        for json in [plain, escaped] {
+            let mut ours = event(json).unwrap_or_else(|e| panic!("{json}: {e:?}"));
+            ours.ts_split = None;
+            assert_eq!(ours, want, "{json}");
+            assert_eq!(ours, serde_event(json), "{json}");
+        }
+        let near = r#"{"phase": "X", "ca": "c", "names": "n", "pidx": 1, "t": 2, "tss": 3, "durs": 4, "argsx": {}, "pi": 1}"#;
+        assert_eq!(event(near).unwrap(), Event::default());
+        assert_eq!(serde_event(near), Event::default());
+        // A duplicate is one whichever way each was read.
+        for (json, at) in [
+            (r#"{"ts": 1, "t\u0073": 2}"#, 10),
+            (r#"{"t\u0073": 1, "ts": 2}"#, 15),
+        ] {
+            match event(json) {
+                Err(Fault::Bad(b)) => {
+                    assert_eq!((b.at, b.message.as_str()), (at, "duplicate field `ts`"))
+                }
+                other => panic!("{json}: {other:?}"),
+            }
         }
     }
 
