@@ -169,13 +169,19 @@ pub(crate) fn read_files<P: AsRef<Path> + Sync, R: Send>(
         );
     }
     let started = Instant::now();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let widest = files
-        .iter()
-        .map(|f| reading_cost(f.as_ref()))
-        .max()
-        .unwrap_or(1);
-    let threads = cores.min((budget / widest.max(1)).max(1) as usize);
+    // One file is read on this thread: no cores to count (a dozen system calls of cgroup
+    // files, a tenth of a small trace's whole run).
+    let threads = if files.len() > 1 {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let widest = files
+            .iter()
+            .map(|f| reading_cost(f.as_ref()))
+            .max()
+            .unwrap_or(1);
+        cores.min((budget / widest.max(1)).max(1) as usize)
+    } else {
+        1
+    };
     let out: Vec<Result<R, TraceError>> = par_map(files, threads, |f| read(f.as_ref()))
         .into_iter()
         .zip(files)
