@@ -63,6 +63,25 @@ def cpu_build_missing() -> str | None:
     return None
 
 
+#: vLLM's records of what a model class supports (its `modelinfos` cache), kept between
+#: starts. Without one, a start inspects the model's class in a Python process of its own that
+#: imports vLLM: ~9 s of CPU of a start's ~45 here. Each start's VLLM_CACHE_ROOT is its own
+#: (`live_env`), seeded from here; what a start wrote there comes back here once it is up
+#: (`keep_modelinfos`). vLLM checks each record against its model file's hash and inspects
+#: again when it does not match (another vLLM), so a record here is never taken on trust.
+MODELINFOS = Path(__file__).resolve().parents[2] / "target" / "vllm-modelinfos"
+
+
+def keep_modelinfos(cache_root: str) -> None:
+    """Keeps the model records a start wrote under ``cache_root`` (its VLLM_CACHE_ROOT) for the
+    next starts (`MODELINFOS`), each replaced whole."""
+    for record in Path(cache_root, "modelinfos").glob("*.json"):
+        MODELINFOS.mkdir(parents=True, exist_ok=True)
+        part = MODELINFOS / f".{record.name}.{os.getpid()}"
+        shutil.copyfile(record, part)
+        os.replace(part, MODELINFOS / record.name)
+
+
 def live_env(ipc_dir: str) -> dict[str, str]:
     """The environment of a live vLLM process on this CPU: the CPU platform, 1 GiB of KV cache,
     and everything it writes besides its traces kept in ``ipc_dir`` (removed by its owner)."""
@@ -88,6 +107,11 @@ def live_env(ipc_dir: str) -> dict[str, str]:
     env["TMPDIR"] = ipc_dir
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(ipc_dir, "inductor")
     env["VLLM_CACHE_ROOT"] = os.path.join(ipc_dir, "cache")
+    kept = sorted(MODELINFOS.glob("*.json"))
+    if kept:
+        os.makedirs(os.path.join(env["VLLM_CACHE_ROOT"], "modelinfos"), exist_ok=True)
+    for record in kept:
+        shutil.copyfile(record, os.path.join(env["VLLM_CACHE_ROOT"], "modelinfos", record.name))
     return env
 
 
@@ -237,6 +261,7 @@ class VllmServer:
                 raise RuntimeError(f"vllm serve exited ({self.proc.returncode}):\n{self.log_tail()}")
             try:
                 if self.get("/health", timeout=2)[0] == 200:
+                    keep_modelinfos(env["VLLM_CACHE_ROOT"])
                     return self
             except OSError:
                 pass

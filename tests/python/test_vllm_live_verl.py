@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from live_vllm import Progress, cpu_build_missing, group_alive, live_env
+from live_vllm import Progress, cpu_build_missing, group_alive, keep_modelinfos, live_env
 
 pytestmark = [
     pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing())),
@@ -71,6 +71,7 @@ def run(tmp_path_factory):
             time.sleep(1)
         text = log.read_text(errors="replace")
         assert proc.returncode == 0, text[-6000:]
+        keep_modelinfos(env["VLLM_CACHE_ROOT"])
         yield {"result": json.loads(result.read_text()), "log": text, "save_path": save_path}
     finally:
         if proc is not None:
