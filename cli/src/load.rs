@@ -149,7 +149,8 @@ fn slots(inputs: &Inputs, top: usize) -> Result<Vec<Slot>, Error> {
 
 /// Reads `files` with `read`, in their order, on as many threads as the cores and `budget`
 /// (bytes for the traces read at once, each costing [`reading_cost`]) allow; on a terminal,
-/// says so when they are large. A file whose reading thread panicked is an error naming it.
+/// says so when they are large. A read that panics ends the command, as on one thread
+/// ([`par_map`] re-raises it); the error naming the file for an empty slot is a guard only.
 pub(crate) fn read_files<P: AsRef<Path> + Sync, R: Send>(
     files: &[P],
     budget: u64,
@@ -169,8 +170,8 @@ pub(crate) fn read_files<P: AsRef<Path> + Sync, R: Send>(
         );
     }
     let started = Instant::now();
-    // One file is read on this thread: no cores to count (a dozen system calls of cgroup
-    // files, a tenth of a small trace's whole run).
+    // One file is read on this thread: no cores to count (a dozen system calls reading
+    // cgroup files).
     let threads = if files.len() > 1 {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let widest = files

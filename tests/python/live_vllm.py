@@ -67,19 +67,35 @@ def cpu_build_missing() -> str | None:
 #: starts. Without one, a start inspects the model's class in a Python process of its own that
 #: imports vLLM: ~9 s of CPU of a start's ~45 here. Each start's VLLM_CACHE_ROOT is its own
 #: (`live_env`), seeded from here; what a start wrote there comes back here once it is up
-#: (`keep_modelinfos`). vLLM checks each record against its model file's hash and inspects
-#: again when it does not match (another vLLM), so a record here is never taken on trust.
+#: (`keep_modelinfos`). vLLM takes a record only while the hash of the model's own source file
+#: matches (as with its default cache, a change elsewhere in vLLM is not seen by that hash), so
+#: the records are kept per vLLM version.
 MODELINFOS = Path(__file__).resolve().parents[2] / "target" / "vllm-modelinfos"
+
+
+def modelinfos_dir() -> Path:
+    """Where this environment's vLLM keeps its records between starts (`MODELINFOS`)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return MODELINFOS / version("vllm")
+    except PackageNotFoundError:
+        return MODELINFOS / "none"
 
 
 def keep_modelinfos(cache_root: str) -> None:
     """Keeps the model records a start wrote under ``cache_root`` (its VLLM_CACHE_ROOT) for the
-    next starts (`MODELINFOS`), each replaced whole."""
-    for record in Path(cache_root, "modelinfos").glob("*.json"):
-        MODELINFOS.mkdir(parents=True, exist_ok=True)
-        part = MODELINFOS / f".{record.name}.{os.getpid()}"
-        shutil.copyfile(record, part)
-        os.replace(part, MODELINFOS / record.name)
+    next starts (`modelinfos_dir`), each replaced whole. Best effort: a record that cannot be
+    kept only costs the next start its inspection."""
+    kept = modelinfos_dir()
+    try:
+        for record in Path(cache_root, "modelinfos").glob("*.json"):
+            kept.mkdir(parents=True, exist_ok=True)
+            part = kept / f".{record.name}.{os.getpid()}"
+            shutil.copyfile(record, part)
+            os.replace(part, kept / record.name)
+    except OSError as e:
+        warnings.warn(f"vLLM's model records not kept for the next starts: {e}", stacklevel=2)
 
 
 def live_env(ipc_dir: str) -> dict[str, str]:
@@ -107,7 +123,7 @@ def live_env(ipc_dir: str) -> dict[str, str]:
     env["TMPDIR"] = ipc_dir
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(ipc_dir, "inductor")
     env["VLLM_CACHE_ROOT"] = os.path.join(ipc_dir, "cache")
-    kept = sorted(MODELINFOS.glob("*.json"))
+    kept = sorted(modelinfos_dir().glob("*.json"))
     if kept:
         os.makedirs(os.path.join(env["VLLM_CACHE_ROOT"], "modelinfos"), exist_ok=True)
     for record in kept:
@@ -260,11 +276,12 @@ class VllmServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vllm serve exited ({self.proc.returncode}):\n{self.log_tail()}")
             try:
-                if self.get("/health", timeout=2)[0] == 200:
-                    keep_modelinfos(env["VLLM_CACHE_ROOT"])
-                    return self
+                up = self.get("/health", timeout=2)[0] == 200
             except OSError:
-                pass
+                up = False
+            if up:
+                keep_modelinfos(env["VLLM_CACHE_ROOT"])
+                return self
             hung = working.hung()
             if hung is not None:
                 self.stop()
