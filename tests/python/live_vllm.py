@@ -99,8 +99,9 @@ def keep_modelinfos(cache_root: str) -> None:
 
 
 def live_env(ipc_dir: str) -> dict[str, str]:
-    """The environment of a live vLLM process on this CPU: the CPU platform, 1 GiB of KV cache,
-    and everything it writes besides its traces kept in ``ipc_dir`` (removed by its owner)."""
+    """The environment of a live vLLM process on this CPU: the CPU platform, 1 GiB of KV cache
+    (a `VllmServer` gives its own size in bytes instead, `KV_CACHE_BYTES`), and everything it
+    writes besides its traces kept in ``ipc_dir`` (removed by its owner)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STEPSCOPE_", "VLLM_"))}
     env.update(
         {
@@ -207,6 +208,14 @@ class OpenCompletion:
         self._conn.close()
 
 
+#: A live server's KV cache. The CPU worker allocates (and touches) all of it at start: the
+#: 1 GiB that VLLM_CPU_KVCACHE_SPACE allows at least made each server's worker 2.0 GB resident,
+#: and make test runs five to seven servers at once on a machine of 24 GB. The tiny model
+#: keeps 1 KB a token (2 layers, K and V, 2 heads of 64, bf16): 64 MiB hold 65,536 tokens,
+#: 128 requests of the longest model length.
+KV_CACHE_BYTES = 64 << 20
+
+
 class VllmServer:
     """One `vllm serve` of the tiny model with `profiler_config` (and `args`, more of
     `vllm serve`'s flags), logging to `workdir/server.log`."""
@@ -249,6 +258,10 @@ class VllmServer:
         (self.model / "config.json").write_text(json.dumps(self.model_config))
         self.ipc_dir = tempfile.mkdtemp(prefix="stepscope-vllm-")
         env = live_env(self.ipc_dir)
+        # The KV cache by its size in bytes (`KV_CACHE_BYTES`), not live_env's 1 GiB: vLLM's
+        # CPU platform takes VLLM_CPU_KVCACHE_SPACE over --kv-cache-memory-bytes when both
+        # are given.
+        del env["VLLM_CPU_KVCACHE_SPACE"]
         env.update(self.env)
         vllm_cli = Path(sys.executable).parent / "vllm"
         cmd = [
@@ -256,6 +269,7 @@ class VllmServer:
             "--load-format", "dummy", "--skip-tokenizer-init",
             "--host", "127.0.0.1", "--port", str(self.port),
             "--max-model-len", str(self.max_model_len),
+            "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
             "--profiler-config", json.dumps(self.profiler_config),
             *self.args,
         ]  # fmt: skip

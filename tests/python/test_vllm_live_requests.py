@@ -91,8 +91,7 @@ def token_cost_server(
             "--enable-chunked-prefill",
             "--max-num-batched-tokens", str(BUDGET),
             "--max-num-seqs", "8",
-            # The CPU build sizes its cache from VLLM_CPU_KVCACHE_SPACE (GiB), not
-            # --kv-cache-memory-bytes: the block count is forced instead.
+            # The block count forced: fewer than the harness's KV_CACHE_BYTES would hold.
             "--num-gpu-blocks-override", str(KV_BLOCKS),
             *(args or []),
         ],
