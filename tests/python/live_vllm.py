@@ -83,30 +83,34 @@ def modelinfos_dir() -> Path:
         return MODELINFOS / "none"
 
 
+def _copy_records(src: Path, dst: Path) -> None:
+    """Copies the model records (`*.json`) of ``src`` into ``dst``, each replaced whole (a
+    temporary of this process, then a rename): other processes may read or write them at once.
+    Best effort: a record not copied only costs a start its inspection."""
+    try:
+        for record in src.glob("*.json"):
+            dst.mkdir(parents=True, exist_ok=True)
+            part = dst / f".{record.name}.{os.getpid()}"
+            shutil.copyfile(record, part)
+            os.replace(part, dst / record.name)
+    except OSError as e:
+        warnings.warn(f"vLLM's model records not copied to {dst}: {e}", stacklevel=3)
+
+
 def keep_modelinfos(cache_root: str) -> None:
     """Keeps the model records a start wrote under ``cache_root`` (its VLLM_CACHE_ROOT) for the
-    next starts (`modelinfos_dir`), each replaced whole. Best effort: a record that cannot be
-    kept only costs the next start its inspection."""
-    kept = modelinfos_dir()
-    try:
-        for record in Path(cache_root, "modelinfos").glob("*.json"):
-            kept.mkdir(parents=True, exist_ok=True)
-            part = kept / f".{record.name}.{os.getpid()}"
-            shutil.copyfile(record, part)
-            os.replace(part, kept / record.name)
-    except OSError as e:
-        warnings.warn(f"vLLM's model records not kept for the next starts: {e}", stacklevel=2)
+    next starts (`modelinfos_dir`)."""
+    _copy_records(Path(cache_root, "modelinfos"), modelinfos_dir())
 
 
 def live_env(ipc_dir: str) -> dict[str, str]:
-    """The environment of a live vLLM process on this CPU: the CPU platform, 1 GiB of KV cache
-    (a `VllmServer` gives its own size in bytes instead, `KV_CACHE_BYTES`), and everything it
-    writes besides its traces kept in ``ipc_dir`` (removed by its owner)."""
+    """The environment of a live vLLM process on this CPU: the CPU platform, and everything it
+    writes besides its traces kept in ``ipc_dir`` (removed by its owner). The KV cache's size
+    is the engine's owner's to give (`VllmServer`: `KV_CACHE_BYTES`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STEPSCOPE_", "VLLM_"))}
     env.update(
         {
             "VLLM_TARGET_DEVICE": "cpu",
-            "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "PYTHONUNBUFFERED": "1",
             # vLLM imports humming (its quantized kernels), which starts two Python processes
@@ -124,11 +128,7 @@ def live_env(ipc_dir: str) -> dict[str, str]:
     env["TMPDIR"] = ipc_dir
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(ipc_dir, "inductor")
     env["VLLM_CACHE_ROOT"] = os.path.join(ipc_dir, "cache")
-    kept = sorted(modelinfos_dir().glob("*.json"))
-    if kept:
-        os.makedirs(os.path.join(env["VLLM_CACHE_ROOT"], "modelinfos"), exist_ok=True)
-    for record in kept:
-        shutil.copyfile(record, os.path.join(env["VLLM_CACHE_ROOT"], "modelinfos", record.name))
+    _copy_records(modelinfos_dir(), Path(env["VLLM_CACHE_ROOT"], "modelinfos"))
     return env
 
 
@@ -208,8 +208,9 @@ class OpenCompletion:
         self._conn.close()
 
 
-#: A live server's KV cache. The CPU worker allocates (and touches) all of it at start: the
-#: 1 GiB that VLLM_CPU_KVCACHE_SPACE allows at least made each server's worker 2.0 GB resident,
+#: A live server's KV cache, given in bytes (--kv-cache-memory-bytes; VLLM_CPU_KVCACHE_SPACE,
+#: in whole GiB, would win over it if set). The CPU worker allocates (and touches) all of it
+#: at start: 1 GiB, that variable's least, made each server's worker 2.0 GB resident,
 #: and make test runs five to seven servers at once on a machine of 24 GB. The tiny model
 #: keeps 1 KB a token (2 layers, K and V, 2 heads of 64, bf16): 64 MiB hold 65,536 tokens,
 #: 128 requests of the longest model length.
@@ -258,10 +259,6 @@ class VllmServer:
         (self.model / "config.json").write_text(json.dumps(self.model_config))
         self.ipc_dir = tempfile.mkdtemp(prefix="stepscope-vllm-")
         env = live_env(self.ipc_dir)
-        # The KV cache by its size in bytes (`KV_CACHE_BYTES`), not live_env's 1 GiB: vLLM's
-        # CPU platform takes VLLM_CPU_KVCACHE_SPACE over --kv-cache-memory-bytes when both
-        # are given.
-        del env["VLLM_CPU_KVCACHE_SPACE"]
         env.update(self.env)
         vllm_cli = Path(sys.executable).parent / "vllm"
         cmd = [

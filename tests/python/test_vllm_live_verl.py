@@ -49,6 +49,9 @@ def run(tmp_path_factory):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(trace_dir)], check=True)
     ipc = tempfile.mkdtemp(prefix="stepscope-verl-")
     env = live_env(ipc)
+    # verl builds the engine's config itself: the CPU platform's KV cache from its variable,
+    # in whole GiB (1, the least).
+    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     # Below the tmpfs's size, above what the filled disk leaves.
     env["STEPSCOPE_CONFIG"] = json.dumps({"stepscope": {"min_free_disk_mb": 8}})
     result = workdir / "result.json"

@@ -757,22 +757,32 @@ impl<'a> Scanner<'a> {
         if self.pos + 8 > self.buf.len() {
             return None;
         }
-        let w = word(self.buf, self.pos);
-        // The key's first letter leaves one or two candidates.
-        let candidates: &[usize] = match (w >> 8) as u8 {
-            b'p' => &[0, 3],
-            b'c' => &[1],
-            b'n' => &[2],
-            b't' => &[5, 4],
-            b'd' => &[6],
-            b'a' => &[7],
-            _ => &[],
+        /// The fields whose key begins with each byte, at most two (`NONE` for none), so that
+        /// one or two compares find a key: built from `FIELDS` (a third would not compile).
+        const NONE: u8 = u8::MAX;
+        const BY_FIRST: [[u8; 2]; 256] = {
+            let mut by = [[NONE; 2]; 256];
+            let mut i = 0;
+            while i < FIELDS.len() {
+                let first = FIELDS[i].as_bytes()[0] as usize;
+                let slot = if by[first][0] == NONE { 0 } else { 1 };
+                assert!(
+                    by[first][slot] == NONE,
+                    "three fields begin with one letter"
+                );
+                by[first][slot] = i as u8;
+                i += 1;
+            }
+            by
         };
-        for &field in candidates {
-            let (key, len) = KEYS[field];
+        let w = word(self.buf, self.pos);
+        for field in BY_FIRST[usize::from((w >> 8) as u8)] {
+            let Some(&(key, len)) = KEYS.get(usize::from(field)) else {
+                break;
+            };
             if w & (u64::MAX >> (64 - 8 * len)) == key {
                 self.pos += len as usize;
-                return Some(field);
+                return Some(usize::from(field));
             }
         }
         None
