@@ -106,7 +106,7 @@ glue: setup
 	rm -rf python/stepscope/_glue
 	mkdir -p python/stepscope/_glue/src
 	cp -p $(GLUE)/libstepscope_kineto-torch*.so python/stepscope/_glue/
-	cp -p cpp/kineto.cc cpp/stepscope_kineto.h python/stepscope/_glue/src/
+	cp -p cpp/kineto.cc cpp/kineto_writer.h cpp/stepscope_kineto.h python/stepscope/_glue/src/
 
 # The Python package (stepscope._native, which links no torch, the glue files, the vLLM
 # plugin's entry points) installed into the venv in development mode: `.venv/bin/python -c

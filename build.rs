@@ -87,7 +87,11 @@ mod torch {
             .flag_if_supported("-Wall")
             .flag_if_supported("-Wextra");
         build.compile("stepscope_kineto");
-        for f in ["cpp/stepscope_kineto.h", "cpp/kineto.cc"] {
+        for f in [
+            "cpp/stepscope_kineto.h",
+            "cpp/kineto.cc",
+            "cpp/kineto_writer.h",
+        ] {
             println!("cargo:rerun-if-changed={f}");
         }
         // Binaries of this package (tests, examples, the cdylib) find libtorch without

@@ -23,6 +23,8 @@
 #include <string_view>
 #include <utility>
 
+#include "kineto_writer.h"
+
 // glibc 2.32 added __libc_single_threaded, which libstdc++'s headers (GCC 11 on) read to skip
 // atomic reference counts while a process has one thread; a glue built on a newer glibc would
 // then need 2.32, above torch's own floor (manylinux_2_28, glibc 2.28). This hidden definition
@@ -232,12 +234,23 @@ int stepscope_kineto_add_metadata(const char* key, size_t key_len, const char* j
 }
 
 int stepscope_kineto_save(stepscope_kineto_result* result, const char* path, size_t path_len,
-                          char* err, size_t err_len) {
+                          int serializer, const char* reference, size_t reference_len, char* err,
+                          size_t err_len) {
   return guarded(err, err_len, [&] {
     if (result == nullptr || !result->inner) {
       throw std::runtime_error("the profiler returned no result");
     }
-    result->inner->save(std::string(path, path_len));
+    std::string target(path, path_len);
+    if (serializer == STEPSCOPE_KINETO_SERIALIZER_STEPSCOPE && stepscope_writer::registered()) {
+      // Kineto calls the factory on this thread, within save().
+      struct Reference {
+        Reference(const char* p, size_t n) { stepscope_writer::next_reference.assign(p, n); }
+        ~Reference() { stepscope_writer::next_reference.clear(); }
+      } ref(reference == nullptr ? "" : reference, reference == nullptr ? 0 : reference_len);
+      result->inner->save(std::string(stepscope_writer::kProtocol) + "://" + target);
+    } else {
+      result->inner->save(target);
+    }
   });
 }
 

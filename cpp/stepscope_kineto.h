@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define STEPSCOPE_KINETO_ABI 2
+#define STEPSCOPE_KINETO_ABI 3
 
 /* Exported from the shared glue even when built with -fvisibility=hidden. */
 #define STEPSCOPE_KINETO_API __attribute__((visibility("default")))
@@ -81,8 +81,18 @@ STEPSCOPE_KINETO_API int stepscope_kineto_toggle(int enable, const stepscope_kin
 STEPSCOPE_KINETO_API int stepscope_kineto_add_metadata(const char* key, size_t key_len, const char* json,
                                   size_t json_len, char* err, size_t err_len);
 
+/* The serializers a save may use: Kineto's own writer, or stepscope's (kineto_writer.h), which
+ * writes the plain bulk of the events itself and leaves the rest to Kineto's, and falls back to
+ * Kineto's own where Kineto's registry offers no file logger. */
+#define STEPSCOPE_KINETO_SERIALIZER_KINETO 0
+#define STEPSCOPE_KINETO_SERIALIZER_STEPSCOPE 1
+
+/* Writes the trace as JSON to `path` (through `{path}.tmp`, renamed when complete). With
+ * stepscope's serializer and a non-empty `reference`, Kineto's own writer also writes the same
+ * capture to `reference` (for comparison). */
 STEPSCOPE_KINETO_API int stepscope_kineto_save(stepscope_kineto_result* result, const char* path, size_t path_len,
-                          char* err, size_t err_len);
+                          int serializer, const char* reference, size_t reference_len, char* err,
+                          size_t err_len);
 STEPSCOPE_KINETO_API size_t stepscope_kineto_event_count(const stepscope_kineto_result* result);
 STEPSCOPE_KINETO_API int stepscope_kineto_event_at(const stepscope_kineto_result* result, size_t index,
                               stepscope_kineto_event* out, char* name, size_t name_cap, char* err,

@@ -2,7 +2,9 @@
 them): a Python loop of small torch ops called through nested functions, captured with the
 Python API, then stopped and waited for. The same workload is captured once per gzip level
 asked (`stepscope.gzip_level`), the levels alternating capture by capture in one process, so
-that each sees the same stretch of the machine; the medians are printed per level.
+that each sees the same stretch of the machine; the medians are printed per level. With
+`--serializers stepscope,kineto`, each level's capture is also written by each serializer
+(`stepscope.serializer`): stepscope's, and Kineto's own alone, alternating in the same way.
 
 For each capture: its JSON, Kineto's finalize (torch's post-processing, on stepscope's finalize
 thread: wall and CPU seconds), the write (Kineto's serializer into the pipe, the gzip pump, the
@@ -12,7 +14,8 @@ the write's CPU time (per core), the stop to the trace on disk, and the gzip'd s
 `--one-core` pins the process to one CPU first, as vLLM's CPU workers are pinned (the writer's
 threads then share the core left to them).
 
-    .venv/bin/python scripts/bench_writer.py [--levels 6,1] [--rounds 5] [--ops 20000] [--one-core]
+    .venv/bin/python scripts/bench_writer.py [--levels 6,1] [--serializers stepscope,kineto]
+        [--rounds 5] [--ops 20000] [--one-core]
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def cpu_of_process() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def capture(level: int, ops: int) -> dict:
+def capture(level: int, serializer: str, ops: int) -> dict:
     import torch
 
     import stepscope
@@ -81,7 +84,7 @@ def capture(level: int, ops: int) -> dict:
             "profiler": "torch",
             "torch_profiler_dir": out,
             "torch_profiler_with_stack": True,
-            "stepscope": {"gzip_level": level},
+            "stepscope": {"gzip_level": level, "serializer": serializer},
         }
         p = stepscope.WorkerProfiler(cfg, "bench")
         p.start()
@@ -112,6 +115,7 @@ def capture(level: int, ops: int) -> dict:
     write_cpu = process_cpu - finalize_cpu - main_cpu
     return {
         "level": level,
+        "serializer": serializer,
         "json_mb": json_mb,
         "gz_mb": manifest["trace_bytes"] / 1e6,
         "finalize_s": manifest["finalize_seconds"],
@@ -128,29 +132,31 @@ def capture(level: int, ops: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--levels", default="6,1", help="gzip levels to compare (default 6,1)")
+    ap.add_argument("--serializers", default="stepscope", help="serializers to compare (default stepscope)")
     ap.add_argument("--rounds", type=int, default=5, help="captures per level (default 5)")
     ap.add_argument("--ops", type=int, default=20000, help="torch ops per capture")
     ap.add_argument("--one-core", action="store_true", help="pin the process to one CPU first")
     args = ap.parse_args()
-    levels = [int(x) for x in args.levels.split(",")]
+    variants = [(int(lvl), ser) for lvl in args.levels.split(",") for ser in args.serializers.split(",")]
     if args.one_core:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    runs: dict[int, list[dict]] = {lvl: [] for lvl in levels}
+    runs: dict[tuple[int, str], list[dict]] = {v: [] for v in variants}
     for r in range(args.rounds):
-        for lvl in levels if r % 2 == 0 else reversed(levels):
-            row = capture(lvl, args.ops)
-            runs[lvl].append(row)
-            print(json.dumps({k: round(v, 3) for k, v in row.items()}), file=sys.stderr, flush=True)
+        for lvl, ser in variants if r % 2 == 0 else reversed(variants):
+            row = capture(lvl, ser, args.ops)
+            runs[(lvl, ser)].append(row)
+            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
+                  file=sys.stderr, flush=True)  # fmt: skip
     cores = "one core" if args.one_core else f"{len(os.sched_getaffinity(0))} cores"
-    print(f"medians of {args.rounds} captures per level, {args.ops} ops each, Python stacks, {cores}")
-    head = ("level", "JSON MB", "gz MB", "finalize s", "(CPU s)", "write s", "(CPU s)",
+    print(f"medians of {args.rounds} captures per variant, {args.ops} ops each, Python stacks, {cores}")
+    head = ("level", "serializer", "JSON MB", "gz MB", "finalize s", "(CPU s)", "write s", "(CPU s)",
             "MB/s/core", "stop→disk s", "after rename")  # fmt: skip
     print("".join(f"{h:>13}" for h in head))
     keys = ("json_mb", "gz_mb", "finalize_s", "finalize_cpu_s", "write_s", "write_cpu_s",
             "mb_s_per_core", "on_disk_s", "after_rename_s")  # fmt: skip
-    for lvl in levels:
-        cells = [statistics.median(r[k] for r in runs[lvl]) for k in keys]
-        print(f"{lvl:>13}" + "".join(f"{c:>13.2f}" if c < 100 else f"{c:>13.0f}" for c in cells))
+    for lvl, ser in variants:
+        cells = [statistics.median(r[k] for r in runs[(lvl, ser)]) for k in keys]
+        print(f"{lvl:>13}{ser:>13}" + "".join(f"{c:>13.2f}" if c < 100 else f"{c:>13.0f}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -379,6 +379,31 @@ fn gzip_level_is_an_integer_from_1_to_9() {
 }
 
 #[test]
+fn serializer_is_stepscope_kineto_or_compare() {
+    use stepscope::config::Serializer;
+    let d = ProfilerConfig::from_json_str("{}").unwrap();
+    assert_eq!(d.stepscope.serializer, Serializer::Stepscope);
+    for (text, want) in [
+        ("stepscope", Serializer::Stepscope),
+        ("kineto", Serializer::Kineto),
+        ("compare", Serializer::Compare),
+    ] {
+        let c = ProfilerConfig::from_json_str(&format!(
+            r#"{{"stepscope": {{"serializer": "{text}"}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.stepscope.serializer, want);
+    }
+    for bad in ["\"fast\"", "\"Kineto\"", "1", "null"] {
+        assert_err(
+            &format!(r#"{{"stepscope": {{"serializer": {bad}}}}}"#),
+            "stepscope.serializer",
+            "must be \"stepscope\", \"kineto\" or \"compare\"",
+        );
+    }
+}
+
+#[test]
 fn otel_takes_true_false_or_its_fields_needs_the_request_log_and_names_a_bad_field() {
     use stepscope::config::{OtelExport, OTEL_BATCH, OTEL_COSTLIEST, OTEL_QUEUE};
     let on = |otel: &str| {

@@ -13,7 +13,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SOURCES: [&str; 2] = ["kineto.cc", "stepscope_kineto.h"];
+// The same list as python/stepscope/glue.py's SOURCES.
+const SOURCES: [&str; 3] = ["kineto.cc", "kineto_writer.h", "stepscope_kineto.h"];
 
 fn main() {
     for var in [

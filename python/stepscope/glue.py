@@ -40,7 +40,7 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Where the wheel's glue files live, with the C++ sources they were built from under src/.
 PACKAGE_GLUE_DIR = PACKAGE_DIR / "_glue"
-SOURCES = ("kineto.cc", "stepscope_kineto.h")
+SOURCES = ("kineto.cc", "kineto_writer.h", "stepscope_kineto.h")
 _NAME = re.compile(r"^libstepscope_kineto-torch(\d+)\.(\d+)\.so$")
 
 
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile the glue for the torch importable here")
     b.add_argument("--out", help="directory to write to (default: the package, else ~/.cache/stepscope/glue)")
-    b.add_argument("--src", help="directory holding kineto.cc and stepscope_kineto.h (default: the package's)")
+    b.add_argument("--src", help="directory holding the glue's C++ sources (SOURCES; default: the package's)")
     b.add_argument(
         "--cxx", help="C++ compiler, alone (default: $CXX, then g++ if $CXX fails; else g++)"
     )

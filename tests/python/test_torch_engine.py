@@ -351,6 +351,7 @@ def test_the_glue_build_falls_back_to_gxx_when_cxx_cannot_link_it(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     (src / "stepscope_kineto.h").write_text('extern "C" int stepscope_glue_probe(void);\n')
+    (src / "kineto_writer.h").write_text("")
     (src / "kineto.cc").write_text(
         '#include "stepscope_kineto.h"\n'
         'extern "C" __attribute__((visibility("default"))) int stepscope_glue_probe(void) { return 7; }\n'

@@ -53,6 +53,8 @@ pub struct TorchBackend {
     writer: Writer,
     /// `stepscope.min_free_disk_mb`.
     min_free_disk_mb: u64,
+    /// Who writes each capture's JSON (`stepscope.serializer`).
+    serializer: crate::config::Serializer,
     /// `stepscope.max_capture_mb`, bytes: a window is not begun while the captures not yet
     /// written hold more (0: no limit).
     max_held_bytes: u64,
@@ -97,6 +99,7 @@ impl TorchBackend {
             model: None,
             writer,
             min_free_disk_mb: config.stepscope.budget.min_free_disk_mb,
+            serializer: config.stepscope.serializer,
             max_held_bytes: config.capture_budget().max_growth_bytes,
         })
     }
@@ -253,6 +256,7 @@ impl TorchBackend {
             session: Box::new(KinetoCapture {
                 session: detached,
                 table: self.recording.table(),
+                serializer: self.serializer,
             }),
             time_ns: stop_unix_ns,
             queued: Instant::now(),

@@ -1,18 +1,20 @@
 //! The torch backend's captures as the flush layer writes them: a detached Kineto session to
 //! finalize, its result to save, and the op table (`{stem}.profiler_out.txt`) beside the trace.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::kineto::{Detached, TraceResult};
 use super::op_table::{self, SortBy};
-use crate::error::Result;
-use crate::files::write_atomic;
+use crate::config::Serializer;
+use crate::error::{Error, Result};
+use crate::files::{write_atomic, TempFile};
 use crate::flush::{self, Trace};
 
-/// A stopped Kineto session, with whether its op table is wanted.
+/// A stopped Kineto session, with whether its op table is wanted and who writes its JSON.
 pub(super) struct KinetoCapture {
     pub session: Detached,
     pub table: Option<SortBy>,
+    pub serializer: Serializer,
 }
 
 impl flush::Capture for KinetoCapture {
@@ -21,6 +23,8 @@ impl flush::Capture for KinetoCapture {
         Ok(Box::new(KinetoTrace {
             result,
             table: self.table,
+            serializer: self.serializer,
+            reference: None,
         }))
     }
 }
@@ -28,14 +32,43 @@ impl flush::Capture for KinetoCapture {
 struct KinetoTrace {
     result: TraceResult,
     table: Option<SortBy>,
+    serializer: Serializer,
+    /// Kineto's own JSON of the capture (`Serializer::Compare`), until moved beside the trace.
+    reference: Option<TempFile>,
 }
 
 impl Trace for KinetoTrace {
     fn save(&mut self, path: &str) -> Result<()> {
-        self.result.save(path)
+        match self.serializer {
+            Serializer::Kineto => self.result.save(path, false, None),
+            Serializer::Stepscope => self.result.save(path, true, None),
+            Serializer::Compare => {
+                let reference = TempFile::new(PathBuf::from(format!("{path}.kineto.json")));
+                let at = reference.path().to_string_lossy().into_owned();
+                self.reference = Some(reference);
+                self.result.save(path, true, Some(&at))
+            }
+        }
     }
 
     fn write_extras(&mut self, dir: &Path, stem: &str) -> Result<Option<String>> {
+        if let Some(reference) = self.reference.take() {
+            let to = dir.join(format!("{stem}.kineto.json"));
+            if reference.path().exists() {
+                std::fs::rename(reference.path(), &to).map_err(|e| {
+                    Error::io(&to, format!("cannot move Kineto's trace here: {e}"), e)
+                })?;
+                reference.keep();
+            } else {
+                // The glue wrote the trace with Kineto's own writer (its libtorch lacks what
+                // stepscope's needs): the trace is Kineto's, and nothing to compare it with.
+                log::warn!(
+                    "stepscope: no {} beside the trace: Kineto's own writer wrote it (this \
+                     torch's Kineto does not offer what stepscope's serializer needs)",
+                    to.display()
+                );
+            }
+        }
         match self.table {
             Some(sort) => write_table(dir, &self.result, stem, sort).map(Some),
             None => Ok(None),

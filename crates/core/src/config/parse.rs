@@ -281,6 +281,18 @@ impl StepscopeConfig {
                     .filter(|n| GZIP_LEVELS.contains(n))
             })?
             .unwrap_or(d.gzip_level);
+        let serializer = match f.take("serializer") {
+            None => d.serializer,
+            Some(Value::String(s)) if s == "stepscope" => Serializer::Stepscope,
+            Some(Value::String(s)) if s == "kineto" => Serializer::Kineto,
+            Some(Value::String(s)) if s == "compare" => Serializer::Compare,
+            Some(v) => {
+                return Err(Error::config(
+                    "stepscope.serializer",
+                    format!("must be \"stepscope\", \"kineto\" or \"compare\", not {v}"),
+                ))
+            }
+        };
         let torch_with_modules = f.bool("torch_with_modules", d.torch_with_modules)?;
         let request_ids = f.bool("request_ids", d.request_ids)?;
         let timeline = timeline_steps(f.take("timeline"))?;
@@ -302,6 +314,7 @@ impl StepscopeConfig {
             flush_timeout,
             stop_returns,
             gzip_level,
+            serializer,
             torch_with_modules,
             capture,
             request_ids,

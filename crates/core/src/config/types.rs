@@ -86,6 +86,22 @@ pub enum StopReturns {
     AtOnce,
 }
 
+/// Who writes a torch capture's JSON (`"stepscope": {"serializer": ...}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Serializer {
+    /// stepscope's: the plain bulk of the events (CPU ops, Python frames, CUDA runtime and
+    /// driver calls, kernels, copies, sets) written by stepscope, the rest by Kineto's own
+    /// writer, spliced into one trace of the same events and fields.
+    #[default]
+    Stepscope,
+    /// Kineto's own writer alone (torch's `export_chrome_trace`).
+    Kineto,
+    /// stepscope's, and Kineto's own of the same capture beside it as `{stem}.kineto.json`
+    /// (uncompressed), to compare the two.
+    Compare,
+}
+
 /// stepscope's own settings: the `"stepscope": {...}` object of the config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -106,6 +122,8 @@ pub struct StepscopeConfig {
     /// The gzip level of `.json.gz` traces, 1 (fastest) to 9 (smallest); default
     /// [`GZIP_LEVEL`].
     pub gzip_level: u32,
+    /// Who writes a torch capture's JSON; default [`Serializer::Stepscope`].
+    pub serializer: Serializer,
     /// torch.profiler's `with_modules` (module hierarchy in the trace; TorchScript models
     /// only), which vLLM's config has no field for: set by `profiler_kwargs` through the
     /// Python package, or here. Default false.
@@ -440,6 +458,7 @@ impl Default for StepscopeConfig {
             flush_timeout: DEFAULT_FLUSH_TIMEOUT,
             stop_returns: StopReturns::Written,
             gzip_level: GZIP_LEVEL,
+            serializer: Serializer::Stepscope,
             torch_with_modules: false,
             request_ids: false,
             timeline: None,

@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_int, CStr};
 use crate::error::{Error, Result};
 
 /// The glue's C ABI version this crate speaks (`STEPSCOPE_KINETO_ABI`).
-pub(super) const ABI: u32 = 2;
+pub(super) const ABI: u32 = 3;
 
 /// What Kineto records (`stepscope_kineto_options`).
 #[repr(C)]
@@ -104,7 +104,7 @@ glue! {
     detached_free = stepscope_kineto_detached_free(d: *mut RawDetached);
     toggle = stepscope_kineto_toggle(enable: c_int, o: *const Options, err: Err, err_len: usize) -> c_int;
     add_metadata = stepscope_kineto_add_metadata(key: *const c_char, key_len: usize, json: *const c_char, json_len: usize, err: Err, err_len: usize) -> c_int;
-    save = stepscope_kineto_save(r: *mut RawResult, path: *const c_char, path_len: usize, err: Err, err_len: usize) -> c_int;
+    save = stepscope_kineto_save(r: *mut RawResult, path: *const c_char, path_len: usize, serializer: c_int, reference: *const c_char, reference_len: usize, err: Err, err_len: usize) -> c_int;
     event_count = stepscope_kineto_event_count(r: *const RawResult) -> usize;
     event_at = stepscope_kineto_event_at(r: *const RawResult, index: usize, out: *mut RawEvent, name: *mut c_char, name_cap: usize, err: Err, err_len: usize) -> c_int;
     result_free = stepscope_kineto_result_free(r: *mut RawResult);

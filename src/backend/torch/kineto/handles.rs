@@ -145,14 +145,20 @@ pub(crate) struct TraceResult {
 unsafe impl Send for TraceResult {}
 
 impl TraceResult {
-    /// Kineto writes the trace JSON (to `{path}.tmp`, then renamed to `path`).
-    pub(crate) fn save(&mut self, path: &str) -> Result<()> {
-        // SAFETY: ptr is live; path is a live (pointer, length) pair.
+    /// Writes the trace JSON (to `{path}.tmp`, then renamed to `path`): Kineto's own writer,
+    /// or stepscope's (`cpp/kineto_writer.h`); with a `reference`, Kineto's own writer also
+    /// writes the same capture there.
+    pub(crate) fn save(&mut self, path: &str, ours: bool, reference: Option<&str>) -> Result<()> {
+        let reference = reference.unwrap_or("");
+        // SAFETY: ptr is live; path and reference are live (pointer, length) pairs.
         call(&format!("saving the trace to {path}"), |err, len| unsafe {
             (self.api.save)(
                 self.ptr.as_ptr(),
                 path.as_ptr().cast(),
                 path.len(),
+                c_int::from(ours),
+                reference.as_ptr().cast(),
+                reference.len(),
                 err,
                 len,
             )

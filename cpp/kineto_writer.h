@@ -1,0 +1,583 @@
+// stepscope's serializer for a Kineto capture (included once, by kineto.cc).
+//
+// Kineto's own (ChromeTraceLogger) formats every event through fmt and an ofstream, and
+// copies each name and args string on the way: about 35 MB of JSON a second on one core
+// with Python stacks, which the stop waits for. This logger takes the events that make up
+// nearly all of a trace (CPU ops, Python frames, CUDA runtime and driver calls, kernels,
+// copies and sets) and writes them itself into one buffer; every other call (the header
+// and its metadata, processes and threads, spans, annotations, instant and counter events,
+// collectives, anything whose name or args Kineto would rewrite) goes to Kineto's own
+// logger, writing a side file. At the end the side file is spliced around the buffer: its
+// header and first `"traceEvents": [`, then this logger's events, then the rest. So what
+// is not plain stays exactly Kineto's, and what is plain is written as Kineto writes it
+// (same fields and values; one event per line, without Kineto's indentation).
+//
+// Reached through Kineto's logger registry (`ActivityProfilerController::addLoggerFactory`,
+// exported by libtorch but not in its headers): a save to `stepscope://PATH` makes this
+// logger, which makes Kineto's file logger through the same registry.
+#pragma once
+
+#ifndef KINETO_NAMESPACE
+#define KINETO_NAMESPACE libkineto
+#endif
+
+#include <ActivityType.h>
+#include <libkineto.h>
+#include <GenericTraceActivity.h>
+#include <ITraceActivity.h>
+#include <output_base.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <typeinfo>
+#include <unordered_map>
+#include <vector>
+
+namespace libkineto {
+// Kineto's registry of loggers by URL protocol, as libtorch defines it (one map member);
+// libtorch's headers only name the class.
+class ActivityLoggerFactory {
+ public:
+  using FactoryFunc = std::function<std::unique_ptr<ActivityLogger>(const std::string& url)>;
+  std::map<std::string, FactoryFunc> factories;
+};
+
+// torch 2.14's Kineto: finalizeTrace lost its metadata argument, and registerLoggerFactory is
+// public (libkineto.h); before, the controller's static addLoggerFactory registered a protocol.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+#define STEPSCOPE_KINETO_2_14 1
+#else
+#define STEPSCOPE_KINETO_2_14 0
+#endif
+#define STEPSCOPE_FINALIZE_METADATA (!STEPSCOPE_KINETO_2_14)
+
+// What this file calls in libtorch that its headers do not declare, or that some libtorch does
+// not export (torch 2.11's has no loggerFactory()): each declared weak, so that a glue whose
+// libtorch lacks one still loads, and checked before use (see available()); without them a
+// save goes through Kineto's own writer. The registry's map is its first member in every
+// Kineto here (2.14 added a mutex after it).
+class ActivityProfilerController {
+ public:
+#if !STEPSCOPE_KINETO_2_14
+  __attribute__((weak)) static void addLoggerFactory(const std::string& protocol,
+                                                     ActivityLoggerFactory::FactoryFunc factory);
+#endif
+  __attribute__((weak)) static ActivityLoggerFactory& loggerFactory();
+};
+#if STEPSCOPE_KINETO_2_14
+__attribute__((weak)) void registerLoggerFactory(const std::string& protocol,
+                                                 LoggerFactory factory);
+#endif
+
+// Kineto's file logger, as far as this file calls it: the end of a trace without the capture's
+// buffers (the virtual finalizeTrace takes them by value, and their type is not in libtorch's
+// headers, so this file can neither make nor free one). Called only on an object whose dynamic
+// type is this class (checked by name, see is_chrome_logger).
+class ChromeTraceLogger {
+ public:
+#if STEPSCOPE_FINALIZE_METADATA
+  __attribute__((weak)) void finalizeTrace(
+      int64_t endTime, std::unordered_map<std::string, std::vector<std::string>>& metadata);
+#else
+  __attribute__((weak)) void finalizeTrace(int64_t endTime);
+#endif
+};
+}  // namespace libkineto
+
+namespace stepscope_writer {
+
+namespace kt = libkineto;
+
+constexpr const char* kProtocol = "stepscope";
+
+// A byte Kineto's writer keeps as it is in a name: printable ASCII but the two it rewrites
+// or escapes ('\\' to '/', '"' escaped in newer Kineto); anything else (a newline, which it
+// drops, and any byte std::isprint refuses, which turns the whole name into "unknown") sends
+// the event to Kineto's own writer.
+inline bool plain_name(std::string_view s) {
+  for (unsigned char c : s) {
+    if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') return false;
+  }
+  return true;
+}
+
+// Args Kineto copies as they are: no '\\' (made '/') and no newline (dropped).
+inline bool plain_args(std::string_view s) {
+  // Two scans of memchr: find_first_of would call it once per byte of `s`.
+  return std::memchr(s.data(), '\\', s.size()) == nullptr &&
+         std::memchr(s.data(), '\n', s.size()) == nullptr;
+}
+
+inline bool blank(std::string_view s) {
+  for (unsigned char c : s) {
+    if (!std::isspace(c)) return false;
+  }
+  return true;
+}
+
+// The types written here, when the event is plain. Kineto writes these through its generic
+// complete-event path (ph X); the rest have paths of their own (instant and counter events,
+// GPU annotations moved by a nanosecond, CUDA syncs on rows of their own, user annotations,
+// whose args stepscope's pump rewrites line by line in Kineto's layout).
+inline bool ours(kt::ActivityType t) {
+  switch (t) {
+    case kt::ActivityType::CPU_OP:
+    case kt::ActivityType::PYTHON_FUNCTION:
+    case kt::ActivityType::CUDA_RUNTIME:
+    case kt::ActivityType::CUDA_DRIVER:
+    case kt::ActivityType::CONCURRENT_KERNEL:
+    case kt::ActivityType::GPU_MEMCPY:
+    case kt::ActivityType::GPU_MEMSET:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Types whose own correlation id Kineto does not write as "External id" when they have no
+// linked activity (all but CPU ops and Python frames among ours).
+inline bool own_id_written(kt::ActivityType t) {
+  return t == kt::ActivityType::CPU_OP || t == kt::ActivityType::PYTHON_FUNCTION;
+}
+
+// One event of ours, formatted but for its time stamp: Kineto writes times relative to a
+// base it reads once per process and writes into the header, known here only at the end.
+struct Pending {
+  size_t head_end;  // text_[previous tail_end, head_end): up to `"ts": `
+  size_t tail_end;  // text_[head_end, tail_end): from `, "dur"` on
+  int64_t ts;       // absolute, ns
+};
+
+// A growable byte buffer written through a cursor: one capacity check per event, then
+// unchecked copies.
+class Text {
+ public:
+  // Room for `n` more bytes.
+  void ensure(size_t n) {
+    if (cap_ - len_ < n) grow(n);
+  }
+  // The unchecked writes: the caller ensured room.
+  void put(const char* s, size_t n) {
+    std::memcpy(buf_.get() + len_, s, n);
+    len_ += n;
+  }
+  void put(std::string_view s) { put(s.data(), s.size()); }
+  void put(char c) { buf_[len_++] = c; }
+  // At most 20 bytes.
+  void put_int(int64_t v) {
+    char digits[20];
+    char* end = digits + sizeof digits;
+    char* p = end;
+    const bool negative = v < 0;
+    uint64_t u = negative ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+    do {
+      *--p = static_cast<char>('0' + u % 10);
+      u /= 10;
+    } while (u != 0);
+    if (negative) put('-');
+    put(p, static_cast<size_t>(end - p));
+  }
+  // Kineto's "{us}.{ns:03}" for a non-negative nanosecond count: at most 24 bytes.
+  void put_us(int64_t ns) {
+    put_int(ns / 1000);
+    const int64_t frac = ns % 1000;
+    const char tail[4] = {'.', static_cast<char>('0' + frac / 100),
+                          static_cast<char>('0' + frac / 10 % 10), static_cast<char>('0' + frac % 10)};
+    put(tail, 4);
+  }
+  size_t size() const { return len_; }
+  const char* data() const { return buf_.get(); }
+  std::string_view view(size_t from, size_t to) const {
+    return std::string_view(buf_.get() + from, to - from);
+  }
+  void clear() { len_ = 0; }
+
+ private:
+  void grow(size_t n) {
+    size_t cap = cap_ * 2 > len_ + n ? cap_ * 2 : len_ + n;
+    if (cap < (1 << 20)) cap = 1 << 20;
+    std::unique_ptr<char[]> next(new char[cap]);
+    if (len_ != 0) std::memcpy(next.get(), buf_.get(), len_);
+    buf_ = std::move(next);
+    cap_ = cap;
+  }
+  std::unique_ptr<char[]> buf_;
+  size_t len_ = 0;
+  size_t cap_ = 0;
+};
+
+// The top-level key `key`'s value in a JSON object's text: the offset of its first byte, or
+// npos. Strings and nested values are skipped, so a key-like text inside a value never
+// matches.
+inline size_t top_level_value(std::string_view json, std::string_view key) {
+  int depth = 0;
+  size_t i = 0;
+  const size_t n = json.size();
+  while (i < n) {
+    char c = json[i];
+    if (c == '"') {
+      size_t start = i + 1;
+      size_t j = start;
+      while (j < n && json[j] != '"') j += json[j] == '\\' ? 2 : 1;
+      if (j >= n) return std::string_view::npos;
+      std::string_view s = json.substr(start, j - start);
+      i = j + 1;
+      if (depth == 1 && s == key) {
+        while (i < n && (std::isspace(static_cast<unsigned char>(json[i])) || json[i] == ':')) ++i;
+        return i;
+      }
+      continue;
+    }
+    if (c == '{' || c == '[') ++depth;
+    if (c == '}' || c == ']') --depth;
+    ++i;
+  }
+  return std::string_view::npos;
+}
+
+// The time argument of handleDeviceInfo, which torch 2.11's Kineto declares unsigned.
+template <typename>
+struct SecondArgument;
+template <typename C, typename A, typename B>
+struct SecondArgument<void (C::*)(A, B)> {
+  using type = B;
+};
+using DeviceInfoTime = SecondArgument<decltype(&kt::ActivityLogger::handleDeviceInfo)>::type;
+
+class Logger : public kt::ActivityLogger {
+ public:
+  // `path` is written through `path.tmp`, renamed at the end, as Kineto's logger does;
+  // `kineto` writes the side file; `reference`, if any, writes the whole capture as Kineto
+  // alone would (for comparison).
+  Logger(std::string path, std::unique_ptr<kt::ActivityLogger> kineto, std::string side,
+         std::unique_ptr<kt::ActivityLogger> reference)
+      : path_(std::move(path)),
+        side_(std::move(side)),
+        kineto_(std::move(kineto)),
+        reference_(std::move(reference)) {
+  }
+
+  ~Logger() override {
+    if (!finished_) {
+      std::remove(side_.c_str());
+      std::remove((side_ + ".tmp").c_str());
+    }
+  }
+
+  void handleDeviceInfo(const kt::DeviceInfo& info, DeviceInfoTime time) override {
+    kineto_->handleDeviceInfo(info, time);
+    if (reference_) reference_->handleDeviceInfo(info, time);
+  }
+  void handleResourceInfo(const kt::ResourceInfo& info, int64_t time) override {
+    kineto_->handleResourceInfo(info, time);
+    if (reference_) reference_->handleResourceInfo(info, time);
+  }
+  void handleOverheadInfo(const OverheadInfo& info, int64_t time) override {
+    kineto_->handleOverheadInfo(info, time);
+    if (reference_) reference_->handleOverheadInfo(info, time);
+  }
+  void handleTraceSpan(const kt::TraceSpan& span) override {
+    kineto_->handleTraceSpan(span);
+    if (reference_) reference_->handleTraceSpan(span);
+  }
+  void handleTraceStart(const std::unordered_map<std::string, std::string>& metadata,
+                        const std::string& device_properties) override {
+    kineto_->handleTraceStart(metadata, device_properties);
+    if (reference_) reference_->handleTraceStart(metadata, device_properties);
+  }
+  void finalizeMemoryTrace(const std::string& url, const kt::Config& config) override {
+    kineto_->finalizeMemoryTrace(url, config);
+    if (reference_) reference_->finalizeMemoryTrace(url, config);
+  }
+
+  void handleActivity(const kt::ITraceActivity& op) override {
+    if (reference_) reference_->handleActivity(op);
+    if (!write(op)) kineto_->handleActivity(op);
+  }
+  void handleGenericActivity(const kt::GenericTraceActivity& op) override {
+    if (reference_) reference_->handleGenericActivity(op);
+    if (!write(op)) kineto_->handleGenericActivity(op);
+  }
+
+#if STEPSCOPE_FINALIZE_METADATA
+  void finalizeTrace(const kt::Config&, std::unique_ptr<kt::ActivityBuffers> buffers, int64_t end,
+                     std::unordered_map<std::string, std::vector<std::string>>& md) override {
+    // The buffers (which hold the activities) stay alive until this returns.
+    if (reference_) chrome(*reference_).finalizeTrace(end, md);
+    chrome(*kineto_).finalizeTrace(end, md);
+    (void)buffers;
+    splice();
+  }
+#else
+  void finalizeTrace(const kt::Config&, std::unique_ptr<kt::ActivityBuffers> buffers,
+                     int64_t end) override {
+    if (reference_) chrome(*reference_).finalizeTrace(end);
+    chrome(*kineto_).finalizeTrace(end);
+    (void)buffers;
+    splice();
+  }
+#endif
+
+ private:
+  static kt::ChromeTraceLogger& chrome(kt::ActivityLogger& logger) {
+    return reinterpret_cast<kt::ChromeTraceLogger&>(logger);
+  }
+
+  // Formats `op` into the buffer when it is ours and plain; false leaves it to Kineto.
+  bool write(const kt::ITraceActivity& op) {
+    const kt::ActivityType type = op.type();
+    if (!ours(type) || op.flowId() > 0) return false;
+    const int64_t device = op.deviceId();
+    const int64_t resource = op.resourceId();
+    // Kineto has written both as int and as int64, and the thread as its absolute value.
+    if (device < 0 || device > INT32_MAX || resource < 0 || resource > INT32_MAX) return false;
+    const kt::ITraceActivity* linked = op.linkedActivity();
+    const std::string name = op.name();
+    if (name == "kernel" || !plain_name(name)) return false;
+    if (linked != nullptr && type == kt::ActivityType::CONCURRENT_KERNEL &&
+        linked->name() == "record_param_comms") {
+      return false;
+    }
+    const std::string metadata = op.metadataJson();
+    if (!plain_args(metadata)) return false;
+    // Blank args: Kineto leaves them out, but its older writers only when blank by " \t\n".
+    const bool has_args = !blank(metadata);
+    if (!has_args && metadata.find_first_not_of(" \t\n") != std::string::npos) return false;
+
+    // Kineto's "External id": the linked activity's correlation id, else the event's own for
+    // the types that keep it; written as an int, and only when not 0.
+    int external = 0;
+    if (linked != nullptr) {
+      external = static_cast<int>(linked->correlationId());
+    } else if (own_id_written(type)) {
+      external = static_cast<int>(op.correlationId());
+    }
+    const char* category = kt::toString(type);
+    // The fixed text below is under 128 bytes, each number under 24.
+    text_.ensure(256 + std::strlen(category) + name.size() + metadata.size());
+    constexpr std::string_view kCat = "{\"ph\": \"X\", \"cat\": \"";
+    constexpr std::string_view kName = "\", \"name\": \"";
+    constexpr std::string_view kPid = "\", \"pid\": ";
+    constexpr std::string_view kTid = ", \"tid\": ";
+    constexpr std::string_view kTs = ", \"ts\": ";
+    constexpr std::string_view kDur = ", \"dur\": ";
+    constexpr std::string_view kArgs = ", \"args\": {";
+    constexpr std::string_view kExternal = "\"External id\": ";
+    text_.put(kCat);
+    text_.put(category, std::strlen(category));
+    text_.put(kName);
+    text_.put(name);
+    text_.put(kPid);
+    text_.put_int(device);
+    text_.put(kTid);
+    text_.put_int(resource);
+    text_.put(kTs);
+    const size_t head_end = text_.size();
+    text_.put(kDur);
+    const int64_t dur = op.duration();
+    text_.put_us(dur < 0 ? 0 : dur);
+    if (external != 0 || has_args) {
+      text_.put(kArgs);
+      if (external != 0) {
+        text_.put(kExternal);
+        text_.put_int(external);
+        if (has_args) text_.put(',');
+      }
+      if (has_args) text_.put(metadata);
+      text_.put('}');
+    }
+    text_.put("},\n", 3);
+    pending_.push_back(Pending{head_end, text_.size(), op.timestamp()});
+    return true;
+  }
+
+  static std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw std::runtime_error("Kineto wrote no trace to " + path);
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+  void write_all(int fd, std::string_view data) {
+    while (!data.empty()) {
+      ssize_t n = ::write(fd, data.data(), data.size());
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw std::runtime_error("writing " + path_ + ".tmp: " + std::strerror(errno));
+      }
+      data.remove_prefix(static_cast<size_t>(n));
+    }
+  }
+
+  // Kineto's side file around this logger's events, into `path_.tmp`, then renamed.
+  void splice() {
+    std::string side = read_file(side_);
+    std::remove(side_.c_str());
+    finished_ = true;
+    const size_t base_at = top_level_value(side, "baseTimeNanoseconds");
+    const size_t events_at = top_level_value(side, "traceEvents");
+    if (base_at == std::string::npos || events_at == std::string::npos ||
+        side[events_at] != '[') {
+      throw std::runtime_error(
+          "Kineto's trace header has no baseTimeNanoseconds or traceEvents: a Kineto this "
+          "glue does not know (set stepscope.serializer to \"kineto\")");
+    }
+    int64_t base = 0;
+    auto parsed = std::from_chars(side.data() + base_at, side.data() + side.size(), base);
+    if (parsed.ec != std::errc()) {
+      throw std::runtime_error("Kineto's baseTimeNanoseconds is not an integer");
+    }
+    // The side file names itself; the trace names the path it was asked for, as Kineto's
+    // does (backslashes made '/', newlines dropped).
+    std::string name = path_;
+    for (char& c : name) {
+      if (c == '\\') c = '/';
+    }
+    std::erase(name, '\n');
+    // The last key, after every event (whose names an older Kineto may leave unescaped).
+    const std::string_view name_key = "\"traceName\": \"";
+    const size_t key_at = side.rfind(name_key);
+    std::string tail;
+    std::string_view after = std::string_view(side).substr(events_at + 1);
+    if (key_at != std::string::npos && key_at > events_at) {
+      const size_t name_at = key_at + name_key.size() - 1;
+      const size_t close = side.find('"', name_at + 1);
+      if (close != std::string::npos) {
+        tail.append(side, events_at + 1, name_at + 1 - (events_at + 1));
+        tail.append(name);
+        tail.append(side, close, std::string::npos);
+        after = tail;
+      }
+    }
+
+    const std::string tmp = path_ + ".tmp";
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw std::runtime_error("opening " + tmp + ": " + std::strerror(errno));
+    try {
+      write_all(fd, std::string_view(side).substr(0, events_at + 1));
+      write_all(fd, "\n");
+      // The events with their times, in slices of about 1 MB.
+      Text out;
+      size_t from = 0;
+      for (const Pending& p : pending_) {
+        out.ensure(p.tail_end - from + 32);
+        out.put(text_.view(from, p.head_end));
+        const int64_t rel = p.ts - base;
+        out.put_us(rel < 0 ? 0 : rel);
+        out.put(text_.view(p.head_end, p.tail_end));
+        from = p.tail_end;
+        if (out.size() >= (1 << 20)) {
+          write_all(fd, out.view(0, out.size()));
+          out.clear();
+        }
+      }
+      write_all(fd, out.view(0, out.size()));
+      write_all(fd, after);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    if (::close(fd) != 0) throw std::runtime_error("closing " + tmp + ": " + std::strerror(errno));
+    std::remove(path_.c_str());
+    if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
+      throw std::runtime_error("renaming " + tmp + ": " + std::strerror(errno));
+    }
+  }
+
+  std::string path_;
+  std::string side_;
+  std::unique_ptr<kt::ActivityLogger> kineto_;
+  std::unique_ptr<kt::ActivityLogger> reference_;
+  Text text_;
+  std::vector<Pending> pending_;
+  bool finished_ = false;
+};
+
+// Whether `logger` is Kineto's ChromeTraceLogger (by its type's name: type_info objects of
+// two libraries need not be one).
+inline bool is_chrome_logger(const kt::ActivityLogger& logger) {
+  return std::strcmp(typeid(logger).name(), "N9libkineto17ChromeTraceLoggerE") == 0;
+}
+
+// Kineto's own file logger (its "file" protocol), or null when the registry has none.
+inline std::unique_ptr<kt::ActivityLogger> kineto_file_logger(const std::string& path) {
+  auto& registry = kt::ActivityProfilerController::loggerFactory().factories;
+  auto it = registry.find("file");
+  if (it == registry.end() || !it->second) return nullptr;
+  return it->second(path);
+}
+
+// Whether this libtorch exports every weak function above.
+inline bool available() {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Waddress"
+#pragma GCC diagnostic ignored "-Wpmf-conversions"
+#if STEPSCOPE_KINETO_2_14
+  const bool registers = &kt::registerLoggerFactory != nullptr;
+#else
+  const bool registers = &kt::ActivityProfilerController::addLoggerFactory != nullptr;
+#endif
+  const bool finalizes = &kt::ChromeTraceLogger::finalizeTrace != nullptr;
+  return registers && finalizes && &kt::ActivityProfilerController::loggerFactory != nullptr;
+#pragma GCC diagnostic pop
+}
+
+// Where the next save's reference copy goes ("" for none): set by the save just before
+// Kineto calls the factory, on the same thread.
+inline thread_local std::string next_reference;
+
+// Registers the "stepscope" protocol once; false when Kineto's registry has no file logger
+// to write the side file with (the save then goes through Kineto's own writer).
+inline bool registered() {
+  static std::once_flag once;
+  static bool ok = false;
+  std::call_once(once, [] {
+    if (!available()) return;
+    auto& registry = kt::ActivityProfilerController::loggerFactory().factories;
+    if (registry.find("file") == registry.end()) return;
+#if STEPSCOPE_KINETO_2_14
+    kt::registerLoggerFactory(
+#else
+    kt::ActivityProfilerController::addLoggerFactory(
+#endif
+        kProtocol, [](const std::string& path) -> std::unique_ptr<kt::ActivityLogger> {
+          const std::string side = path + ".kineto-side";
+          auto kineto = kineto_file_logger(side);
+          std::unique_ptr<kt::ActivityLogger> reference;
+          if (!next_reference.empty()) reference = kineto_file_logger(next_reference);
+          if (!kineto || !is_chrome_logger(*kineto) ||
+              (!next_reference.empty() && (!reference || !is_chrome_logger(*reference)))) {
+            // Some other logger serves "file" here: Kineto's registry decides, as without
+            // stepscope's serializer.
+            kineto.reset();
+            reference.reset();
+            std::remove((side + ".tmp").c_str());
+            if (!next_reference.empty()) std::remove((next_reference + ".tmp").c_str());
+            auto own = kineto_file_logger(path);
+            if (!own) throw std::runtime_error("Kineto has no file logger");
+            return own;
+          }
+          return std::make_unique<Logger>(path, std::move(kineto), side, std::move(reference));
+        });
+    ok = true;
+  });
+  return ok;
+}
+
+}  // namespace stepscope_writer
