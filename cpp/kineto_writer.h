@@ -491,12 +491,19 @@ class Logger : public kt::ActivityLogger {
       write_all(fd, after);
     } catch (...) {
       ::close(fd);
+      ::unlink(tmp.c_str());
       throw;
     }
-    if (::close(fd) != 0) throw std::runtime_error("closing " + tmp + ": " + std::strerror(errno));
+    if (::close(fd) != 0) {
+      const std::string why = std::strerror(errno);
+      ::unlink(tmp.c_str());
+      throw std::runtime_error("closing " + tmp + ": " + why);
+    }
     std::remove(path_.c_str());
     if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
-      throw std::runtime_error("renaming " + tmp + ": " + std::strerror(errno));
+      const std::string why = std::strerror(errno);
+      ::unlink(tmp.c_str());
+      throw std::runtime_error("renaming " + tmp + ": " + why);
     }
   }
 

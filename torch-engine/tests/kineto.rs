@@ -582,7 +582,12 @@ fn dropping_before_the_write_ends_marks_the_manifest_unfinished() {
 /// manifest; the engine keeps stepping. Runs in a child process: the limit is per process.
 /// Runs `test` again in a child process whose writes fail past 64 KiB (EFBIG): the trace's
 /// write fails, the engine goes on. The child leaves its files in the returned directory.
-fn in_child_with_a_full_disk(test: &str, name: &str, gzip: bool) -> Option<Scratch> {
+fn in_child_with_a_full_disk(
+    test: &str,
+    name: &str,
+    gzip: bool,
+    serializer: &str,
+) -> Option<Scratch> {
     const CHILD: &str = "STEPSCOPE_KINETO_CHILD_DIR";
     if let Ok(dir) = std::env::var(CHILD) {
         // SAFETY: plain libc calls on this (child) process: ignore SIGXFSZ so an oversized write
@@ -598,7 +603,9 @@ fn in_child_with_a_full_disk(test: &str, name: &str, gzip: bool) -> Option<Scrat
             assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
         }
         let dir = PathBuf::from(dir);
-        let extra = format!(r#", "torch_profiler_use_gzip": {gzip}"#);
+        let extra = format!(
+            r#", "torch_profiler_use_gzip": {gzip}, "stepscope": {{"serializer": "{serializer}"}}"#
+        );
         let p = WorkerProfiler::new(&config(&dir, &extra), "w0").unwrap();
         let x = tch::Tensor::ones([4, 4], (tch::Kind::Float, tch::Device::Cpu));
         p.start_with(StartOptions::default()).unwrap();
@@ -653,7 +660,24 @@ fn only_manifest_failed_with(dir: &Path, text: &str) -> Value {
 fn a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on() {
     let test = "a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on";
     let _k = (std::env::var_os("STEPSCOPE_KINETO_CHILD_DIR").is_none()).then(lock);
-    let Some(dir) = in_child_with_a_full_disk(test, "efbig", false) else {
+    let Some(dir) = in_child_with_a_full_disk(test, "efbig", false, "stepscope") else {
+        return;
+    };
+    // stepscope's serializer sees its write fail and says so.
+    only_manifest_failed_with(&dir, "File too large");
+    assert!(
+        with_suffix(&dir, ".pt.trace.json").is_empty(),
+        "no trace under the final name"
+    );
+    no_temporaries(&dir);
+}
+
+/// Kineto's own writer fails silently (its ofstream): the writer finds the trace incomplete.
+#[test]
+fn a_failed_write_by_kinetos_own_writer_is_reported_in_the_manifest() {
+    let test = "a_failed_write_by_kinetos_own_writer_is_reported_in_the_manifest";
+    let _k = (std::env::var_os("STEPSCOPE_KINETO_CHILD_DIR").is_none()).then(lock);
+    let Some(dir) = in_child_with_a_full_disk(test, "efbig-kineto", false, "kineto") else {
         return;
     };
     only_manifest_failed_with(&dir, "the disk is full or the write failed");
@@ -671,7 +695,7 @@ fn a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on() {
 fn a_failed_gzip_stream_is_reported_and_kineto_never_writes_into_a_closed_pipe() {
     let test = "a_failed_gzip_stream_is_reported_and_kineto_never_writes_into_a_closed_pipe";
     let _k = (std::env::var_os("STEPSCOPE_KINETO_CHILD_DIR").is_none()).then(lock);
-    let Some(dir) = in_child_with_a_full_disk(test, "efbig-gz", true) else {
+    let Some(dir) = in_child_with_a_full_disk(test, "efbig-gz", true, "stepscope") else {
         return;
     };
     only_manifest_failed_with(&dir, "compressing the trace");
