@@ -15,6 +15,7 @@
 #endif
 
 #include <cstring>
+#include <sstream>
 #include <exception>
 #include <memory>
 #include <set>
@@ -45,6 +46,14 @@ __attribute__((visibility("hidden"))) char __libc_single_threaded = 0;
 namespace std {
 void __throw_bad_array_new_length() { throw bad_array_new_length(); }
 }  // namespace std
+
+// And for string streams (c10's messages build them): libstdc++ declares its own instantiation
+// extern, so a call the compiler does not inline binds to the library's, and C++20's
+// `basic_stringbuf::str() const&` (GLIBCXX_3.4.29) and `basic_ostringstream()` (3.4.26) are
+// above the floor. Instantiated here, those calls need nothing newer (which calls get inlined
+// changes with the file's size: it did when kineto_writer.h came in).
+template class std::basic_stringbuf<char>;
+template class std::basic_ostringstream<char>;
 #endif
 
 namespace tap = torch::autograd::profiler;

@@ -35,12 +35,9 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -406,12 +403,26 @@ class Logger : public kt::ActivityLogger {
     return true;
   }
 
+  // With read(2), not a stream: a stringstream's str() would need a libstdc++ newer than
+  // torch's floor (GLIBCXX_3.4.29, checked by auditwheel).
   static std::string read_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::runtime_error("Kineto wrote no trace to " + path);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error("Kineto wrote no trace to " + path + ": " + std::strerror(errno));
+    std::string text;
+    char chunk[1 << 16];
+    for (;;) {
+      ssize_t n = ::read(fd, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const std::string why = std::strerror(errno);
+        ::close(fd);
+        throw std::runtime_error("reading " + path + ": " + why);
+      }
+      if (n == 0) break;
+      text.append(chunk, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    return text;
   }
 
   void write_all(int fd, std::string_view data) {
@@ -552,12 +563,12 @@ inline thread_local std::string next_reference;
 // Registers the "stepscope" protocol once; false when Kineto's registry has no file logger
 // to write the side file with (the save then goes through Kineto's own writer).
 inline bool registered() {
-  static std::once_flag once;
-  static bool ok = false;
-  std::call_once(once, [] {
-    if (!available()) return;
+  // A static's initializer, not std::call_once: that needs pthread_once@GLIBC_2.34 when built
+  // on a newer glibc, above torch's floor (manylinux_2_28).
+  static const bool ok = [] {
+    if (!available()) return false;
     auto& registry = kt::ActivityProfilerController::loggerFactory().factories;
-    if (registry.find("file") == registry.end()) return;
+    if (registry.find("file") == registry.end()) return false;
 #if STEPSCOPE_KINETO_2_14
     kt::registerLoggerFactory(
 #else
@@ -582,8 +593,8 @@ inline bool registered() {
           }
           return std::make_unique<Logger>(path, std::move(kineto), side, std::move(reference));
         });
-    ok = true;
-  });
+    return true;
+  }();
   return ok;
 }
 
