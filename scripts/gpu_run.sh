@@ -11,13 +11,7 @@
 # traces and the tools' reports in OUT_DIR/gpu_data.tar.gz.
 set -u
 out=${1:?usage: scripts/gpu_run.sh OUT_DIR}
-mkdir -p "$out"
-site=$(mktemp -d)
-python3 -m pip install -q --no-index --no-deps --target "$site" dist/stepscope-*.whl || exit 3
-export PYTHONPATH=$site PYTHONUNBUFFERED=1
-echo "CXX=${CXX:-} $(command -v g++)"
-python3 -m stepscope.glue build >"$out/glue.txt" 2>&1 || { cat "$out/glue.txt"; echo "gpu_run: the glue build failed"; exit 4; }
-tail -4 "$out/glue.txt"
+source "$(dirname "$0")/gpu_wheel.sh"
 work=$(mktemp -d)
 timeout "${GPU_CHECK_TIMEOUT:-480}" python3 scripts/gpu_check.py "$work" >"$out/log.txt" 2>&1
 rc=$?

@@ -4,19 +4,13 @@
 #
 #   scripts/gpu_serializer.sh OUT_DIR
 #
-# Installs the wheel into a scratch directory, builds the Kineto glue for the machine's torch from
-# the repository's cpp/ (the sources the wheel carries),
-# runs scripts/gpu_serializer_check.py (stepscope's and Kineto's own writer on the same CUDA
+# Installs the wheel and builds its glue for the machine's torch (scripts/gpu_wheel.sh), runs
+# scripts/gpu_serializer_check.py (stepscope's and Kineto's own writer on the same CUDA
 # captures, OUT_DIR/serializer.jsonl), then the writer bench with both serializers
 # (OUT_DIR/bench_writer.txt).
 set -u
 out=${1:?usage: scripts/gpu_serializer.sh OUT_DIR}
-mkdir -p "$out"
-site=$(mktemp -d)
-python3 -m pip install -q --no-index --no-deps --target "$site" dist/stepscope-*.whl || exit 3
-export PYTHONPATH=$site PYTHONUNBUFFERED=1
-python3 -m stepscope.glue build --src cpp >"$out/glue.txt" 2>&1 || { cat "$out/glue.txt"; echo "the glue build failed"; exit 4; }
-tail -2 "$out/glue.txt"
+source "$(dirname "$0")/gpu_wheel.sh"
 lib=$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))')
 echo "what libtorch exports of Kineto's logger registry and file logger:"
 nm -DC "$lib" | grep -E "LoggerFactory|loggerFactory|ChromeTraceLogger::(ChromeTraceLogger|finalizeTrace)" | cut -c1-160

@@ -656,15 +656,14 @@ fn only_manifest_failed_with(dir: &Path, text: &str) -> Value {
     m
 }
 
-#[test]
-fn a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on() {
-    let test = "a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on";
+/// `test` (this binary's test of that name) with a full disk and `serializer`: the manifest says
+/// `failed` with `message`, no trace has the final name, no temporary is left.
+fn a_full_disk_fails_the_trace(test: &str, name: &str, serializer: &str, message: &str) {
     let _k = (std::env::var_os("STEPSCOPE_KINETO_CHILD_DIR").is_none()).then(lock);
-    let Some(dir) = in_child_with_a_full_disk(test, "efbig", false, "stepscope") else {
+    let Some(dir) = in_child_with_a_full_disk(test, name, false, serializer) else {
         return;
     };
-    // stepscope's serializer sees its write fail and says so.
-    only_manifest_failed_with(&dir, "File too large");
+    only_manifest_failed_with(&dir, message);
     assert!(
         with_suffix(&dir, ".pt.trace.json").is_empty(),
         "no trace under the final name"
@@ -672,20 +671,26 @@ fn a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on() {
     no_temporaries(&dir);
 }
 
+/// stepscope's serializer sees its write fail and says so.
+#[test]
+fn a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on() {
+    a_full_disk_fails_the_trace(
+        "a_failed_write_is_reported_in_the_manifest_and_the_engine_goes_on",
+        "efbig",
+        "stepscope",
+        "File too large",
+    );
+}
+
 /// Kineto's own writer fails silently (its ofstream): the writer finds the trace incomplete.
 #[test]
 fn a_failed_write_by_kinetos_own_writer_is_reported_in_the_manifest() {
-    let test = "a_failed_write_by_kinetos_own_writer_is_reported_in_the_manifest";
-    let _k = (std::env::var_os("STEPSCOPE_KINETO_CHILD_DIR").is_none()).then(lock);
-    let Some(dir) = in_child_with_a_full_disk(test, "efbig-kineto", false, "kineto") else {
-        return;
-    };
-    only_manifest_failed_with(&dir, "the disk is full or the write failed");
-    assert!(
-        with_suffix(&dir, ".pt.trace.json").is_empty(),
-        "no trace under the final name"
+    a_full_disk_fails_the_trace(
+        "a_failed_write_by_kinetos_own_writer_is_reported_in_the_manifest",
+        "efbig-kineto",
+        "kineto",
+        "the disk is full or the write failed",
     );
-    no_temporaries(&dir);
 }
 
 /// The gzip stream fails while Kineto is still writing into the pipe: the pump keeps draining

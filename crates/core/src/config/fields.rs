@@ -60,6 +60,35 @@ impl Fields {
         }
     }
 
+    /// One of a few strings, each standing for a value (`choices`, in the order the error
+    /// names them); `default` when the key is absent. Anything else is an error naming the key:
+    /// "must be "a", "b" or "c", not {value}".
+    pub(super) fn choice<T: Copy>(
+        &mut self,
+        key: &str,
+        default: T,
+        choices: &[(&str, T)],
+    ) -> Result<T> {
+        let v = match self.take(key) {
+            None => return Ok(default),
+            Some(v) => v,
+        };
+        if let Value::String(s) = &v {
+            if let Some((_, t)) = choices.iter().find(|(name, _)| name == s) {
+                return Ok(*t);
+            }
+        }
+        let quoted: Vec<String> = choices.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+        let must_be = match quoted.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => quoted.join(""),
+        };
+        Err(Error::config(
+            self.name(key),
+            format!("must be {must_be}, not {v}"),
+        ))
+    }
+
     /// An optional value: `None` when the key is absent or null, else what `read` makes of it;
     /// a value `read` refuses is an error naming the key: "must be {must_be}, not {value}".
     pub(super) fn optional<T>(

@@ -236,18 +236,15 @@ impl StepscopeConfig {
                 "must be a non-empty ASCII string without NUL characters",
             ));
         }
-        let nvtx = match f.take("nvtx") {
-            None => d.nvtx,
-            Some(Value::String(s)) if s == "running" => NvtxMode::Running,
-            Some(Value::String(s)) if s == "always" => NvtxMode::Always,
-            Some(Value::String(s)) if s == "off" => NvtxMode::Off,
-            Some(v) => {
-                return Err(Error::config(
-                    "stepscope.nvtx",
-                    format!("must be \"running\", \"always\" or \"off\", not {v}"),
-                ))
-            }
-        };
+        let nvtx = f.choice(
+            "nvtx",
+            d.nvtx,
+            &[
+                ("running", NvtxMode::Running),
+                ("always", NvtxMode::Always),
+                ("off", NvtxMode::Off),
+            ],
+        )?;
         let cuda_device = f.optional(
             "cuda_device",
             "a device ordinal (an integer >= 0) or null",
@@ -258,17 +255,14 @@ impl StepscopeConfig {
             },
         )?;
         let flush_timeout = f.seconds("flush_timeout_s", d.flush_timeout, "")?;
-        let stop_returns = match f.take("stop_returns") {
-            None => d.stop_returns,
-            Some(Value::String(s)) if s == "written" => StopReturns::Written,
-            Some(Value::String(s)) if s == "at_once" => StopReturns::AtOnce,
-            Some(v) => {
-                return Err(Error::config(
-                    "stepscope.stop_returns",
-                    format!("must be \"written\" or \"at_once\", not {v}"),
-                ))
-            }
-        };
+        let stop_returns = f.choice(
+            "stop_returns",
+            d.stop_returns,
+            &[
+                ("written", StopReturns::Written),
+                ("at_once", StopReturns::AtOnce),
+            ],
+        )?;
         let gzip_must_be = format!(
             "an integer from {} to {}",
             GZIP_LEVELS.start(),
@@ -281,18 +275,15 @@ impl StepscopeConfig {
                     .filter(|n| GZIP_LEVELS.contains(n))
             })?
             .unwrap_or(d.gzip_level);
-        let serializer = match f.take("serializer") {
-            None => d.serializer,
-            Some(Value::String(s)) if s == "stepscope" => Serializer::Stepscope,
-            Some(Value::String(s)) if s == "kineto" => Serializer::Kineto,
-            Some(Value::String(s)) if s == "compare" => Serializer::Compare,
-            Some(v) => {
-                return Err(Error::config(
-                    "stepscope.serializer",
-                    format!("must be \"stepscope\", \"kineto\" or \"compare\", not {v}"),
-                ))
-            }
-        };
+        let serializer = f.choice(
+            "serializer",
+            d.serializer,
+            &[
+                ("stepscope", Serializer::Stepscope),
+                ("kineto", Serializer::Kineto),
+                ("compare", Serializer::Compare),
+            ],
+        )?;
         let torch_with_modules = f.bool("torch_with_modules", d.torch_with_modules)?;
         let request_ids = f.bool("request_ids", d.request_ids)?;
         let timeline = timeline_steps(f.take("timeline"))?;
