@@ -4,7 +4,7 @@
 // copies each name and args string on the way: about 35 MB of JSON a second on one core
 // with Python stacks, which the stop waits for. This logger takes the events that make up
 // nearly all of a trace (CPU ops, Python frames, CUDA runtime and driver calls, kernels,
-// copies and sets) and writes them itself into one buffer; every other call (the header
+// copies and sets, with their flows) and writes them itself into one buffer; every other call (the header
 // and its metadata, processes and threads, spans, annotations, instant and counter events,
 // collectives, anything whose name or args Kineto would rewrite) goes to Kineto's own
 // logger, writing a side file. At the end the side file is spliced around the buffer: its
@@ -12,8 +12,8 @@
 // is not plain stays exactly Kineto's, and what is plain is written as Kineto writes it
 // (same fields and values; one event per line, without Kineto's indentation).
 //
-// Reached through Kineto's logger registry (`ActivityProfilerController::addLoggerFactory`,
-// exported by libtorch but not in its headers): a save to `stepscope://PATH` makes this
+// Reached through Kineto's logger registry (torch 2.14's public `registerLoggerFactory`, the
+// controller's exported `addLoggerFactory` before): a save to `stepscope://PATH` makes this
 // logger, which makes Kineto's file logger through the same registry.
 #pragma once
 
@@ -338,7 +338,21 @@ class Logger : public kt::ActivityLogger {
   // Formats `op` into the buffer when it is ours and plain; false leaves it to Kineto.
   bool write(const kt::ITraceActivity& op) {
     const kt::ActivityType type = op.type();
-    if (!ours(type) || op.flowId() > 0) return false;
+    if (!ours(type)) return false;
+    // Its flow (a CPU op to its backward, a launch to its kernel), written after it as Kineto
+    // writes one: a flow of a type Kineto does not name stays Kineto's.
+    const int64_t flow = op.flowId();
+    const char* flow_name = nullptr;
+    if (flow > 0) {
+      const int flow_type = op.flowType();
+      if (flow_type == static_cast<int>(kt::kLinkFwdBwd)) {
+        flow_name = "fwdbwd";
+      } else if (flow_type == static_cast<int>(kt::kLinkAsyncCpuGpu)) {
+        flow_name = "ac2g";
+      } else {
+        return false;
+      }
+    }
     const int64_t device = op.deviceId();
     const int64_t resource = op.resourceId();
     // Kineto has written both as int and as int64, and the thread as its absolute value.
@@ -400,6 +414,30 @@ class Logger : public kt::ActivityLogger {
     }
     text_.put("},\n", 3);
     pending_.push_back(Pending{head_end, text_.size(), op.timestamp()});
+    if (flow_name != nullptr) {
+      // Kineto's flow event: ph "s" at its start, "f" (bound to the enclosing slice) at its end.
+      constexpr std::string_view kId = "\", \"id\": ";
+      constexpr std::string_view kCatName = ", \"cat\": \"";
+      constexpr std::string_view kNameKey = "\", \"name\": \"";
+      const bool start = op.flowStart();
+      text_.ensure(192);
+      text_.put("{\"ph\": \"", 8);
+      text_.put(start ? 's' : 'f');
+      text_.put(kId);
+      text_.put_int(flow);
+      text_.put(kPid.substr(1));
+      text_.put_int(device);
+      text_.put(kTid);
+      text_.put_int(resource);
+      text_.put(kTs);
+      const size_t flow_head = text_.size();
+      text_.put(kCatName);
+      text_.put(std::string_view(flow_name));
+      text_.put(kNameKey);
+      text_.put(std::string_view(flow_name));
+      text_.put(start ? std::string_view("\"},\n") : std::string_view("\", \"bp\": \"e\"},\n"));
+      pending_.push_back(Pending{flow_head, text_.size(), op.timestamp()});
+    }
     return true;
   }
 

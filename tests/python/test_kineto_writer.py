@@ -2,8 +2,8 @@
 on the same capture: `stepscope.serializer: "compare"` makes Kineto's own writer write the
 capture too (`{stem}.kineto.json`), from the same calls of the same save. Real libtorch, real
 Kineto, on CPU; the events include the kinds stepscope's serializer writes (CPU ops with
-shapes, Python frames) and those it leaves to Kineto's writer (annotations, memory events,
-names Kineto rewrites)."""
+shapes, Python frames, the flows from forward ops to their backward) and those it leaves to
+Kineto's writer (annotations, memory events, names Kineto rewrites)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,9 @@ def capture(out: Path, serializer: str, *, gzip_trace: bool) -> dict:
         x = a
         for _ in range(20):
             x = odd(layer(x), a) / 8
+        # A backward pass: Kineto links forward ops to their backward with flow events.
+        w = torch.ones(8, 8, requires_grad=True)
+        torch.mm(x, w).sum().backward()
         with torch.profiler.record_function("a named range"):
             torch.mm(x, a)
         p.step_end()
@@ -92,7 +95,11 @@ def test_stepscope_writes_the_capture_kineto_writes(tmp_path, gzip_trace):
     ours_lines = [ln for ln in text.splitlines() if ln.startswith('{"ph": "X", "cat": "')]
     cats = collections.Counter(json.loads(ln.rstrip(","))["cat"] for ln in ours_lines)
     assert cats["cpu_op"] > 100 and cats["python_function"] > 100, cats
-    left = {e.get("cat") for e in ours["traceEvents"]} - set(cats)
+    # The flows from forward ops to their backward, stepscope's too.
+    flows = [ln for ln in text.splitlines() if ln.startswith(('{"ph": "s", "id": ', '{"ph": "f", "id": '))]
+    assert {json.loads(ln.rstrip(","))["cat"] for ln in flows} == {"fwdbwd"}, flows[:3]
+    assert len(flows) >= 2 and {json.loads(ln.rstrip(","))["ph"] for ln in flows} == {"s", "f"}
+    left = {e.get("cat") for e in ours["traceEvents"]} - set(cats) - {"fwdbwd"}
     assert {"user_annotation", "cpu_instant_event"} <= left, left
     # The frames Kineto rewrites are Kineto's: its '/' for '\\', its "unknown".
     names = {e["name"] for e in kineto["traceEvents"] if e.get("cat") == "python_function"}
