@@ -160,7 +160,8 @@ test-python: wheel
 
 # The wheel as a package index and a user get it (scripts/check_wheel.sh): auditwheel's
 # manylinux_2_28, an optimized extension, and in a fresh environment with torch 2.15 only (no
-# Rust, no compiler) a Kineto capture from Python that the packaged stepscope command analyzes.
+# Rust, no compiler) a Kineto capture from Python that the packaged stepscope command analyzes,
+# and stepscope's serializer against Kineto's own writer under that torch.
 # The wheel test-python built (`make wheel` first when run alone).
 test-wheel: setup
 	scripts/check_wheel.sh $(UV)

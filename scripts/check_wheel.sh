@@ -6,7 +6,8 @@
 # - installed alone into a fresh environment holding only torch 2.15.0 (from uv's cache after
 #   setup), with no Rust toolchain and no C++ compiler on PATH: `import stepscope`, a Kineto
 #   capture from Python, and the `stepscope` command (script and `python -m stepscope`)
-#   analyzing it.
+#   analyzing it; and stepscope's serializer writing the events Kineto's own writer writes of
+#   one save (`stepscope.serializer: "compare"`) under that torch.
 # Everything is made under a temporary directory, removed at the end.
 # Usage: scripts/check_wheel.sh UV
 set -euo pipefail
@@ -70,6 +71,31 @@ for _ in range(3):
 p.stop()
 assert p.flush(120)
 print(f"check_wheel: captured with torch {torch.__version__}, glue {glue['path']}", file=sys.stderr)
+
+# stepscope's serializer against Kineto's own writer on one save of this torch's (the test
+# suite's tests/python/test_kineto_writer.py covers torch 2.13 and 2.14).
+import collections, glob, json, pathlib
+out = pathlib.Path(sys.argv[1]).parent / "compare"
+p = stepscope.WorkerProfiler({"profiler": "torch", "torch_profiler_dir": str(out), "torch_profiler_use_gzip": False,
+                              "torch_profiler_with_stack": True, "torch_profiler_record_shapes": True,
+                              "stepscope": {"serializer": "compare"}}, "cmp")
+p.start()
+for _ in range(3):
+    p.step()
+    for _ in range(20):
+        x = torch.mm(x, x).tanh()
+    p.step_end()
+p.stop()
+assert p.flush(120)
+(trace,) = glob.glob(f"{out}/cmp.*.pt.trace.json")
+ours, kineto = json.load(open(trace)), json.load(open(out / "cmp.kineto.json"))
+events = lambda t: collections.Counter(json.dumps(e, sort_keys=True) for e in t["traceEvents"])
+assert events(ours) == events(kineto), "stepscope's serializer and Kineto's differ"
+assert {k: v for k, v in ours.items() if k not in ("traceEvents", "traceName")} == \
+    {k: v for k, v in kineto.items() if k not in ("traceEvents", "traceName")}
+assert any(line.startswith('{"ph": "X", "cat": "cpu_op"') for line in open(trace)), "no line of stepscope's"
+print(f"check_wheel: stepscope's serializer wrote the {len(ours['traceEvents'])} events Kineto's does",
+      file=sys.stderr)
 PY
 stepscope --help >/dev/null
 stepscope analyze "$work/traces" >"$work/analyze.txt"
