@@ -15,10 +15,10 @@
 #endif
 
 #include <cstring>
-#include <sstream>
 #include <exception>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>

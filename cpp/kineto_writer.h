@@ -1,16 +1,16 @@
 // stepscope's serializer for a Kineto capture (included once, by kineto.cc).
 //
 // Kineto's own (ChromeTraceLogger) formats every event through fmt and an ofstream, and
-// copies each name and args string on the way: about 35 MB of JSON a second on one core
-// with Python stacks, which the stop waits for. This logger takes the events that make up
-// nearly all of a trace (CPU ops, Python frames, CUDA runtime and driver calls, kernels,
-// copies and sets, with their flows) and writes them itself into one buffer; every other call (the header
-// and its metadata, processes and threads, spans, annotations, instant and counter events,
-// collectives, anything whose name or args Kineto would rewrite) goes to Kineto's own
-// logger, writing a side file. At the end the side file is spliced around the buffer: its
-// header and first `"traceEvents": [`, then this logger's events, then the rest. So what
-// is not plain stays exactly Kineto's, and what is plain is written as Kineto writes it
-// (same fields and values; one event per line, without Kineto's indentation).
+// copies each name and args string on the way: about 80% of the writer thread's CPU in
+// `perf` of a capture with Python stacks, which the stop waits for. This logger takes the
+// events that make up nearly all of a trace (CPU ops, Python frames, CUDA runtime and driver
+// calls, kernels, copies and sets, with their flows) and writes them itself into one buffer;
+// every other call (the header and its metadata, processes and threads, spans, annotations,
+// instant and counter events, collectives, anything whose name or args Kineto would rewrite)
+// goes to Kineto's own logger, writing a side file. At the end the side file is spliced
+// around the buffer: its header and first `"traceEvents": [`, then this logger's events, then
+// the rest. So what is not plain stays exactly Kineto's, and what is plain is written as
+// Kineto writes it (same fields and values; one event per line, without its indentation).
 //
 // Reached through Kineto's logger registry (torch 2.14's public `registerLoggerFactory`, the
 // controller's exported `addLoggerFactory` before): a save to `stepscope://PATH` makes this
@@ -198,7 +198,6 @@ class Text {
     put(tail, 4);
   }
   size_t size() const { return len_; }
-  const char* data() const { return buf_.get(); }
   std::string_view view(size_t from, size_t to) const {
     return std::string_view(buf_.get() + from, to - from);
   }

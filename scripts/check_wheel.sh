@@ -74,7 +74,9 @@ print(f"check_wheel: captured with torch {torch.__version__}, glue {glue['path']
 
 # stepscope's serializer against Kineto's own writer on one save of this torch's (the test
 # suite's tests/python/test_kineto_writer.py covers torch 2.13 and 2.14).
-import collections, glob, json, pathlib
+import glob, json, pathlib
+sys.path.insert(0, "scripts")
+from kineto_compare import compare
 out = pathlib.Path(sys.argv[1]).parent / "compare"
 p = stepscope.WorkerProfiler({"profiler": "torch", "torch_profiler_dir": str(out), "torch_profiler_use_gzip": False,
                               "torch_profiler_with_stack": True, "torch_profiler_record_shapes": True,
@@ -89,10 +91,8 @@ p.stop()
 assert p.flush(120)
 (trace,) = glob.glob(f"{out}/cmp.*.pt.trace.json")
 ours, kineto = json.load(open(trace)), json.load(open(out / "cmp.kineto.json"))
-events = lambda t: collections.Counter(json.dumps(e, sort_keys=True) for e in t["traceEvents"])
-assert events(ours) == events(kineto), "stepscope's serializer and Kineto's differ"
-assert {k: v for k, v in ours.items() if k not in ("traceEvents", "traceName")} == \
-    {k: v for k, v in kineto.items() if k not in ("traceEvents", "traceName")}
+differ = compare(ours, kineto)
+assert differ["same_events"] and differ["same_header"], f"stepscope's serializer and Kineto's differ: {differ}"
 assert any(line.startswith('{"ph": "X", "cat": "cpu_op"') for line in open(trace)), "no line of stepscope's"
 print(f"check_wheel: stepscope's serializer wrote the {len(ours['traceEvents'])} events Kineto's does",
       file=sys.stderr)

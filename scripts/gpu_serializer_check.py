@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import kineto_compare
 import torch
 
 import stepscope
@@ -65,10 +66,6 @@ def compare(out: Path, manifest: dict) -> dict:
                 "written_by_stepscope": sum(ln.startswith('{"ph": "X", "cat": "')
                                             for ln in ours_path.read_text().splitlines())}  # fmt: skip
     kineto = json.loads((out / "gpu.kineto.json").read_text())
-    header = sorted(k for k in set(ours) | set(kineto) if k not in ("traceEvents", "traceName")
-                    and ours.get(k) != kineto.get(k))  # fmt: skip
-    a = collections.Counter(json.dumps(e, sort_keys=True) for e in ours["traceEvents"])
-    b = collections.Counter(json.dumps(e, sort_keys=True) for e in kineto["traceEvents"])
     ours_lines = collections.Counter(
         json.loads(ln.rstrip(","))["cat"]
         for ln in ours_path.read_text().splitlines()
@@ -76,12 +73,7 @@ def compare(out: Path, manifest: dict) -> dict:
     )
     all_cats = collections.Counter(e.get("cat", e.get("ph")) for e in kineto["traceEvents"])
     return {
-        "same_header": not header,
-        "header_differs": header,
-        "same_events": a == b,
-        "events": sum(b.values()),
-        "only_ours": [k[:400] for k in list((a - b).elements())[:3]],
-        "only_kineto": [k[:400] for k in list((b - a).elements())[:3]],
+        **kineto_compare.compare(ours, kineto),
         "by_category": dict(all_cats),
         "written_by_stepscope": dict(ours_lines),
         "json_bytes": {"stepscope": ours_path.stat().st_size, "kineto": (out / "gpu.kineto.json").stat().st_size},

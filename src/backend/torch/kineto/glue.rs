@@ -9,6 +9,11 @@ use crate::error::{Error, Result};
 /// The glue's C ABI version this crate speaks (`STEPSCOPE_KINETO_ABI`).
 pub(super) const ABI: u32 = 3;
 
+/// `STEPSCOPE_KINETO_SERIALIZER_KINETO`: a save through Kineto's own writer.
+pub(super) const SERIALIZER_KINETO: c_int = 0;
+/// `STEPSCOPE_KINETO_SERIALIZER_STEPSCOPE`: a save through stepscope's (`cpp/kineto_writer.h`).
+pub(super) const SERIALIZER_STEPSCOPE: c_int = 1;
+
 /// What Kineto records (`stepscope_kineto_options`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -5,7 +5,10 @@
 use std::ffi::{c_char, c_int};
 use std::ptr::{self, NonNull};
 
-use super::glue::{call, failed, Api, Options, RawDetached, RawEvent, RawRange, RawResult};
+use super::glue::{
+    call, failed, Api, Options, RawDetached, RawEvent, RawRange, RawResult, SERIALIZER_KINETO,
+    SERIALIZER_STEPSCOPE,
+};
 use super::provider::provider;
 use crate::error::Result;
 
@@ -149,6 +152,11 @@ impl TraceResult {
     /// or stepscope's (`cpp/kineto_writer.h`); with a `reference`, Kineto's own writer also
     /// writes the same capture there.
     pub(crate) fn save(&mut self, path: &str, ours: bool, reference: Option<&str>) -> Result<()> {
+        let serializer = if ours {
+            SERIALIZER_STEPSCOPE
+        } else {
+            SERIALIZER_KINETO
+        };
         let reference = reference.unwrap_or("");
         // SAFETY: ptr is live; path and reference are live (pointer, length) pairs.
         call(&format!("saving the trace to {path}"), |err, len| unsafe {
@@ -156,7 +164,7 @@ impl TraceResult {
                 self.ptr.as_ptr(),
                 path.as_ptr().cast(),
                 path.len(),
-                c_int::from(ours),
+                serializer,
                 reference.as_ptr().cast(),
                 reference.len(),
                 err,
