@@ -8,10 +8,14 @@ period of its forward passes before, so the same share of a step on any CPU; not
 for a fixed time or compares times with a threshold. Each capture is the same requests (one
 completion of four prompts, which vLLM admits together: the same batches).
 
-The three sides are captured interleaved (first, second, slower, first, second, slower, ...),
-each side a directory of its captures: in `make test` this server shares two cores with six
-other pytest processes, and one capture's decode steps were measured 4x slower than the next
-one's on the same unchanged server. Interleaved, such stretches fall on every side alike.
+The three sides are captured interleaved, each side a directory of its captures: in `make
+test` this server shares two cores with six other pytest processes, and one capture's decode
+steps were measured 4x slower than the next one's on the same unchanged server. Interleaved,
+such stretches fall on every side alike. The two unchanged sides also take turns at going first
+(first, second, slower, then second, first, slower, ...): while the other processes' load ebbed
+through a run (their servers up, their tests done), a fixed order made every `second` capture
+the later one, and on a fresh machine the two read 27% apart in their decode steps, "faster"
+(an even number of rounds so ordered cancels a steady drift).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_
 
 from vllm_slow_step.stepscope_slow_step import DELAY_RANGE  # noqa: E402
 
-CAPTURES = 3
+#: Rounds of captures: even, so that each unchanged side goes first as often as the other.
+CAPTURES = 4
 API_KEY = "stepscope-test-key"
 PROMPTS = 4
 PROMPT_LEN = 24
@@ -122,9 +127,9 @@ def test_an_unchanged_server_shows_no_change_and_a_slower_model_its_slower_place
     # Warm-up: vLLM's first steps are slower (allocations, caches).
     workload(server, 3)
     first, second, slower = (tmp_path / side for side in ("first", "second", "slower"))
-    for _ in range(CAPTURES):
-        capture(server, first)
-        capture(server, second)
+    for r in range(CAPTURES):
+        for side in (first, second) if r % 2 == 0 else (second, first):
+            capture(server, side)
         server.switch.touch()
         capture(server, slower)
         server.switch.unlink()
