@@ -15,8 +15,7 @@ export PATH := $(VENV)/bin:$(PATH)
 export LIBTORCH_USE_PYTORCH := 1
 # Debug builds as `make` runs them: no incremental state (nothing to reuse on a fresh machine,
 # where it is pure cost) and line tables only as debug info (backtraces keep file and line).
-# The first test build of the workspace from nothing: 164 s with cargo's defaults, 152 s with
-# line tables only, 123 s with both (this 2-core machine, one run each, 2026-11-27).
+# What each saved: docs/development.md, "What `make test` costs".
 export CARGO_INCREMENTAL := 0
 export CARGO_PROFILE_DEV_DEBUG := line-tables-only
 
@@ -87,8 +86,6 @@ clippy:
 	$(CARGO) clippy -p stepscope --features torch-dynamic --all-targets -- -D warnings
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-# The workspace's tests include the C ABI's (crates/c: C and C++ programs against the cdylib,
-# and include/stepscope.h against what cbindgen generates: a drift fails here).
 # stepscope's unit tests with libtorch linked and the torch engine's targets run from one
 # invocation: each invocation resolves its build dependencies for its own set of packages, and
 # two (`-p stepscope --features torch`, then `-p stepscope-torch-engine`) built torch-sys's C++
@@ -99,6 +96,8 @@ TORCH_TARGETS := -p stepscope -p stepscope-torch-engine --features stepscope/tor
 # this build makes (target/debug/stepscope), asked for with the same arguments: a build of only
 # the command resolves features apart and compiled its dependencies again.
 RUST_TESTS := --workspace --all-targets $(NO_TORCH)
+# The workspace's tests include the C ABI's (crates/c: C and C++ programs against the cdylib,
+# and include/stepscope.h against what cbindgen generates: a drift fails here).
 test-rust:
 	$(CARGO) test $(RUST_TESTS)
 	$(CARGO) test --workspace --doc $(NO_TORCH)

@@ -416,8 +416,7 @@ class Logger : public kt::ActivityLogger {
     if (flow_name != nullptr) {
       // Kineto's flow event: ph "s" at its start, "f" (bound to the enclosing slice) at its end.
       constexpr std::string_view kId = "\", \"id\": ";
-      constexpr std::string_view kCatName = ", \"cat\": \"";
-      constexpr std::string_view kNameKey = "\", \"name\": \"";
+      constexpr std::string_view kCatKey = ", \"cat\": \"";
       const bool start = op.flowStart();
       text_.ensure(192);
       text_.put("{\"ph\": \"", 8);
@@ -430,9 +429,9 @@ class Logger : public kt::ActivityLogger {
       text_.put_int(resource);
       text_.put(kTs);
       const size_t flow_head = text_.size();
-      text_.put(kCatName);
+      text_.put(kCatKey);
       text_.put(std::string_view(flow_name));
-      text_.put(kNameKey);
+      text_.put(kName);
       text_.put(std::string_view(flow_name));
       text_.put(start ? std::string_view("\"},\n") : std::string_view("\", \"bp\": \"e\"},\n"));
       pending_.push_back(Pending{flow_head, text_.size(), op.timestamp()});

@@ -111,8 +111,9 @@ impl Prefetch {
             chunk.truncate(CHUNK_HEADROOM);
             chunk.reserve_exact(PREFETCH_CHUNK);
             // Read into the chunk's spare capacity. The standard library zeroes it first (the
-            // decoder has no `read_buf`): in callgrind, 4.6% of the instructions on HTA's
-            // 1.8 MB rank-0 trace, and the first touch of 36% of the process's page faults.
+            // decoder has no `read_buf`): on HTA's 1.8 MB rank-0 trace, 4.6% of the
+            // instructions (callgrind); memset, nearly all of it this, took 36% of the
+            // process's page faults (perf).
             let result = (&mut source)
                 .take(PREFETCH_CHUNK as u64)
                 .read_to_end(&mut chunk);
