@@ -124,6 +124,23 @@ def _torch_at(torch_dir: str | None) -> tuple[str, Path, int]:
     return m.group(1), root, int(os.environ.get("STEPSCOPE_GLUE_CXX11_ABI", "1"))
 
 
+def _includes(root: Path) -> list[Path]:
+    """The header directories of the torch package at ``root`` that the glue includes."""
+    include = root / "include"
+    return [include, include / "torch/csrc/api/include", include / "kineto"]
+
+
+def cxx_flags(root: Path, abi: int) -> list[str]:
+    """What a translation unit of the glue's sources is compiled with against the torch
+    package at ``root`` of C++ ABI ``abi`` (`_torch_at`): the language, the ABI, torch's
+    headers. The glue's build adds its own (a shared, optimized library); a test of the
+    sources compiles with these too."""
+    return [
+        "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DGLOG_USE_GLOG_EXPORT",
+        *(f for d in _includes(root) for f in ("-isystem", str(d))),
+    ]  # fmt: skip
+
+
 def build(
     src: str | None = None,
     out: str | None = None,
@@ -147,10 +164,8 @@ def build(
     ):
         print(f"stepscope.glue: {target} is up to date (torch {version})")
         return target
-    include = root / "include"
     lib = root / "lib"
-    includes = [include, include / "torch/csrc/api/include", include / "kineto"]
-    for d in (*includes, lib):
+    for d in (*_includes(root), lib):
         if not d.is_dir():
             raise SystemExit(f"stepscope.glue: torch {version} at {root} has no {d.name}/ ({d})")
     compilers = _compilers(cxx)
@@ -159,9 +174,7 @@ def build(
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=out_dir)
     os.close(fd)
     flags = [
-        "-shared", "-fPIC", "-O2", "-std=c++20", "-fvisibility=hidden",
-        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DGLOG_USE_GLOG_EXPORT",
-        *(f for d in includes for f in ("-isystem", str(d))),
+        "-shared", "-fPIC", "-O2", "-fvisibility=hidden", *cxx_flags(root, abi),
         str(src_dir / "kineto.cc"), "-o", tmp,
         # No libtorch at link time (no DT_NEEDED, no rpath): the glue takes torch's symbols
         # from the torch already loaded in the process, whose libtorch_cpu and libc10 the

@@ -11,6 +11,7 @@ import collections
 import glob
 import gzip
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ import stepscope
 # events to Kineto's writer.
 ODD_FILE = "odd\\dir/naïve.py"
 ODD_SOURCE = "def odd(x, a):\n    return torch.mm(x, a)\n"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def capture(out: Path, serializer: str, *, gzip_trace: bool) -> dict:
@@ -127,3 +129,29 @@ def test_a_serializer_not_known_is_an_error_naming_the_field(tmp_path):
         stepscope.WorkerProfiler(
             {"profiler": "torch", "torch_profiler_dir": str(tmp_path), "stepscope": {"serializer": "fast"}}, "w"
         )
+
+
+def test_torch_2_13s_metadata_is_written_as_kinetos_metadata_json(tmp_path):
+    """The serializer reads torch 2.13's metadata map in place (cpp/kineto_writer.h:
+    pair_args_size, put_pair_args) instead of calling Kineto's metadataJson() for each event.
+    tests/python/kineto_metadata_args.cc holds that text against metadataJson() of the same
+    activities, quoted values, a backslash and a newline among them: compiled with the glue's
+    flags against this torch's headers, linked to this libtorch. A torch that keeps typed
+    metadata (2.14 on) is formatted by Kineto's metadataJson(), which the program says."""
+    from stepscope import glue
+
+    _, root, abi = glue._torch_at(None)
+    lib = root / "lib"
+    exe = tmp_path / "metadata_args"
+    cmd = [
+        "g++", "-O0", "-DFMT_HEADER_ONLY", *glue.cxx_flags(root, abi), "-I", str(REPO / "cpp"),
+        str(Path(__file__).with_name("kineto_metadata_args.cc")), "-o", str(exe),
+        "-L", str(lib), "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}",
+    ]  # fmt: skip
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert built.returncode == 0, built.stderr[-4000:]
+    ran = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120, check=False)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    if ran.stdout.strip() == "typed":
+        pytest.skip(f"torch {torch.__version__} keeps typed metadata: Kineto's metadataJson() formats it")
+    assert ran.stdout.strip() == "ok 7", ran.stdout
