@@ -21,6 +21,14 @@
 #define KINETO_NAMESPACE libkineto
 #endif
 
+// torch's version (TORCH_VERSION_MAJOR, _MINOR: Kineto's interface below depends on it), so
+// that this header stands alone (kineto.cc, and a test program of its functions).
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#else
+#include <torch/version.h>
+#endif
+
 #include <ActivityType.h>
 #include <libkineto.h>
 #include <GenericTraceActivity.h>
