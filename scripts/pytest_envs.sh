@@ -18,11 +18,23 @@ pids=()
 names=()
 trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$logs"' EXIT
 
-# run NAME PYTHON PYTEST-ARGS...: one pytest process in the background, its output in a log.
+# run NAME PYTHON PYTEST-ARGS...: one pytest process in the background, its output in a log,
+# which ends with the CPU time the process used, with the servers and children it waited for
+# (where make test's two cores go): `times`' second line, in a shell around it that passes a
+# TERM on.
 run() {
   local name=$1 python=$2
   shift 2
-  "$python" -m pytest -q --durations=5 -p no:cacheprovider "$@" >"$logs/${#names[@]}" 2>&1 &
+  (
+    "$python" -m pytest -q --durations=5 -p no:cacheprovider "$@" &
+    child=$!
+    trap 'kill "$child" 2>/dev/null' TERM
+    wait "$child"
+    rc=$?
+    echo "CPU time, user and system: this shell's, then pytest's with what it waited for:"
+    times
+    exit "$rc"
+  ) >"$logs/${#names[@]}" 2>&1 &
   pids+=($!)
   names+=("$name")
 }
