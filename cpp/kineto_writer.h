@@ -137,13 +137,26 @@ inline bool blank(std::string_view s) {
   return true;
 }
 
-// GenericTraceActivity's metadata map (private; read through an explicit instantiation, where
-// the standard waives access checks). Kineto's metadataJson() formats it into a fresh string
-// through a std::stringstream for every event: 25% of the writer thread's CPU in `perf` of a
-// capture with Python stacks (torch 2.13). Read here, the map is formatted straight into the
-// buffer, in the same order and text. Its type is the torch minor's: torch 2.13's Kineto keeps
-// (value, quoted) pairs, whose text is their bytes; 2.14 keeps typed values, formatted by an
-// out-of-line metadataJson() that stays Kineto's (`pair_metadata`).
+// torch 2.13's Kineto (and 2.11's) keeps an event's metadata as (value, quoted) pairs, whose
+// text metadataJson() formats into a fresh string through a std::stringstream for every event:
+// 25% of the writer thread's CPU in `perf` of a capture with Python stacks (torch 2.13).
+using PairMap = std::unordered_map<std::string, std::pair<std::string, bool>>;
+
+// `map` when it is of that kind, else nullptr (its text is then metadataJson()'s).
+template <typename Map>
+const PairMap* as_pair_map(const Map& map) {
+  if constexpr (std::is_same_v<Map, PairMap>) {
+    return &map;
+  } else {
+    return nullptr;
+  }
+}
+
+#if !STEPSCOPE_KINETO_2_14
+// GenericTraceActivity's map is private: named through an explicit instantiation, where the
+// standard waives access checks, and formatted straight into the buffer, in the same order and
+// text (pair_args_size, put_pair_args). This header is included by one translation unit of a
+// program (kineto.cc, or a test program of these functions), as the instantiation requires.
 struct MetadataMapTag {
   friend auto metadata_map(MetadataMapTag);
 };
@@ -153,13 +166,14 @@ struct ExposeMember {
 };
 template struct ExposeMember<MetadataMapTag, &kt::GenericTraceActivity::metadataMap_>;
 
-using MetadataMap =
-    std::remove_reference_t<decltype(std::declval<const kt::GenericTraceActivity&>().*
-                                     metadata_map(MetadataMapTag{}))>;
-// Whether a metadata map is torch 2.13's kind, of (value, quoted) pairs.
-template <typename Map>
-constexpr bool is_pair_map = std::is_same_v<typename Map::mapped_type, std::pair<std::string, bool>>;
-constexpr bool pair_metadata = is_pair_map<MetadataMap>;
+inline const PairMap* pair_metadata_of(const kt::GenericTraceActivity& activity) {
+  return as_pair_map(activity.*metadata_map(MetadataMapTag{}));
+}
+#else
+// torch 2.14's Kineto keeps typed values, formatted by its out-of-line metadataJson(), which
+// the serializer calls: the map is not named here at all.
+inline const PairMap* pair_metadata_of(const kt::GenericTraceActivity&) { return nullptr; }
+#endif
 
 // The types written here, when the event is plain. Kineto writes these through its generic
 // complete-event path (ph X); the rest have paths of their own (instant and counter events,
@@ -251,42 +265,33 @@ class Text {
   size_t cap_ = 0;
 };
 
-// The length of torch 2.13's metadata `map` as Kineto's metadataJson() formats it
-// (`"key": "value"` for a quoted value, `"key": value` for another, ", " between, in the map's
-// order), or npos when that text would not be plain (plain_args) or the map is of another
-// torch's kind (its text is then Kineto's to format).
-template <typename Map>
-size_t pair_args_size(const Map& map) {
-  if constexpr (is_pair_map<Map>) {
-    size_t n = 0;
-    for (const auto& [key, value] : map) {
-      if (!plain_args(key) || !plain_args(value.first)) return std::string_view::npos;
-      n += key.size() + value.first.size() + (value.second ? 6 : 4) + 2;
-    }
-    return n == 0 ? 0 : n - 2;
-  } else {
-    return std::string_view::npos;
+// The length of a pair map's text as Kineto's metadataJson() formats it (`"key": "value"` for a
+// quoted value, `"key": value` for another, ", " between, in the map's order), or npos when
+// that text would not be plain (plain_args).
+inline size_t pair_args_size(const PairMap& map) {
+  size_t n = 0;
+  for (const auto& [key, value] : map) {
+    if (!plain_args(key) || !plain_args(value.first)) return std::string_view::npos;
+    n += key.size() + value.first.size() + (value.second ? 6 : 4) + 2;
   }
+  return n == 0 ? 0 : n - 2;
 }
 
 // Writes that text; `text` has room for pair_args_size(map) more bytes.
-template <typename Map>
-void put_pair_args(Text& text, const Map& map) {
-  if constexpr (is_pair_map<Map>) {
-    bool first = true;
-    for (const auto& [key, value] : map) {
-      if (!first) text.put(", ", 2);
-      first = false;
+inline void put_pair_args(Text& text, const PairMap& map) {
+  bool first = true;
+  for (const auto& [key, value] : map) {
+    if (!first) text.put(", ", 2);
+    first = false;
+    text.put('"');
+    text.put(key);
+    if (value.second) {
+      text.put("\": \"", 4);
+      text.put(value.first);
       text.put('"');
-      text.put(key);
-      if (value.second) {
-        text.put("\": \"", 4);
-        text.put(value.first);
-        text.put('"');
-      } else {
-        text.put("\": ", 3);
-        text.put(value.first);
-      }
+    } else {
+      text.put("\": ", 3);
+      text.put(value.first);
     }
   }
 }
@@ -448,8 +453,7 @@ class Logger : public kt::ActivityLogger {
     }
     // The args: torch 2.13's map read in place (its length now, its text below), else the
     // text of Kineto's metadataJson().
-    const MetadataMap* map =
-        generic != nullptr && pair_metadata ? &(generic->*metadata_map(MetadataMapTag{})) : nullptr;
+    const PairMap* map = generic != nullptr ? pair_metadata_of(*generic) : nullptr;
     std::string metadata;
     size_t args_size = 0;
     bool has_args = false;

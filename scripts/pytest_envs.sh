@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python tests in the three environments, as seven pytest processes at once: each live vLLM
+# The Python tests in the three environments, as ten pytest processes at once: each live vLLM
 # server's test file in a process of its own (a server start is mostly three processes
 # importing vLLM, and the three starts overlap), the rest of vLLM 0.32's tests, vLLM 0.33's,
 # SGLang's. On two cores one process after another leaves a core idle while a server imports;
@@ -48,11 +48,20 @@ run "vLLM 0.32 / torch 2.13, live: the slow-step trigger, then diff ($py)" "$py"
 run "vLLM 0.32 / torch 2.13, live: a repeat series, then request lifecycles and spans ($py)" \
   "$py" "${live}_repeat.py" "${live}_requests.py" "${live}_otel.py"
 run "vLLM 0.32 / torch 2.13, live: verl's rollout server and its stops ($py)" "$py" "${live}_verl.py"
+# The rest, the plugin's tests apart: those two processes (vLLM 0.32's and 0.33's) were the
+# last to end, each using some 170-190 s of CPU over 690 s while the two cores were about 60%
+# busy (the CPU times these logs end with): they wait on their children and servers more than
+# they compute, so beside each other they end sooner.
+plugin=tests/python/test_vllm_plugin.py
+run "vLLM 0.32 / torch 2.13, live: a request-log ring smaller than the requests ($py)" "$py" \
+  "${live}_ring.py"
+run "vLLM 0.32 / torch 2.13, the plugin ($py)" "$py" "$plugin"
 run "vLLM 0.32 / torch 2.13 ($py)" "$py" tests/python \
   --ignore "$live.py" --ignore "${live}_trigger.py" --ignore "${live}_repeat.py" \
   --ignore "${live}_verl.py" --ignore "${live}_diff.py" --ignore "${live}_requests.py" \
-  --ignore "${live}_otel.py"
-run "vLLM 0.33 / torch 2.14 ($py033)" "$py033" tests/python --ignore "$live.py"
+  --ignore "${live}_otel.py" --ignore "${live}_ring.py" --ignore "$plugin"
+run "vLLM 0.33 / torch 2.14, the plugin ($py033)" "$py033" "$plugin"
+run "vLLM 0.33 / torch 2.14 ($py033)" "$py033" tests/python --ignore "$live.py" --ignore "$plugin"
 STEPSCOPE_CLI=$cli run "SGLang 0.5.23 / torch 2.14.1 ($pysgl)" "$pysgl" \
   tests/python/test_sglang.py tests/python/test_sglang_differential.py \
   tests/python/test_sglang_otel.py

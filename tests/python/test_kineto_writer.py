@@ -144,7 +144,9 @@ def test_torch_2_13s_metadata_is_written_as_kinetos_metadata_json(tmp_path):
     lib = root / "lib"
     exe = tmp_path / "metadata_args"
     cmd = [
-        "g++", "-O0", "-DFMT_HEADER_ONLY", *glue.cxx_flags(root, abi), "-I", str(REPO / "cpp"),
+        # The compiler the glue's build falls back to (g++ where $CXX is another).
+        *glue._compilers(None)[-1], "-O0", "-DFMT_HEADER_ONLY", *glue.cxx_flags(root, abi),
+        "-I", str(REPO / "cpp"),
         str(Path(__file__).with_name("kineto_metadata_args.cc")), "-o", str(exe),
         "-L", str(lib), "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}",
     ]  # fmt: skip

@@ -258,21 +258,19 @@ def test_ctl_top_and_the_timeline_page_match_a_trace_of_the_same_steps(server, t
     # The same steps: the timeline holds exactly the captured ones, with the trace's counts.
     assert [s["step"] for s in steps] == list(range(m["first_step"], m["last_step"] + 1))
     assert len(steps) == len(iterations)
-    # The two clocks' rates: Kineto's time stamps come from the time-stamp counter at a rate
-    # torch measures around the capture, the timeline's at a rate measured over a second (seen
-    # under make test's load: a step 0.9% longer in the trace). The durations are compared on
-    # the timeline's scale, the rate taken from the same steps, first start to last start.
+    # The two clocks' rates over the same steps, first start to last start, said on a failure:
+    # once, under make test's load, every step was 0.9% shorter on the timeline (11.288 against
+    # 11.387 ms), its counter's rate read off by a preemption (src/clock.rs: tsc_with_instant).
     span_ns = steps[-1]["start_unix_ns"] - steps[0]["start_unix_ns"]
     rate = (iterations[-1]["ts"] - iterations[0]["ts"]) * 1e3 / span_ns if span_ns > 0 else 1.0
-    assert 0.95 < rate < 1.05, (rate, steps[0], steps[-1], iterations[0], iterations[-1])
     for s, e in zip(steps, iterations, strict=True):
         counts = tuple(int(x) for x in COUNTS.match(e["name"]).groups())
         assert (s["num_ctx_reqs"], s["num_ctx_tokens"], s["num_gen_reqs"], s["num_gen_tokens"]) == counts
         assert s["phase"] == "running"
         # The timeline's span (step() to step_end) holds the annotation's, and with it the
         # profiler's own work in the step (the NVTX tool's, Kineto's range): never shorter,
-        # within the two clocks' resolution (Kineto's is 1 us) once on one scale.
-        assert s["duration_ns"] * rate / 1e3 >= e["dur"] - 50, (s, e, rate)
+        # within the two clocks' resolution (Kineto's is 1 us).
+        assert s["duration_ns"] / 1e3 >= e["dur"] - 50, (s, e, f"the trace's clock runs {rate:.5f}x the timeline's")
     assert max(s["num_gen_reqs"] + s["num_ctx_reqs"] for s in steps) == 3
 
     # ctl top over the same steps: the trace's statistics.
