@@ -110,8 +110,8 @@ const PAIR_TRIES: usize = 8;
 /// The counter and the monotonic clock read together: of [`PAIR_TRIES`] tries, the `Instant`
 /// whose two counter reads around it lie closest, with their midpoint. The rate is measured
 /// between two such pairs; a thread preempted between the two reads of one pair would put it
-/// off by the preemption over the settle time (seen under make test's load: 0.9%, a step's
-/// duration 100 us short of the trace's over 11 ms, when each was read once).
+/// off by the preemption over the settle time (a few ms over a second: a fraction of a percent
+/// of every duration the timeline gives).
 fn tsc_with_instant() -> (u64, Instant) {
     // (the gap between the counter's reads, their midpoint, the instant between them)
     let read = || {

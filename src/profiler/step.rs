@@ -140,13 +140,17 @@ impl WorkerProfiler {
         }
     }
 
+    /// The iteration's annotation closes first, then the timeline's step: as `step()` stamps the
+    /// step's begin before the backend's work, the step's span holds the annotation's and the
+    /// profiler's own work (the other order let the annotation outlast the step, by 56 and 99 us
+    /// in the live timeline test under make test's load).
     #[inline(never)]
     fn step_end_gated(&self, gate: u8) {
-        if let Some(t) = &self.timeline {
-            t.end();
-        }
         if gate & GATE_ARMED != 0 {
             self.step_end_slow();
+        }
+        if let Some(t) = &self.timeline {
+            t.end();
         }
     }
 
