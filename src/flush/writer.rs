@@ -633,6 +633,7 @@ mod tests {
     fn a_trace_is_freed_before_its_waiters_go_on() {
         // A window begun as soon as a stop's wait returns takes the process's memory as its
         // budget's baseline: the stopped capture's buffers must be gone by then.
+        let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
         let dir = Scratch::empty("writer-freed");
         let mut writer = Writer::new(Settings {
             dir: dir.to_path_buf(),
