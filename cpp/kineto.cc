@@ -8,11 +8,6 @@
 #include <torch/csrc/profiler/kineto_shim.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 #include <torch/cuda.h>
-#if __has_include(<torch/headeronly/version.h>)
-#include <torch/headeronly/version.h>
-#else
-#include <torch/version.h>
-#endif
 
 #include <cstring>
 #include <exception>
@@ -24,7 +19,7 @@
 #include <string_view>
 #include <utility>
 
-#include "kineto_writer.h"
+#include "kineto_writer.h"  // also torch's version header (TORCH_VERSION_*)
 
 // glibc 2.32 added __libc_single_threaded, which libstdc++'s headers (GCC 11 on) read to skip
 // atomic reference counts while a process has one thread; a glue built on a newer glibc would

@@ -142,6 +142,7 @@ inline bool blank(std::string_view s) {
 // 25% of the writer thread's CPU in `perf` of a capture with Python stacks (torch 2.13).
 using PairMap = std::unordered_map<std::string, std::pair<std::string, bool>>;
 
+#if !STEPSCOPE_KINETO_2_14
 // `map` when it is of that kind, else nullptr (its text is then metadataJson()'s).
 template <typename Map>
 const PairMap* as_pair_map(const Map& map) {
@@ -152,7 +153,6 @@ const PairMap* as_pair_map(const Map& map) {
   }
 }
 
-#if !STEPSCOPE_KINETO_2_14
 // GenericTraceActivity's map is private: named through an explicit instantiation, where the
 // standard waives access checks, and formatted straight into the buffer, in the same order and
 // text (pair_args_size, put_pair_args). This header is included by one translation unit of a

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Python tests in the three environments, as ten pytest processes at once: each live vLLM
 # server's test file in a process of its own (a server start is mostly three processes
-# importing vLLM, and the three starts overlap), the rest of vLLM 0.32's tests, vLLM 0.33's,
-# SGLang's. On two cores one process after another leaves a core idle while a server imports;
+# importing vLLM, and the three starts overlap), the vLLM plugin's tests under vLLM 0.32 and
+# under 0.33, the rest of each, SGLang's. On two cores one process after another leaves a core idle while a server imports;
 # at once, the run is as long as its longest process. Each process's output is printed whole as
 # it ends (a line says which, its status and its time); fails if any failed.
 # Usage: scripts/pytest_envs.sh PYTHON PYTHON_VLLM033 PYTHON_SGLANG STEPSCOPE_CLI
@@ -48,10 +48,10 @@ run "vLLM 0.32 / torch 2.13, live: the slow-step trigger, then diff ($py)" "$py"
 run "vLLM 0.32 / torch 2.13, live: a repeat series, then request lifecycles and spans ($py)" \
   "$py" "${live}_repeat.py" "${live}_requests.py" "${live}_otel.py"
 run "vLLM 0.32 / torch 2.13, live: verl's rollout server and its stops ($py)" "$py" "${live}_verl.py"
-# The rest, the plugin's tests apart: those two processes (vLLM 0.32's and 0.33's) were the
-# last to end, each using some 170-190 s of CPU over 690 s while the two cores were about 60%
-# busy (the CPU times these logs end with): they wait on their children and servers more than
-# they compute, so beside each other they end sooner.
+# The rest, the plugin's tests apart: as one process each (vLLM 0.32's and 0.33's) they ended
+# last, at 696 and 686 s on 192 and 166 s of CPU, while the two cores were about 60% busy (the
+# CPU times these logs end with): they wait on their children and servers more than they
+# compute. Split, the last process ended at 649 s, and 585 s in the next run (docs/development.md).
 plugin=tests/python/test_vllm_plugin.py
 run "vLLM 0.32 / torch 2.13, live: a request-log ring smaller than the requests ($py)" "$py" \
   "${live}_ring.py"

@@ -109,9 +109,8 @@ const PAIR_TRIES: usize = 8;
 
 /// The counter and the monotonic clock read together: of [`PAIR_TRIES`] tries, the `Instant`
 /// whose two counter reads around it lie closest, with their midpoint. The rate is measured
-/// between two such pairs; a thread preempted between the two reads of one pair would put it
-/// off by the preemption over the settle time (a few ms over a second: a fraction of a percent
-/// of every duration the timeline gives).
+/// between two such pairs; a thread preempted for a time d between the two reads of one pair
+/// would put it off by d over the settle time, and every duration the timeline gives with it.
 fn tsc_with_instant() -> (u64, Instant) {
     // (the gap between the counter's reads, their midpoint, the instant between them)
     let read = || {

@@ -258,11 +258,6 @@ def test_ctl_top_and_the_timeline_page_match_a_trace_of_the_same_steps(server, t
     # The same steps: the timeline holds exactly the captured ones, with the trace's counts.
     assert [s["step"] for s in steps] == list(range(m["first_step"], m["last_step"] + 1))
     assert len(steps) == len(iterations)
-    # The two clocks' rates over the same steps, first start to last start, said on a failure
-    # (0.99992 when a step's annotation outlasted it by 56 us: the timeline's step ended before
-    # the annotation closed, since fixed in src/profiler/step.rs).
-    span_ns = steps[-1]["start_unix_ns"] - steps[0]["start_unix_ns"]
-    rate = (iterations[-1]["ts"] - iterations[0]["ts"]) * 1e3 / span_ns if span_ns > 0 else 1.0
     for s, e in zip(steps, iterations, strict=True):
         counts = tuple(int(x) for x in COUNTS.match(e["name"]).groups())
         assert (s["num_ctx_reqs"], s["num_ctx_tokens"], s["num_gen_reqs"], s["num_gen_tokens"]) == counts
@@ -270,7 +265,7 @@ def test_ctl_top_and_the_timeline_page_match_a_trace_of_the_same_steps(server, t
         # The timeline's span (step() to step_end) holds the annotation's, and with it the
         # profiler's own work in the step (the NVTX tool's, Kineto's range): never shorter,
         # within the two clocks' resolution (Kineto's is 1 us).
-        assert s["duration_ns"] / 1e3 >= e["dur"] - 50, (s, e, f"the trace's clock runs {rate:.5f}x the timeline's")
+        assert s["duration_ns"] / 1e3 >= e["dur"] - 50, (s, e)
     assert max(s["num_gen_reqs"] + s["num_ctx_reqs"] for s in steps) == 3
 
     # ctl top over the same steps: the trace's statistics.

@@ -9,7 +9,7 @@ for a fixed time or compares times with a threshold. Each capture is the same re
 completion of four prompts, which vLLM admits together: the same batches).
 
 The three sides are captured interleaved, each side a directory of its captures: in `make
-test` this server shares two cores with six other pytest processes, and one capture's decode
+test` this server shares two cores with nine other pytest processes, and one capture's decode
 steps were measured 4x slower than the next one's on the same unchanged server. Interleaved,
 such stretches fall on every side alike. The two unchanged sides also take turns at going first
 (first, second, slower, then second, first, slower, ...): while the other processes' load ebbed
