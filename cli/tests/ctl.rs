@@ -849,7 +849,9 @@ fn stop_wait_exits_1_naming_a_trace_that_failed() {
         row.contains("rank0.2.pt.trace.json.gz") && row.contains("No space left on device"),
         "{row}"
     );
-    // A server without the status endpoint cannot be said to have written its traces.
+    // A server without the status endpoint cannot be said to have written its traces; its
+    // 404 is its last word: asked before the stop and once after, not every 200 ms until the
+    // wait runs out (600 s by default; 30 here bounds how long a regression takes to fail).
     let bare = Server::new(|req, _| match req.path.as_str() {
         "/stop_profile" => Reply::Json(200, json!({})),
         _ => Reply::Json(404, json!({"detail": "Not Found"})),
@@ -858,13 +860,16 @@ fn stop_wait_exits_1_naming_a_trace_that_failed() {
         "stop",
         "--wait",
         "--wait-timeout",
-        "5",
+        "30",
         "--worker",
         &bare.url,
     ]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{table}");
     assert!(table.contains("could not be read"), "{table}");
+    let asked: Vec<String> = bare.requests().into_iter().map(|r| r.path).collect();
+    let statuses = asked.iter().filter(|p| *p != "/stop_profile").count();
+    assert_eq!(statuses, 2, "{asked:?}");
 }
 
 /// `stepscope wait DIR`: returns once no manifest under DIR is `writing`, 0 when all are

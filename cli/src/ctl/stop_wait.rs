@@ -63,6 +63,14 @@ fn settled(w: &Value) -> bool {
         && w["pending_writes"].as_u64().unwrap_or(0) == 0
 }
 
+/// Whether a status answer will not change by asking again: a client error (no status route
+/// on that server, its key refused) other than a timeout (408) or a rate limit (429). No
+/// answer at all, or a server error (a server restarting), is asked again until the wait
+/// runs out.
+fn refused_for_good(o: &Outcome) -> bool {
+    matches!(o.status, Some(s) if (400..500).contains(&s) && s != 408 && s != 429)
+}
+
 /// The traces each worker lists after `before`'s.
 pub fn traces_since(before: &Workers, after: &[Outcome]) -> Vec<StoppedTrace> {
     let mut out = Vec::new();
@@ -132,7 +140,9 @@ pub fn command(a: &StopArgs) -> Result<ExitCode, Error> {
     let after = loop {
         let after = status(&urls);
         let all = engine_workers(&after);
-        let done = after.iter().all(|o| o.ok) && all.values().all(settled);
+        // Settled: every server answered, or refused for good (waiting would only delay the
+        // verdict on it by the whole timeout), and none of the workers that answered writes.
+        let done = after.iter().all(|o| o.ok || refused_for_good(o)) && all.values().all(settled);
         if done || Instant::now() >= deadline {
             break after;
         }
