@@ -49,9 +49,9 @@ run "vLLM 0.32 / torch 2.13, live: a repeat series, then request lifecycles and 
   "$py" "${live}_repeat.py" "${live}_requests.py" "${live}_otel.py"
 run "vLLM 0.32 / torch 2.13, live: verl's rollout server and its stops ($py)" "$py" "${live}_verl.py"
 # The rest, the plugin's tests apart: as one process each (vLLM 0.32's and 0.33's) they ended
-# last, at 696 and 686 s on 192 and 166 s of CPU, while the two cores were about 60% busy (the
-# CPU times these logs end with): they wait on their children and servers more than they
-# compute. Split, the last process ended at 649 s, and 585 s in the next run (docs/development.md).
+# last. The machine is busy throughout (docs/development.md: the CPU times these logs end with
+# leave out processes their parents did not wait for; vmstat shows both cores busy), so a split
+# only evens out where the processes end.
 plugin=tests/python/test_vllm_plugin.py
 run "vLLM 0.32 / torch 2.13, live: a request-log ring smaller than the requests ($py)" "$py" \
   "${live}_ring.py"
