@@ -66,8 +66,11 @@ demo: setup python
 		cli/tests/data/hta/trace_filter__sampled_rank-0.json.gz
 
 # Each phase timed (scripts/phases.sh prints a line per phase at the end, also on a failure).
+# `A|B` runs both at once: fmt-check beside clippy; test-sdist (its own target directory,
+# target/sdist) beside test-rust, whose test binaries run one after another on one core for
+# about 40 s of its 80 s warm (vmstat). test-python needs both cores throughout: alone.
 test:
-	@scripts/phases.sh setup fmt-check clippy test-rust test-python test-wheel test-sdist
+	@scripts/phases.sh setup 'fmt-check|clippy' 'test-rust|test-sdist' test-python test-wheel
 	@echo "make test: all checks passed"
 
 # Formatting, and no import circle among the modules of one crate or of the Python package

@@ -1,22 +1,67 @@
 #!/usr/bin/env bash
 # Runs each make target named on the command line in turn, timing each, and prints one line
 # per phase at the end (also when a phase fails: the run stops there, the table says where).
-# Usage: scripts/phases.sh TARGET...   (from the Makefile: `make test`)
+# `A|B` runs targets A and B at once, each one's output printed whole as it ends, each timed
+# from the group's start: for phases that leave a core idle (test-rust runs its test binaries
+# one after another) beside ones that need no build lock of theirs (test-sdist builds in
+# target/sdist). The total is the wall time of the whole run.
+# Usage: scripts/phases.sh TARGET|TARGET... ...   (from the Makefile: `make test`)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-names=() secs=() rc=0
+names=() secs=() rc=0 began_all=$SECONDS failed=
 fmt() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+
+# group TARGET...: the targets at once; appends each to names/secs as it ends; returns the
+# first failure's status (the others run to their end).
+group() {
+  local logs start=$SECONDS status=0 i rc_i done_pid
+  local pids=() running=() still
+  logs=$(mktemp -d)
+  trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$logs"; exit 143' INT TERM
+  for i in "$@"; do
+    "${MAKE:-make}" --no-print-directory "$i" >"$logs/${#pids[@]}" 2>&1 &
+    pids+=($!)
+  done
+  local targets=("$@") joined
+  joined=$(IFS='|'; echo "$*")
+  running=("${pids[@]}")
+  while [ "${#running[@]}" -gt 0 ]; do
+    wait -n -p done_pid "${running[@]}"
+    rc_i=$?
+    still=()
+    for i in "${!pids[@]}"; do
+      if [ "${pids[$i]}" = "$done_pid" ]; then
+        cat "$logs/$i"
+        echo "== ${targets[$i]}: $([ "$rc_i" -eq 0 ] && echo done || echo "FAILED (exit $rc_i)") after $(fmt $((SECONDS - start))) (group $joined)"
+        names+=("${targets[$i]}") secs+=($((SECONDS - start)))
+        if [ "$rc_i" -ne 0 ] && [ "$status" -eq 0 ]; then
+          status=$rc_i failed=${targets[$i]}
+        fi
+      elif [[ " ${running[*]} " == *" ${pids[$i]} "* ]]; then
+        still+=("${pids[$i]}")
+      fi
+    done
+    running=("${still[@]}")
+  done
+  trap - INT TERM
+  rm -rf "$logs"
+  return "$status"
+}
+
 for target in "$@"; do
   began=$SECONDS
-  "${MAKE:-make}" --no-print-directory "$target" || rc=$?
-  names+=("$target") secs+=($((SECONDS - began)))
+  if [[ $target == *"|"* ]]; then
+    IFS='|' read -ra members <<<"$target"
+    group "${members[@]}" || rc=$?
+  else
+    "${MAKE:-make}" --no-print-directory "$target" || { rc=$? failed=$target; }
+    names+=("$target") secs+=($((SECONDS - began)))
+  fi
   [ "$rc" -eq 0 ] || break
 done
-total=0
-echo "== make test phases"
+echo "== make test phases (those of a group at once, each timed from the group's start)"
 for i in "${!names[@]}"; do
-  total=$((total + secs[i]))
   printf '  %-12s %s\n' "${names[$i]}" "$(fmt "${secs[$i]}")"
 done
-printf '  %-12s %s%s\n' total "$(fmt "$total")" "$([ "$rc" -eq 0 ] || echo " (stopped: ${names[-1]} failed)")"
+printf '  %-12s %s%s\n' total "$(fmt $((SECONDS - began_all)))" "$([ "$rc" -eq 0 ] || echo " (stopped: $failed failed)")"
 exit "$rc"
