@@ -11,41 +11,34 @@ cd "$(dirname "$0")/.."
 names=() secs=() rc=0 began_all=$SECONDS failed=
 fmt() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 
+. scripts/as_they_end.sh
+
 # group TARGET...: the targets at once; appends each to names/secs as it ends; returns the
 # first failure's status (the others run to their end).
 group() {
-  local logs start=$SECONDS status=0 i rc_i done_pid
-  local pids=() running=() still
+  local logs start=$SECONDS status=0 i pids=() targets=("$@") joined
+  joined=$(IFS='|'; echo "$*")
   logs=$(mktemp -d)
   trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$logs"; exit 143' INT TERM
   for i in "$@"; do
     "${MAKE:-make}" --no-print-directory "$i" >"$logs/${#pids[@]}" 2>&1 &
     pids+=($!)
   done
-  local targets=("$@") joined
-  joined=$(IFS='|'; echo "$*")
-  running=("${pids[@]}")
-  while [ "${#running[@]}" -gt 0 ]; do
-    wait -n -p done_pid "${running[@]}"
-    rc_i=$?
-    still=()
-    for i in "${!pids[@]}"; do
-      if [ "${pids[$i]}" = "$done_pid" ]; then
-        cat "$logs/$i"
-        echo "== ${targets[$i]}: $([ "$rc_i" -eq 0 ] && echo done || echo "FAILED (exit $rc_i)") after $(fmt $((SECONDS - start))) (group $joined)"
-        names+=("${targets[$i]}") secs+=($((SECONDS - start)))
-        if [ "$rc_i" -ne 0 ] && [ "$status" -eq 0 ]; then
-          status=$rc_i failed=${targets[$i]}
-        fi
-      elif [[ " ${running[*]} " == *" ${pids[$i]} "* ]]; then
-        still+=("${pids[$i]}")
-      fi
-    done
-    running=("${still[@]}")
-  done
+  as_they_end member_ended "${pids[@]}"
   trap - INT TERM
   rm -rf "$logs"
   return "$status"
+}
+
+# member_ended INDEX STATUS: a member of the group running (its locals are in scope here).
+member_ended() {
+  local i=$1 rc=$2
+  cat "$logs/$i"
+  echo "== ${targets[$i]}: $([ "$rc" -eq 0 ] && echo done || echo "FAILED (exit $rc)") after $(fmt $((SECONDS - start))) (group $joined)"
+  names+=("${targets[$i]}") secs+=($((SECONDS - start)))
+  if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then
+    status=$rc failed=${targets[$i]}
+  fi
 }
 
 for target in "$@"; do

@@ -8,6 +8,7 @@
 # Usage: scripts/pytest_envs.sh PYTHON PYTHON_VLLM033 PYTHON_SGLANG STEPSCOPE_CLI
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/as_they_end.sh
 py=${1:?} py033=${2:?} pysgl=${3:?} cli=${4:?}
 # vLLM imports humming (its quantized kernels), which starts two Python processes at each import
 # to build CUDA helpers in the background: without CUDA they only load the machine (seen running
@@ -69,22 +70,13 @@ STEPSCOPE_CLI=$cli run "SGLang 0.5.23 / torch 2.14.1 ($pysgl)" "$pysgl" \
 echo "== ${#pids[@]} pytest processes at once; each one's output follows as it ends"
 began=$SECONDS
 failed=0
-running=("${pids[@]}")
-while [ "${#running[@]}" -gt 0 ]; do
-  wait -n -p done_pid "${running[@]}"
-  rc=$?
-  still=()
-  for i in "${!pids[@]}"; do
-    if [ "${pids[$i]}" = "$done_pid" ]; then
-      status=passed
-      [ "$rc" -eq 0 ] || { status="FAILED (exit $rc)"; failed=1; }
-      echo "== pytest, ${names[$i]}: $status after $((SECONDS - began)) s"
-      cat "$logs/$i"
-    elif [[ " ${running[*]} " == *" ${pids[$i]} "* ]]; then
-      still+=("${pids[$i]}")
-    fi
-  done
-  running=("${still[@]}")
-done
+# ended INDEX STATUS: one pytest process ended.
+ended() {
+  local status=passed
+  [ "$2" -eq 0 ] || { status="FAILED (exit $2)"; failed=1; }
+  echo "== pytest, ${names[$1]}: $status after $((SECONDS - began)) s"
+  cat "$logs/$1"
+}
+as_they_end ended "${pids[@]}"
 pids=()
 exit "$failed"
