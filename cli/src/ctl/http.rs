@@ -125,6 +125,15 @@ pub(super) fn retryable(result: &Result<(u16, String), ureq::Error>) -> bool {
     }
 }
 
+/// Whether an answer will not change by asking again later: a client error (no such route on
+/// that server, its key refused) other than a timeout (408) or a rate limit (429). `ctl stop
+/// --wait` stops polling such a server; no answer, or a server error (a server restarting), is
+/// asked again until its wait runs out. (`retryable` is the narrower rule for an immediate
+/// retry of one call.)
+pub(super) fn refused_for_good(status: Option<u16>) -> bool {
+    matches!(status, Some(s) if (400..500).contains(&s) && s != 408 && s != 429)
+}
+
 /// Calls `send` until it succeeds, fails for good, or `retries` more tries are spent (100 ms,
 /// doubling, between tries): the last answer and how many retries it took. Every request
 /// `ctl` makes goes through here.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{agent, discovery, fan_out, render_table, Action, Outcome};
+use super::{agent, discovery, fan_out, http, render_table, Action, Outcome};
 use crate::error::{partial, Error};
 use crate::flags::StopArgs;
 
@@ -61,14 +61,6 @@ fn settled(w: &Value) -> bool {
     !w["running"].as_bool().unwrap_or(false)
         && !w["stopping"].as_bool().unwrap_or(false)
         && w["pending_writes"].as_u64().unwrap_or(0) == 0
-}
-
-/// Whether a status answer will not change by asking again: a client error (no status route
-/// on that server, its key refused) other than a timeout (408) or a rate limit (429). No
-/// answer at all, or a server error (a server restarting), is asked again until the wait
-/// runs out.
-fn refused_for_good(o: &Outcome) -> bool {
-    matches!(o.status, Some(s) if (400..500).contains(&s) && s != 408 && s != 429)
 }
 
 /// The traces each worker lists after `before`'s.
@@ -142,7 +134,10 @@ pub fn command(a: &StopArgs) -> Result<ExitCode, Error> {
         let all = engine_workers(&after);
         // Settled: every server answered, or refused for good (waiting would only delay the
         // verdict on it by the whole timeout), and none of the workers that answered writes.
-        let done = after.iter().all(|o| o.ok || refused_for_good(o)) && all.values().all(settled);
+        let done = after
+            .iter()
+            .all(|o| o.ok || http::refused_for_good(o.status))
+            && all.values().all(settled);
         if done || Instant::now() >= deadline {
             break after;
         }
