@@ -38,8 +38,9 @@ fn err(path: &Path, message: impl Into<String>) -> TraceError {
     }
 }
 
-/// Bytes of the compressed file read at a time.
-const FILE_BUFFER: usize = 256 << 10;
+/// Bytes of the compressed file read at a time (each page of the buffer is a page fault the
+/// first time it is written: a 1.8 MB trace's 124 KB file touched 31 pages of a 256 KiB one).
+const FILE_BUFFER: usize = 64 << 10;
 
 /// A trace file opened: read as it is, or gunzipped on a thread of its own.
 enum Source {
@@ -51,17 +52,34 @@ enum Source {
 /// concatenated, as `cat a.gz b.gz` makes, are read as one stream).
 fn open_source(path: &Path) -> Result<Source, TraceError> {
     let file = File::open(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
+    let json_size = gzip_json_size(&file);
     let mut input = BufReader::with_capacity(FILE_BUFFER, file);
     let head = input
         .fill_buf()
         .map_err(|e| err(path, format!("cannot read: {e}")))?;
     if head.starts_with(&[0x1f, 0x8b]) {
+        let chunk = match json_size {
+            Some(n) if n < SMALL_TRACE => SMALL_CHUNK,
+            _ => PREFETCH_CHUNK,
+        };
         Ok(Source::Gzip(Prefetch::spawn(
             flate2::bufread::MultiGzDecoder::new(input),
+            chunk,
         )))
     } else {
         Ok(Source::Plain(input))
     }
+}
+
+/// The size of a gzip file's JSON as its trailer gives it (ISIZE: the last member's length
+/// modulo 2^32), `None` if it cannot be read. Only chooses the gunzip thread's chunk size: a
+/// wrong figure (members concatenated, over 4 GiB) costs time, never a byte of the trace.
+fn gzip_json_size(file: &File) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata().ok()?.len();
+    let mut trailer = [0u8; 4];
+    file.read_exact_at(&mut trailer, len.checked_sub(4)?).ok()?;
+    Some(u64::from(u32::from_le_bytes(trailer)))
 }
 
 /// Opens a trace for reading its JSON (gunzipped as [`read_events`] reads it).
@@ -77,6 +95,14 @@ pub fn open(path: &Path) -> Result<Box<dyn Read + Send>, TraceError> {
 /// doubling from 64 KiB to 1 MiB were all fresh memory, ~900 page faults of the process's
 /// ~1,100 (this size: ~570, the whole read 0.91x the time).
 const PREFETCH_CHUNK: usize = 128 << 10;
+/// The chunk of a trace of under [`SMALL_TRACE`] bytes of JSON. A page fault is dear on some
+/// machines (about 5 µs on a VM whose freed memory goes back to its host), and each buffer's
+/// pages fault once; but each chunk handed over costs the threads a wake-up (a 35 MB trace in
+/// chunks of this size: four times the context switches, about 10% slower). So small chunks
+/// only where the faults outweigh the wake-ups: HTA's 1.8 MB rank-0 trace, 511 page faults in
+/// all against 341.
+const SMALL_CHUNK: usize = 32 << 10;
+const SMALL_TRACE: u64 = 4 << 20;
 /// Chunks in flight between the threads.
 const PREFETCH_DEPTH: usize = 3;
 
@@ -93,7 +119,7 @@ struct Prefetch {
 }
 
 impl Prefetch {
-    fn spawn(mut source: impl Read + Send + 'static) -> Self {
+    fn spawn(mut source: impl Read + Send + 'static, chunk_size: usize) -> Self {
         let (tx, chunks) = sync_channel(PREFETCH_DEPTH);
         let (spent, back) = sync_channel::<Vec<u8>>(PREFETCH_DEPTH + 1);
         std::thread::spawn(move || loop {
@@ -101,7 +127,7 @@ impl Prefetch {
                 .try_recv()
                 .ok()
                 // A buffer the parser grew for an event longer than the room is let go.
-                .filter(|c| c.capacity() <= 2 * (CHUNK_HEADROOM + PREFETCH_CHUNK))
+                .filter(|c| c.capacity() <= 2 * (CHUNK_HEADROOM + chunk_size))
                 .unwrap_or_default();
             // The room is zeroed once per buffer; a buffer back from the parser keeps its own.
             if chunk.len() < CHUNK_HEADROOM {
@@ -109,13 +135,13 @@ impl Prefetch {
                 chunk.resize(CHUNK_HEADROOM, 0);
             }
             chunk.truncate(CHUNK_HEADROOM);
-            chunk.reserve_exact(PREFETCH_CHUNK);
+            chunk.reserve_exact(chunk_size);
             // Read into the chunk's spare capacity. The standard library zeroes it first (the
             // decoder has no `read_buf`): on HTA's 1.8 MB rank-0 trace, 4.6% of the
             // instructions (callgrind); memset, nearly all of it this, took 36% of the
             // process's page faults (perf).
             let result = (&mut source)
-                .take(PREFETCH_CHUNK as u64)
+                .take(chunk_size as u64)
                 .read_to_end(&mut chunk);
             let end = chunk.len() == CHUNK_HEADROOM || result.is_err();
             let sent = match result {
