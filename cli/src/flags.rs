@@ -22,7 +22,10 @@ pub struct Cli {
     pub command: Command,
 }
 
+// `defer`: a subcommand's arguments are built only when it is the one run (or its help is
+// shown); building all of them took about half of a short `analyze`'s command-line parse.
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum Command {
     /// Start, stop, list and watch profiling on every worker behind a router
     #[command(subcommand)]
@@ -77,7 +80,7 @@ pub struct WaitArgs {
     pub quiet: bool,
 }
 
-/// The traces a reading command takes.
+// The traces a reading command takes. A plain comment, as `FloorArgs`'s.
 #[derive(Args)]
 pub struct Inputs {
     /// Trace files (.json, .json.gz) or directories of them (one per rank). In a directory, a
@@ -89,7 +92,9 @@ pub struct Inputs {
     pub from_traces: bool,
 }
 
-/// What a step's floor is computed with, where the trace does not say (see docs/analyze.md).
+// What a step's floor is computed with, where the trace does not say (see docs/analyze.md).
+// A plain comment: a flattened struct's doc comment would become the help's first line of
+// each subcommand it is part of (the subcommands' arguments are deferred, see `Command`).
 #[derive(Args, Clone, Default)]
 pub struct FloorArgs {
     /// The device's peak compute for the floor, TFLOP/s (dense, for the weights' dtype):
@@ -306,6 +311,7 @@ pub struct ReportArgs {
 }
 
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum CtlCommand {
     /// POST /start_profile to every worker
     #[command(after_help = "Examples:\n  \
@@ -522,7 +528,8 @@ pub struct StartArgs {
     pub fields: StartFields,
 }
 
-/// The `/start_profile` body fields a user gave, per dialect (`ctl start`'s flags).
+// The `/start_profile` body fields a user gave, per dialect (`ctl start`'s flags). A plain
+// comment, as `FloorArgs`'s.
 #[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
 pub struct StartFields {
     /// vLLM: trace file name prefix
@@ -591,4 +598,40 @@ pub enum Engine {
     Vllm,
     /// SGLang's `/start_profile` (body: output_dir, num_steps, activities, ...).
     Sglang,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every subcommand's first help line, as `stepscope --help` lists it, and the subcommands
+    /// under it, by path (`ctl start`).
+    fn abouts(cmd: &clap::Command, path: &str, out: &mut Vec<(String, String)>) {
+        for sub in cmd.get_subcommands() {
+            let path = format!("{path} {}", sub.get_name());
+            let about = sub.get_about().map(|a| a.to_string()).unwrap_or_default();
+            out.push((path.clone(), about));
+            abouts(sub, &path, out);
+        }
+    }
+
+    #[test]
+    fn each_subcommand_keeps_its_own_about_once_its_deferred_arguments_are_built() {
+        let mut cli = Cli::command();
+        let mut listed = Vec::new();
+        abouts(&cli, "stepscope", &mut listed);
+        assert!(listed.iter().any(|(p, _)| p == "stepscope ctl start"));
+        // Builds every subcommand, running the deferred `augment_args`: a flattened struct's
+        // doc comment would replace the subcommand's about here.
+        cli.build();
+        let mut built = Vec::new();
+        abouts(&cli, "stepscope", &mut built);
+        // The build adds the `help` subcommands; the others are as listed.
+        built.retain(|(path, _)| !path.contains(" help"));
+        assert_eq!(listed, built);
+        for (path, about) in &built {
+            assert!(!about.is_empty(), "{path} has no about");
+        }
+    }
 }
