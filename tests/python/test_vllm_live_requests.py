@@ -314,8 +314,8 @@ def test_short_requests_behind_a_long_chunked_prefill_are_charged_its_steps(serv
     long_row = next(b for b in ranked if b["id"] == long_id)
     assert long_row["prefill"]["steps"] == -(-long_len // BUDGET), long_row
     assert long_row["queue"]["steps"] == 0, long_row
-    # By TTFT, the short requests' costliest steps are the long prefill's too, and its own
-    # are its own chunks.
+    # By TTFT, the steps the short requests waited through are the long prefill's too, and
+    # its own steps are its own chunks.
     by_ttft = ctl_requests(server, "--since-step", str(since), "--by", "ttft", "--steps", "0")
     for b in by_ttft["requests"]:
         if b["id"] in {w["id"] for w in waited}:
