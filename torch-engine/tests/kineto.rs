@@ -723,6 +723,8 @@ fn leftovers_of_a_dead_process_are_cleaned_at_the_next_start() {
         format!(".w1.1.pt.trace.json.gz.{dead}.partial"),
         format!(".w1.1.pt.trace.json.gz.{dead}.partial.json"),
         format!(".w1.1.stepscope.json.{dead}.partial"),
+        // The start's check that the directory is writable, killed before it removed its file.
+        format!(".stepscope-probe.{dead}.partial"),
     ];
     let kept = format!(".w2.1.pt.trace.json.gz.{live}.partial");
     for name in stale.iter().chain([&kept]) {
@@ -1222,7 +1224,13 @@ fn a_writer_killed_mid_trace_is_cleaned_up_by_the_next_start() {
             .iter()
             .any(|m| fs::read_to_string(m).is_ok_and(|t| t.contains(r#""status": "writing""#)))
     };
-    let partial = |dir: &Path| files(dir).iter().any(|n| n.ends_with(".partial"));
+    // A trace's temporary (not the start's writable-directory probe, also a `.partial`).
+    let partial = |dir: &Path| {
+        files(dir)
+            .iter()
+            .any(|n| n.contains(".trace.json") && n.ends_with(".partial"))
+    };
+    let hidden = |dir: &Path| files(dir).iter().any(|n| n.starts_with('.'));
     // Freeze the child when a trace is mid-write (a manifest says so and its temporary exists);
     // otherwise let it run on and look again. The deadline only bounds a broken run: however
     // slow the machine, the child's captures keep coming.
@@ -1253,7 +1261,7 @@ fn a_writer_killed_mid_trace_is_cleaned_up_by_the_next_start() {
     flush(&p);
     let marker = std::env::temp_dir().join(format!("stepscope-flushing-{dead}"));
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while partial(&dir) || writing(&dir) || marker.exists() {
+    while hidden(&dir) || writing(&dir) || marker.exists() {
         assert!(std::time::Instant::now() < deadline, "{:?}", files(&dir));
         thread::sleep(Duration::from_millis(20));
     }

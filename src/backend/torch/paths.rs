@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::{is_uri_path, ProfilerConfig};
 use crate::error::{Error, Result};
+use crate::files::{temp_path, TempFile};
 
 /// A trace id as torch's profiler makes one: 128 random bits, 32 upper-case hex digits.
 pub(super) fn trace_id() -> String {
@@ -49,8 +50,44 @@ pub(super) fn trace_dir(config: &ProfilerConfig) -> Result<PathBuf> {
 pub(super) fn ensure_writable_dir(dir: &Path) -> Result<()> {
     let io = |what: &str, e: std::io::Error| Error::io(dir, format!("{what}: {e}"), e);
     std::fs::create_dir_all(dir).map_err(|e| io("cannot create the torch_profiler_dir", e))?;
-    let probe = dir.join(format!(".stepscope-probe-{}", std::process::id()));
-    std::fs::File::create(&probe).map_err(|e| io("the torch_profiler_dir is not writable", e))?;
-    let _ = std::fs::remove_file(&probe);
+    let probe = TempFile::new(probe_path(dir));
+    std::fs::File::create(probe.path())
+        .map_err(|e| io("the torch_profiler_dir is not writable", e))?;
     Ok(())
+}
+
+/// The file a start creates and removes to check that `dir` is writable. Named as every
+/// temporary is (`.{name}.{pid}.partial…`), so a process killed between the create and the
+/// remove leaves a file that the next start's clean-up knows to remove.
+fn probe_path(dir: &Path) -> PathBuf {
+    temp_path(dir, "stepscope-probe", "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::files::temp_owner;
+
+    #[test]
+    fn a_dead_processs_probe_is_a_temporary_the_clean_up_removes() {
+        let probe = probe_path(Path::new("/traces"));
+        let name = probe
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        assert_eq!(temp_owner(name), Some(std::process::id()), "{name}");
+    }
+
+    #[test]
+    fn the_probe_is_gone_once_the_directory_is_found_writable() {
+        let dir = std::env::temp_dir().join(format!("stepscope-probe-test-{}", std::process::id()));
+        ensure_writable_dir(&dir).unwrap();
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(left.is_empty(), "{left:?}");
+    }
 }
