@@ -82,7 +82,8 @@ pub trait Backend: Send {
     }
 
     /// Whether `begin_iteration` reads its `name`. When no backend does and no NVTX tool
-    /// listens, the profiler does not format names at all (an empty `name` is passed).
+    /// listens, the profiler does not format names at all (an empty `name` is passed). Asked
+    /// once as each window starts (a successful `start`), not on every step.
     fn uses_names(&self) -> bool {
         true
     }
@@ -95,6 +96,7 @@ pub trait Backend: Send {
     /// that nothing else annotates (no NVTX tool listening), times (no slow-step trigger) or
     /// records (no timeline) end without taking the profiler's lock again. An explicit
     /// `step_end()` (the C ABI's, the Python scope's) still takes it while a session is armed.
+    /// Asked once as each window starts, as [`Backend::uses_names`] is.
     fn has_iteration_range(&self) -> bool {
         true
     }

@@ -50,6 +50,8 @@ pub(super) struct Inner {
     pub(super) pending_start: bool,
     /// The backend's annotation of the current iteration is open.
     pub(super) backend_range_open: bool,
+    /// What the backend does with each captured iteration, asked as its window starts.
+    pub(super) hooks: IterationHooks,
     /// Present only while an NVTX tool listens and NVTX is not off.
     pub(super) nvtx: Option<Nvtx>,
     pub(super) nvtx_always: bool,
@@ -78,6 +80,26 @@ pub(super) struct Inner {
     pub(super) last_cut: Option<CutShort>,
 }
 
+/// What a backend does with each captured iteration: [`Backend::uses_names`] and
+/// [`Backend::has_iteration_range`], asked once as each window starts rather than on every
+/// step (two calls through the backend's vtable that the running step no longer makes).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct IterationHooks {
+    /// `begin_iteration` reads the iteration's name: the profiler formats it.
+    pub(super) names: bool,
+    /// `begin_iteration` opens what `end_iteration` must close.
+    pub(super) range: bool,
+}
+
+impl IterationHooks {
+    fn of(backend: &dyn Backend) -> Self {
+        IterationHooks {
+            names: backend.uses_names(),
+            range: backend.has_iteration_range(),
+        }
+    }
+}
+
 impl Inner {
     /// The state of a new profiler for `config`, driving `backend`.
     pub(super) fn new(
@@ -94,6 +116,7 @@ impl Inner {
             NvtxMode::Running | NvtxMode::Always => Nvtx::attach(&config.stepscope.nvtx_domain),
         };
         let nvtx_always = nvtx.is_some() && config.stepscope.nvtx == NvtxMode::Always;
+        let hooks = IterationHooks::of(&*backend);
         Inner {
             worker_name: worker_name.to_string(),
             trace_name: None,
@@ -107,6 +130,7 @@ impl Inner {
             pending_stop: false,
             pending_start: false,
             backend_range_open: false,
+            hooks,
             nvtx,
             nvtx_always,
             detailed_names: config.detailed_trace_annotation,
@@ -314,6 +338,11 @@ impl Inner {
         }
     }
 
+    // The backend's transitions (start, stop, pause, resume) are out of line and cold: inlined,
+    // their code made the engine thread's every step a larger function (a longer prologue,
+    // more registers saved) for work a window does once.
+    #[cold]
+    #[inline(never)]
     pub(super) fn pause_backend(&mut self, step: u64) -> Result<()> {
         if let Some(nvtx) = &self.nvtx {
             nvtx.mark(c"capture pause", step);
@@ -325,6 +354,8 @@ impl Inner {
         result
     }
 
+    #[cold]
+    #[inline(never)]
     pub(super) fn resume_backend(&mut self, step: u64) -> Result<()> {
         let result = self.backend.resume();
         match &result {
@@ -346,7 +377,16 @@ impl Inner {
     /// Carries out backend work that other threads asked for, in the order it was asked: a
     /// stop always precedes a start (a start can only follow once the stop ended the session).
     /// Their errors cannot reach the threads that asked, so they are kept in `last_error`.
+    #[inline]
     pub(super) fn run_pending(&mut self, next_step: u64) {
+        if self.pending_stop || self.pending_start {
+            self.run_pending_work(next_step);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn run_pending_work(&mut self, next_step: u64) {
         if self.pending_stop {
             self.pending_stop = false;
             if let Err(e) = self.stop_backend(next_step) {
@@ -361,6 +401,8 @@ impl Inner {
         }
     }
 
+    #[cold]
+    #[inline(never)]
     pub(super) fn start_backend(&mut self, first_step: u64) -> Result<()> {
         let capture = CaptureStart {
             worker_name: &self.worker_name,
@@ -374,6 +416,7 @@ impl Inner {
         match &result {
             Ok(()) => {
                 self.trace_name = None;
+                self.hooks = IterationHooks::of(&*self.backend);
                 self.start_meter();
                 if let Some(nvtx) = &self.nvtx {
                     if let Some(slow) = trigger {
@@ -419,10 +462,19 @@ impl Inner {
             return;
         };
         meter.since += 1;
-        if meter.since < MEASURE_EVERY {
-            return;
+        if meter.since >= MEASURE_EVERY {
+            meter.since = 0;
+            self.check_budget(step);
         }
-        meter.since = 0;
+    }
+
+    /// [`Inner::enforce_budget`]'s check, every [`MEASURE_EVERY`]th step: out of line, so the
+    /// steps between checks pay for a counter only.
+    #[inline(never)]
+    fn check_budget(&mut self, step: u64) {
+        let Some(meter) = self.meter.as_mut() else {
+            return;
+        };
         let age = u64::try_from(meter.began.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let read_memory = meter
             .memory_read_at_ns
@@ -464,6 +516,8 @@ impl Inner {
     }
 
     /// Stops the backend, telling it first what the window grew and why it ended.
+    #[cold]
+    #[inline(never)]
     fn stop_window(&mut self, step: u64, cut_short: Option<CutShort>) -> Result<()> {
         let end = WindowEnd {
             held_bytes: self.window_growth().map(|g| self.budget.projected(g)),
@@ -496,7 +550,7 @@ impl Inner {
         if !captured && !nvtx {
             return false;
         }
-        if nvtx || self.backend.uses_names() {
+        if nvtx || self.hooks.names {
             info.write_name(self.detailed_names, &mut self.name);
         } else {
             self.name.clear();
@@ -509,7 +563,7 @@ impl Inner {
                 self.backend.record_requests(step, ids);
             }
             self.backend.begin_iteration(step, info, &self.name);
-            self.backend_range_open = self.backend.has_iteration_range();
+            self.backend_range_open = self.hooks.range;
         }
         if let (Some(n), Some(ids)) = (self.nvtx.as_mut().filter(|_| captured), requests) {
             n.mark_with(step, |text| {
