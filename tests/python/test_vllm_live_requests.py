@@ -529,7 +529,19 @@ def test_a_captured_long_prefill_and_its_requests_agree_with_the_request_log(ser
     ), long
     # The long prefill's chunks cost most, by construction of the model: it ranks first.
     assert listed["requests"][0]["id"] == long_id, listed["requests"][0]
-    assert all(c["own_prefill"] for c in long["costliest"]), long
+    # Its costliest steps are its prefill chunks. Which of them took longest depends on the
+    # machine: its last 4-token chunk shares a step with the short requests' 8-token prefills
+    # (theirs the largest there), and under make test's load that step once outlasted a full
+    # chunk. So: each full chunk listed is its own, and at most one listed step is not.
+    costliest = long["costliest"]
+    assert costliest and all(c["role"] == "prefill" for c in costliest), costliest
+    full = [c for c in costliest if c["own_tokens"] == BUDGET]
+    assert len(full) >= len(costliest) - 1, costliest
+    for c in full:
+        assert (c["own_prefill"], c["largest_prefill_request"]) == (True, long_id), c
+    for c in costliest:
+        if c not in full:
+            assert c["own_tokens"] == LONG_LEN % BUDGET, c
 
     # The log beside the trace gives each request its queue wait and TTFT: those `ctl requests`
     # reads from the server's log for the same steps.
