@@ -536,12 +536,10 @@ def test_a_captured_long_prefill_and_its_requests_agree_with_the_request_log(ser
     costliest = long["costliest"]
     assert costliest and all(c["role"] == "prefill" for c in costliest), costliest
     full = [c for c in costliest if c["own_tokens"] == BUDGET]
-    assert len(full) >= len(costliest) - 1, costliest
     for c in full:
         assert (c["own_prefill"], c["largest_prefill_request"]) == (True, long_id), c
-    for c in costliest:
-        if c not in full:
-            assert c["own_tokens"] == LONG_LEN % BUDGET, c
+    rest = [c for c in costliest if c["own_tokens"] != BUDGET]
+    assert len(rest) <= 1 and all(c["own_tokens"] == LONG_LEN % BUDGET for c in rest), costliest
 
     # The log beside the trace gives each request its queue wait and TTFT: those `ctl requests`
     # reads from the server's log for the same steps.
