@@ -6,8 +6,12 @@ by a capture limit is an error (HTTP 503 naming the key, ``StartRefused`` from A
 the engine goes on.
 
 The engine runs in ``verl_rollout.py`` (a child process: one ``AsyncLLM`` with vLLM's own HTTP
-app, as verl's ``vLLMHttpServer`` runs them); its trace directory is a 24 MB tmpfs this test
-mounts, so that the refusal comes from a real disk short of space.
+app, as verl's ``vLLMHttpServer`` runs them); its trace directory is a 256 MB tmpfs this test
+mounts, so that the refusal comes from a real disk short of space. Its size bounds each
+session's traces: they grow with the session's length, which is the machine's load's (the
+worker's and the frontend's Python stacks record each turn of their loops; on 24 MB, a last
+session of 26 s under `make test`'s load did not fit). The filler that makes it short of space
+lives in memory only for the refusals.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ def run(tmp_path_factory):
     # verl's layout: each rollout replica writes under save_path/agent_loop_rollout_replica_<r>.
     trace_dir = save_path / "agent_loop_rollout_replica_0"
     trace_dir.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(trace_dir)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(trace_dir)], check=True)
     ipc = tempfile.mkdtemp(prefix="stepscope-verl-")
     env = live_env(ipc)
     # verl builds the engine's config itself: the CPU platform's KV cache from its variable,

@@ -204,11 +204,17 @@ async def main(workdir: Path, trace_dir: Path, save_path: Path, result_path: Pat
         {"model": str(model), "prompt": [5, 6, 7], "max_tokens": 3, "ignore_eos": True},
     ))[0]  # fmt: skip
     filler.unlink()
-    # Room again: a session starts and stops (with its trace on disk) as before.
+    # Room again: a session starts and stops (with its trace on disk) as before. Its traces'
+    # size goes with its length (the log says both, for a disk that proves too small).
+    st = os.statvfs(trace_dir)
+    print(f"== room for the last session: {st.f_bavail * st.f_frsize >> 20} MB", flush=True)
+    began = time.perf_counter()
     await engine.start_profile()
     await generate(2)
     await engine.stop_profile()
-    result["after_room"] = sorted(os.listdir(trace_dir))
+    sizes = {name: (trace_dir / name).stat().st_size for name in sorted(os.listdir(trace_dir))}
+    print(f"== the last session: {time.perf_counter() - began:.1f} s, files {sizes}", flush=True)
+    result["after_room"] = sorted(sizes)
 
     server.should_exit = True
     await serving
