@@ -11,7 +11,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use stepscope::schedule::CutBy;
-use stepscope::{IterationInfo, ProfilerConfig, StartOutcome};
+use stepscope::{IterationInfo, ProfilerConfig, StartOutcome, WorkerProfiler};
 use support::{profiler, Call};
 
 const DECODE: IterationInfo = IterationInfo::new(0, 0, 8, 8);
@@ -19,6 +19,18 @@ const DECODE: IterationInfo = IterationInfo::new(0, 0, 8, 8);
 /// The tests that measure the process's memory, one at a time: what one allocates or frees
 /// would be another's growth.
 static MEMORY: Mutex<()> = Mutex::new(());
+
+/// Steps the engine up to 64 times, until the window ends; after each step still captured,
+/// `each` gets its index (what the test does in that step's iteration).
+fn steps_until_cut(p: &WorkerProfiler, mut each: impl FnMut(u64)) {
+    for _ in 0..64 {
+        let _it = p.step(&DECODE);
+        if !p.is_active() {
+            return;
+        }
+        each(p.step_index());
+    }
+}
 
 #[test]
 fn a_window_over_its_time_budget_ends_through_the_full_stop_and_the_next_start_works() {
@@ -69,13 +81,7 @@ fn a_window_over_its_memory_budget_ends_naming_how_much_the_process_grew() {
     // Each captured step keeps 4 MB more, touched: the process is past 16 MB within a few
     // steps, and the first measurement, in step 32, ends the window.
     let mut held: Vec<Vec<u8>> = Vec::new();
-    for _ in 0..64 {
-        let _it = p.step(&DECODE);
-        if !p.is_active() {
-            break;
-        }
-        held.push(vec![7u8; 4 << 20]);
-    }
+    steps_until_cut(&p, |_| held.push(vec![7u8; 4 << 20]));
     assert!(!p.is_active(), "the memory budget never ended the window");
     let cut = rec.cuts.lock()[0];
     assert_eq!((cut.by, cut.limit_mb), (CutBy::Memory, 16));
@@ -99,26 +105,19 @@ fn a_window_begun_while_earlier_captures_are_freed_is_measured_from_after_the_fr
         rec.settling.store(settling, SeqCst);
         p.start().unwrap();
         let mut held: Vec<Vec<u8>> = Vec::new();
-        for _ in 0..64 {
-            let _it = p.step(&DECODE);
-            if !p.is_active() {
-                break;
+        steps_until_cut(&p, |step| match step {
+            // Freed after the window's start, before its first reading (in step 32).
+            1 => {
+                drop(earlier.take());
+                rec.settling.store(false, SeqCst);
             }
-            match p.step_index() {
-                // Freed after the window's start, before its first reading (in step 32).
-                1 => {
-                    drop(earlier.take());
-                    rec.settling.store(false, SeqCst);
-                }
-                // The next reading is the next check's, in step 64, once a millisecond has
-                // passed since this one's.
-                32 => std::thread::sleep(Duration::from_millis(2)),
-                // 31 MB more: over the budget from after the free, 33 MB under it from the
-                // start.
-                33..=63 => held.push(vec![7u8; 1 << 20]),
-                _ => {}
-            }
-        }
+            // The next reading is the next check's, in step 64, once a millisecond has passed
+            // since this one's.
+            32 => std::thread::sleep(Duration::from_millis(2)),
+            // 31 MB more: over the budget from after the free, 33 MB under it from the start.
+            33..=63 => held.push(vec![7u8; 1 << 20]),
+            _ => {}
+        });
         let cuts = rec.cuts.lock().clone();
         if settling {
             assert!(!p.is_active(), "the window was measured from its start");
