@@ -8,11 +8,9 @@ that each sees the same stretch of the machine; the medians are printed per leve
 
 For each capture: its JSON, Kineto's finalize (torch's post-processing, on stepscope's finalize
 thread: wall and CPU seconds), the write (Kineto's serializer into the pipe, the gzip pump, the
-summary, then the op table: wall to the rename, and CPU seconds of every thread but the
-finalizer's to the final manifest), JSON MB per second of the write's CPU time (per core), the
-stop to the trace on disk, the gzip'd size, and the free of Kineto's and torch's buffers, which
-comes after the final manifest (CPU seconds from then until the profiler is dropped, which
-waits for it) and the JSON per core counting it too.
+summary, then the op table and the free: wall to the rename, and CPU seconds of every thread but
+the finalizer's to the end), JSON MB per second of
+the write's CPU time (per core), the stop to the trace on disk, and the gzip'd size.
 `--one-core` pins the process to one CPU first, as vLLM's CPU workers are pinned (the writer's
 threads then share the core left to them).
 
@@ -108,11 +106,6 @@ def capture(level: int, serializer: str, ops: int) -> dict:
         process_cpu = cpu_of_process() - process_cpu
         (manifest,) = [json.load(open(m)) for m in glob.glob(out + "/*.stepscope.json")]
         p.shutdown()
-        # Dropping the profiler joins its writer's threads, which end once the capture's
-        # buffers are freed.
-        written_cpu = cpu_of_process()
-        del p
-        free_cpu = cpu_of_process() - written_cpu
     if manifest["status"] != "complete":
         raise RuntimeError(f"the trace was not written: {manifest.get('error')}")
     json_mb = manifest["json_bytes"] / 1e6
@@ -131,10 +124,8 @@ def capture(level: int, serializer: str, ops: int) -> dict:
         "write_cpu_s": write_cpu,
         "mb_s_per_core": json_mb / write_cpu if write_cpu > 0 else float("nan"),
         "on_disk_s": on_disk,
-        # The op table and the final manifest, after the rename.
+        # The op table, the free of Kineto's buffers and the final manifest, after the rename.
         "after_rename_s": on_disk - manifest["writer_seconds"],
-        "free_cpu_s": free_cpu,
-        "mb_s_per_core_with_free": json_mb / (write_cpu + free_cpu) if write_cpu + free_cpu > 0 else float("nan"),
     }
 
 
@@ -159,10 +150,10 @@ def main() -> None:
     cores = "one core" if args.one_core else f"{len(os.sched_getaffinity(0))} cores"
     print(f"medians of {args.rounds} captures per variant, {args.ops} ops each, Python stacks, {cores}")
     head = ("level", "serializer", "JSON MB", "gz MB", "finalize s", "(CPU s)", "write s", "(CPU s)",
-            "MB/s/core", "stop→disk s", "after rename", "free CPU s", "with free")  # fmt: skip
+            "MB/s/core", "stop→disk s", "after rename")  # fmt: skip
     print("".join(f"{h:>13}" for h in head))
     keys = ("json_mb", "gz_mb", "finalize_s", "finalize_cpu_s", "write_s", "write_cpu_s",
-            "mb_s_per_core", "on_disk_s", "after_rename_s", "free_cpu_s", "mb_s_per_core_with_free")  # fmt: skip
+            "mb_s_per_core", "on_disk_s", "after_rename_s")  # fmt: skip
     for lvl, ser in variants:
         cells = [statistics.median(r[k] for r in runs[(lvl, ser)]) for k in keys]
         print(f"{lvl:>13}{ser:>13}" + "".join(f"{c:>13.2f}" if c < 100 else f"{c:>13.0f}" for c in cells))

@@ -109,16 +109,6 @@ pub trait Backend: Send {
         Ok(())
     }
 
-    /// Whether memory this backend's earlier captures hold is still to be freed (a trace not yet
-    /// written, or written and its buffers not yet released: the stop's waiters do not wait for
-    /// that). The process shrinks as it goes, so the capture budget measures a window begun
-    /// meanwhile from the lower of the process's memory at its start and at its first reading
-    /// once this says no. Asked as each window starts, then at the budget's memory readings
-    /// until it says no; the default: nothing is freed behind the engine's back.
-    fn memory_settling(&self) -> bool {
-        false
-    }
-
     /// The running window ends; `stop` follows at once. A backend that writes a trace records
     /// a cut in it and its manifest, and counts what the capture holds against the budget.
     fn window_ends(&mut self, _end: &WindowEnd) {}

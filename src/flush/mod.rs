@@ -39,4 +39,4 @@ pub use in_flight::{flushing_marker_of, flushing_markers};
 #[cfg(feature = "torch-dynamic")]
 pub(crate) use stale::clean_stale;
 #[cfg(feature = "torch-dynamic")]
-pub(crate) use writer::{captures_unfreed, Capture, HowToWrite, Job, Settings, Trace, Writer};
+pub(crate) use writer::{Capture, HowToWrite, Job, Settings, Trace, Writer};

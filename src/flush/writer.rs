@@ -13,17 +13,12 @@
 //! - `{stem}.stepscope.json`: the manifest, written `"writing"` when the job begins and
 //!   `"complete"` or `"failed"` (with the error) when it ends. A job still running when the
 //!   writer is dropped and the flush timeout passes is marked `"unfinished"`.
-//!
-//! The capture's buffers are freed after its final manifest, on the saver thread: a stop's
-//! waiters go on without waiting for the free ([`captures_unfreed`] counts what is left).
 
 use std::fs::{self, File};
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{
-    AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
-};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -122,24 +117,6 @@ type Held = Arc<AtomicU64>;
 fn sessions_finalizing() -> &'static PendingWrites {
     static FINALIZING: OnceLock<PendingWrites> = OnceLock::new();
     FINALIZING.get_or_init(PendingWrites::default)
-}
-
-/// Captures of this process, any writer's, whose buffers are not yet freed: from `submit` until
-/// they are dropped, which is after their trace's final manifest (freeing Kineto's and torch's
-/// buffers of a 14 MB trace took 0.13-0.16 s of CPU, and the stop to disk was 0.12-0.15 s
-/// sooner without it: `scripts/bench_writer.py`).
-/// The process's memory drops as they go: what the capture budget must not take for a new
-/// window's own shrinking (`Backend::memory_settling`).
-static UNFREED: AtomicUsize = AtomicUsize::new(0);
-
-/// How many captures of this process are not yet freed ([`UNFREED`]).
-pub(crate) fn captures_unfreed() -> usize {
-    UNFREED.load(Acquire)
-}
-
-/// A capture's buffers are gone: after they are dropped, never before.
-fn freed() {
-    UNFREED.fetch_sub(1, Release);
 }
 
 /// Two threads: the finalizer runs the expensive half of `disableProfiler` (Kineto must finish
@@ -267,7 +244,6 @@ impl Writer {
         self.finalizing.begin();
         let held_bytes = job.held_bytes;
         self.held.fetch_add(held_bytes, Relaxed);
-        UNFREED.fetch_add(1, Relaxed);
         in_flight_begin(self.settings.flush_timeout);
         let sent = self
             .tx
@@ -279,8 +255,6 @@ impl Writer {
                 .finish_trace(&manifest_path, Status::Failed, Some(why.into()));
             self.finalizing.finish();
             self.held.fetch_sub(held_bytes, Relaxed);
-            // The job came back in the send's error, dropped with it above.
-            freed();
             in_flight_end(1);
             self.in_flight.lock().retain(|(p, _)| *p != manifest_path);
             return Err(Error::backend("torch", why));
@@ -394,7 +368,7 @@ struct Done {
 }
 
 /// Records a job's end: its final manifest, then its place in the pending count and in what
-/// the queue holds (its buffers are freed after, [`captures_unfreed`]).
+/// the queue holds (its buffers are freed by then).
 fn conclude(manifest_path: &Path, manifest: &Manifest, held_bytes: u64, done: &Done) {
     // Leave the in-flight list first (under its lock), so a concurrent drop cannot mark this
     // job unfinished after its final manifest is written.
@@ -454,8 +428,6 @@ fn finalize_loop(
                     manifest.status = Status::Failed;
                     manifest.error = Some("the trace writer has stopped".into());
                     conclude(&f.manifest_path, &manifest, f.held_bytes, done);
-                    drop(f.result);
-                    freed();
                 }
             }
             Err(e) => {
@@ -463,8 +435,6 @@ fn finalize_loop(
                 manifest.status = Status::Failed;
                 manifest.error = Some(e.to_string());
                 conclude(&manifest_path, &manifest, job.held_bytes, done);
-                // The session went with its failed finalize.
-                freed();
             }
         }
     }
@@ -506,13 +476,12 @@ fn save_loop(settings: &Settings, rx: &Receiver<Finalized>, done: &Done) {
                 manifest.error = Some(e.to_string());
             }
         }
-        conclude(&job.manifest_path, &job.manifest, job.held_bytes, done);
-        // The trace (Kineto's buffers) is freed here, on this thread, once the stop's waiters
-        // have gone on. A window begun meanwhile would take this memory for its own shrinking
-        // (tried with the free simply moved: a live test's window, cut at 13 MB of growth,
-        // held 2 GB of JSON): the count tells the budget it is still going.
+        // The trace (Kineto's buffers) is freed here, on this thread, before the stop's waiters
+        // go on: a window begun at once takes the process's memory as its budget's baseline,
+        // and buffers still being freed then would hide that much of its growth (tried: a
+        // window cut at 13 MB of growth held 2 GB of JSON).
         drop(job.result);
-        freed();
+        conclude(&job.manifest_path, &job.manifest, job.held_bytes, done);
     }
 }
 
@@ -631,21 +600,20 @@ fn write_job(
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-    use std::sync::mpsc;
 
     use stepscope_test_doubles::Scratch;
 
     use super::*;
 
     /// A capture whose trace is written straight to the path (as a serializer that does not go
-    /// through `{path}.tmp`: the pump, never opened, must be let go), and whose drop waits
-    /// until the test lets it go, then says it is done.
-    struct Fake(Arc<AtomicBool>, Option<mpsc::Receiver<()>>);
-    struct FakeTrace(Arc<AtomicBool>, Option<mpsc::Receiver<()>>);
+    /// through `{path}.tmp`: the pump, never opened, must be let go), and that says when it is
+    /// dropped.
+    struct Fake(Arc<AtomicBool>);
+    struct FakeTrace(Arc<AtomicBool>);
 
     impl Capture for Fake {
-        fn finalize(mut self: Box<Self>) -> Result<Box<dyn Trace>> {
-            Ok(Box::new(FakeTrace(Arc::clone(&self.0), self.1.take())))
+        fn finalize(self: Box<Self>) -> Result<Box<dyn Trace>> {
+            Ok(Box::new(FakeTrace(Arc::clone(&self.0))))
         }
     }
 
@@ -657,18 +625,14 @@ mod tests {
 
     impl Drop for FakeTrace {
         fn drop(&mut self) {
-            if let Some(release) = self.1.take() {
-                let _ = release.recv_timeout(Duration::from_secs(120));
-            }
             self.0.store(true, SeqCst);
         }
     }
 
     #[test]
-    fn a_trace_is_freed_after_its_waiters_go_on_and_counted_until_then() {
-        // The stop's waiters go on once the manifest is final, not after the free; a window
-        // begun before the free is done asks the count (`Backend::memory_settling`), which
-        // must not say "freed" while the buffers are still there.
+    fn a_trace_is_freed_before_its_waiters_go_on() {
+        // A window begun as soon as a stop's wait returns takes the process's memory as its
+        // budget's baseline: the stopped capture's buffers must be gone by then.
         let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
         let dir = Scratch::empty("writer-freed");
         let mut writer = Writer::new(Settings {
@@ -678,11 +642,10 @@ mod tests {
         });
         for time_ns in 1..=3 {
             let dropped = Arc::new(AtomicBool::new(false));
-            let (release, held) = mpsc::channel();
             let mut manifest = Manifest::default();
             manifest.captured.worker_name = "w".into();
             let job = Job {
-                session: Box::new(Fake(Arc::clone(&dropped), Some(held))),
+                session: Box::new(Fake(Arc::clone(&dropped))),
                 time_ns,
                 queued: Instant::now(),
                 manifest,
@@ -694,21 +657,9 @@ mod tests {
                 writer.pending().wait(Duration::from_secs(120)),
                 "not written"
             );
+            assert!(dropped.load(SeqCst), "the trace outlived its write's end");
             let written = writer.pending().traces_since(0);
             assert_eq!(written.last().map(|t| t.status), Some(Status::Complete));
-            // Its free is held: the waiters went on without it, and the count still has it.
-            assert!(!dropped.load(SeqCst), "the waiters waited for the free");
-            assert_eq!(captures_unfreed(), 1);
-            release.send(()).expect("the free is waiting");
-            let deadline = Instant::now() + Duration::from_secs(120);
-            while captures_unfreed() > 0 {
-                assert!(Instant::now() < deadline, "the free never ended");
-                thread::sleep(Duration::from_millis(1));
-            }
-            assert!(
-                dropped.load(SeqCst),
-                "counted as freed before its buffers were"
-            );
         }
     }
 }

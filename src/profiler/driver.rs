@@ -18,14 +18,10 @@ use crate::schedule::{
 use crate::sys::Rss;
 
 /// What the budget measures a running window from: when its backend started and the
-/// process's resident memory then, lowered once by what earlier captures freed meanwhile.
+/// process's resident memory then.
 pub(super) struct Meter {
     began: Instant,
     rss: Option<u64>,
-    /// Earlier captures' memory was still to be freed when the window began
-    /// ([`Backend::memory_settling`]): the first reading after the free takes the lower of
-    /// `rss` and the memory then as the window's baseline.
-    settling: bool,
     /// Steps since the last check.
     since: u32,
     /// The window's age at the last reading of its memory; none yet: the first check reads
@@ -447,7 +443,6 @@ impl Inner {
         self.meter = Some(Meter {
             began: Instant::now(),
             rss: self.rss.as_ref().and_then(|r| r.bytes().ok()),
-            settling: self.backend.memory_settling(),
             since: 0,
             memory_read_at_ns: None,
         });
@@ -488,15 +483,6 @@ impl Inner {
             .is_none_or(|at| age.saturating_sub(at) >= READ_MEMORY_EVERY_NS);
         if read_memory {
             meter.memory_read_at_ns = Some(age);
-            if meter.settling && !self.backend.memory_settling() {
-                // What earlier captures freed since the window began is not the window's: from
-                // here it is measured from the lower of the two. Hidden: what the window grew
-                // until this reading, as far as the free made room for it.
-                meter.settling = false;
-                if let Some(now) = self.rss.as_ref().and_then(|r| r.bytes().ok()) {
-                    meter.rss = meter.rss.map(|then| then.min(now));
-                }
-            }
         }
         let grew = read_memory.then(|| self.window_growth()).flatten();
         let Some(cut) = self.budget.judge(step, grew, age) else {

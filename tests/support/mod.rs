@@ -39,8 +39,6 @@ pub struct Recording {
     pub requests: Arc<Mutex<Vec<StepRequests>>>,
     /// The capture budget's cuts, in order.
     pub cuts: Arc<Mutex<Vec<stepscope::schedule::CutShort>>>,
-    /// What `memory_settling` answers: earlier captures' memory is still to be freed.
-    pub settling: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Recording {
@@ -106,9 +104,6 @@ impl Recording {
 impl Backend for Recording {
     fn name(&self) -> &str {
         "recording"
-    }
-    fn memory_settling(&self) -> bool {
-        self.settling.load(std::sync::atomic::Ordering::SeqCst)
     }
     fn start(&mut self, capture: &CaptureStart<'_>) -> Result<()> {
         self.push(Call::Start {

@@ -328,11 +328,6 @@ impl Backend for TorchBackend {
         Ok(())
     }
 
-    fn memory_settling(&self) -> bool {
-        // Any writer's in the process: Kineto's memory and the process's are one.
-        flush::captures_unfreed() > 0
-    }
-
     fn window_ends(&mut self, end: &WindowEnd) {
         if let Some(session) = self.session.as_mut() {
             session.cut_short = end.cut_short;
