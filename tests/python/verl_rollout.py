@@ -59,6 +59,12 @@ class WriteHeld:
         return got
 
 
+def room(path: Path) -> int:
+    """Bytes free for this process on the filesystem of ``path``."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 def relocate(src: Path, dst: Path, prefix: str) -> list[str]:
     """verl's ``relocate_rollout_traces``: every entry of the replica's directory moved into
     ``save_path`` with the replica prefix, at once after the stop returns."""
@@ -182,8 +188,7 @@ async def main(workdir: Path, trace_dir: Path, save_path: Path, result_path: Pat
     # A full disk: a start is refused, over HTTP and through AsyncLLM, naming the key (and
     # logged as such: the log before this line holds no failure).
     print(REFUSALS_BEGIN, flush=True)
-    st = os.statvfs(trace_dir)
-    free = st.f_bavail * st.f_frsize
+    free = room(trace_dir)
     filler = trace_dir / "filler"
     with open(filler, "wb") as f:
         f.truncate(0)
@@ -206,13 +211,12 @@ async def main(workdir: Path, trace_dir: Path, save_path: Path, result_path: Pat
     filler.unlink()
     # Room again: a session starts and stops (with its trace on disk) as before. Its traces'
     # size goes with its length (the log says both, for a disk that proves too small).
-    st = os.statvfs(trace_dir)
-    print(f"== room for the last session: {st.f_bavail * st.f_frsize >> 20} MB", flush=True)
+    print(f"== room for the last session: {room(trace_dir) >> 20} MB", flush=True)
     began = time.perf_counter()
     await engine.start_profile()
     await generate(2)
     await engine.stop_profile()
-    sizes = {name: (trace_dir / name).stat().st_size for name in sorted(os.listdir(trace_dir))}
+    sizes = {name: (trace_dir / name).stat().st_size for name in os.listdir(trace_dir)}
     print(f"== the last session: {time.perf_counter() - began:.1f} s, files {sizes}", flush=True)
     result["after_room"] = sorted(sizes)
 
