@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from live_vllm import MODEL_CONFIG, free_port  # noqa: E402
 
-#: The disk space a start needs here (``stepscope.min_free_disk_mb``, set by the test).
-MIN_FREE_MB = 8
+#: The disk space a start needs here: ``stepscope.min_free_disk_mb`` as the test sets it.
+MIN_FREE_MB = json.loads(os.environ["STEPSCOPE_CONFIG"])["stepscope"]["min_free_disk_mb"]
 #: The line printed before the refusals, which are logged as errors by vLLM.
 REFUSALS_BEGIN = "== the refusals begin"
 
