@@ -49,11 +49,13 @@ impl Slot {
 /// Memory the traces being read at once may take together.
 pub(crate) const MEMORY_BUDGET: u64 = 192 << 20;
 
-/// Memory one trace's reading takes, estimated: buffers (under 1 MiB: a few gunzipped chunks of
-/// 144 KiB, and the parser's window when an event outgrows a chunk's room; 8 MiB allowed), plus
-/// what the summary keeps, which grows with the events. On the 35 MB bench trace (1.8 MB of
-/// gzip) the whole process peaked at 8.7 MB of RSS (`scripts/bench_read.py`): the allowance of
-/// 4 bytes per byte of gzip is above that.
+/// Memory one trace's reading takes, estimated: buffers (under 3 MiB: the gunzipped chunks of
+/// 144 KiB in flight, a dozen where a large trace is scanned ahead of its summary, with the
+/// events scanned from them; the parser's window when an event outgrows a chunk's room; 8 MiB
+/// allowed), plus what the summary keeps, which grows with the events. On the 35 MB bench
+/// trace (1.8 MB of gzip) the whole process peaked at 8.7 MB of RSS (`scripts/bench_read.py`),
+/// 10.8 MB scanned ahead (`/usr/bin/time`): the allowance of 4 bytes per byte of gzip is above
+/// that.
 fn reading_cost(path: &Path) -> u64 {
     let size = std::fs::metadata(path).map_or(0, |m| m.len());
     let gz = path.extension().is_some_and(|e| e == "gz");

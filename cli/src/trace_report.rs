@@ -65,6 +65,6 @@ impl TraceReport {
 /// Reads and analyzes one trace, streaming it. `top`: kernel and operator names kept (0: all).
 pub fn analyze_file(path: &Path, top: usize) -> Result<TraceReport, TraceError> {
     let mut summarizer = Summarizer::new();
-    let meta = trace::read_events(path, &mut summarizer)?;
+    let meta = trace::read_events_ahead(path, &mut summarizer)?;
     Ok(TraceReport::new(path, summarizer.finish(meta, top)))
 }

@@ -172,6 +172,66 @@ fn figures_match_the_raw_json_on_real_traces() {
     }
 }
 
+/// A trace of over 4 MB of JSON is scanned on a thread of its own, ahead of the summary
+/// (`read_events_ahead`), a plain file's chunks read there too; a smaller one on the summary's
+/// thread. Each trace gunzipped to plain JSON reads as its `.gz` does, and the large ones as
+/// the library's one-thread stream reads them (the manifests' summaries).
+#[test]
+fn large_and_small_traces_read_the_same_gzipped_plain_and_on_one_thread() {
+    let dir = scratch("plain");
+    let names = [
+        "trace_diff__control__control",
+        "ns_resolution_trace__rank-0.Apr_03_18_51_38.1102.pt.trace",
+        "trace_filter__sampled_rank-1",
+    ];
+    for name in names {
+        let gz = data(&format!("{name}.json.gz"));
+        std::fs::copy(&gz, dir.join(format!("{name}.json.gz"))).unwrap();
+        let mut json = Vec::new();
+        std::io::Read::read_to_end(
+            &mut flate2::read::MultiGzDecoder::new(std::fs::File::open(&gz).unwrap()),
+            &mut json,
+        )
+        .unwrap();
+        std::fs::write(dir.join(format!("{name}.json")), json).unwrap();
+    }
+    let reports = |args: &[&str]| -> Vec<Value> {
+        let doc = analyze_json_top("20", args);
+        doc["traces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let mut t = t.clone();
+                t.as_object_mut().unwrap().remove("file");
+                t
+            })
+            .collect()
+    };
+    for name in names {
+        let gz = dir.join(format!("{name}.json.gz"));
+        let plain = dir.join(format!("{name}.json"));
+        let from_gz = reports(&[gz.to_str().unwrap()]);
+        assert_eq!(from_gz.len(), 1, "{name}");
+        assert_eq!(reports(&[plain.to_str().unwrap()]), from_gz, "{name}");
+    }
+    write_manifests(&dir);
+    for name in &names[..2] {
+        let gz = dir.join(format!("{name}.json.gz"));
+        let one = Scratch::empty(&format!("analyze-plain-{}", &name[..8]));
+        std::fs::copy(&gz, one.join(gz.file_name().unwrap())).unwrap();
+        let manifest = format!("{name}.stepscope.json");
+        std::fs::copy(dir.join(&manifest), one.join(&manifest)).unwrap();
+        let d = one.to_str().unwrap();
+        let mut from_manifest = reports(&[d]);
+        let mut from_trace = reports(&[d, "--from-traces"]);
+        for t in from_manifest.iter_mut().chain(from_trace.iter_mut()) {
+            t.as_object_mut().unwrap().remove("source");
+        }
+        assert_eq!(from_trace, from_manifest, "{name}");
+    }
+}
+
 #[test]
 fn the_big_trace_reads_as_a_person_would_expect() {
     let doc = analyze_json(&[data("trace_diff__control__control.json.gz")

@@ -93,7 +93,7 @@ fn graph_captures(paths: &[PathBuf]) -> Result<Option<CaptureMap>, crate::Error>
     let mut map = CaptureMap::default();
     for file in crate::trace::expand(paths)? {
         let mut reader = CaptureReader::default();
-        crate::trace::read_events(&file, &mut reader)?;
+        crate::trace::read_events_ahead(&file, &mut reader)?;
         let (regions, skipped) = (map.regions.len(), map.skipped.len());
         map.extend(reader, &file.display().to_string());
         eprintln!(
@@ -122,7 +122,7 @@ fn graph_captures(paths: &[PathBuf]) -> Result<Option<CaptureMap>, crate::Error>
 /// The operators inside one trace's graph replays.
 fn replay_ops(map: &CaptureMap, file: &Path) -> Result<GraphOps, crate::trace::TraceError> {
     let mut reader = ReplayReader::default();
-    crate::trace::read_events(file, &mut reader)?;
+    crate::trace::read_events_ahead(file, &mut reader)?;
     Ok(graph_ops(map, reader))
 }
 

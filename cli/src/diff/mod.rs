@@ -135,7 +135,7 @@ fn source_file(s: &Source) -> &Path {
 /// Reads a trace with its per-step breakdown.
 fn read_capture(path: &Path) -> Result<Capture, TraceError> {
     let mut sink = Summarizer::with_breakdown();
-    let meta = trace::read_events(path, &mut sink)?;
+    let meta = trace::read_events_ahead(path, &mut sink)?;
     let (summary, breakdown) = sink.finish_with_breakdown(meta, 0);
     Ok(Capture {
         rank: summary.rank.or_else(|| trace::rank_from_name(path)),

@@ -28,6 +28,7 @@
 //! # Ok::<(), stepscope_format::trace::StreamError>(())
 //! ```
 
+mod ahead;
 mod breakdown;
 mod event;
 mod explain;
@@ -40,6 +41,7 @@ mod stream;
 mod summarizer;
 mod summary;
 
+pub use ahead::{ScanAhead, Scanned};
 pub use breakdown::{Breakdown, NameCategory, NameTime};
 pub use event::{Args, DeviceProperties, Event, Id, Meta, NodeKind, RawArgs};
 pub use explain::KERNEL_WAIT_US;

@@ -203,13 +203,11 @@ impl EventStream {
         let Some(bytes) = chunk.get(CHUNK_HEADROOM..).filter(|b| !b.is_empty()) else {
             return Ok(chunk);
         };
-        let left = self.buf.len() - self.pos;
-        // What a cut value waits for is not all in this chunk, or the cut part does not fit
-        // the room: copied, as `feed` does.
-        if left > CHUNK_HEADROOM || left + bytes.len() < self.want {
+        if !self.reads_in_place(bytes.len()) {
             self.feed(bytes, sink)?;
             return Ok(chunk);
         }
+        let left = self.buf.len() - self.pos;
         let at = CHUNK_HEADROOM - left;
         chunk[at..CHUNK_HEADROOM].copy_from_slice(&self.buf[self.pos..]);
         // `buf[pos]` and `chunk[at]` are the same byte of the document.
@@ -223,8 +221,29 @@ impl EventStream {
         Ok(spent)
     }
 
+    /// Whether [`EventStream::feed_chunk`] reads a chunk of `bytes` bytes of the document
+    /// where it lies (`false`: copied, as [`EventStream::feed`] does): not when what a cut value
+    /// waits for is not all in the chunk, or the cut part does not fit the chunk's room.
+    pub(super) fn reads_in_place(&self, bytes: usize) -> bool {
+        let left = self.buf.len() - self.pos;
+        left <= CHUNK_HEADROOM && left + bytes >= self.want
+    }
+
+    /// The bytes buffered: those a chunk read in place holds, until the next chunk replaces it.
+    pub(super) fn buffered(&self) -> &[u8] {
+        &self.buf
+    }
+
     /// Ends the document: an error if it is incomplete. Returns the top-level metadata.
-    pub fn finish<S: EventSink>(mut self, sink: &mut S) -> Result<Meta, StreamError> {
+    pub fn finish<S: EventSink>(self, sink: &mut S) -> Result<Meta, StreamError> {
+        self.finish_with_buffer(sink).map(|(meta, _)| meta)
+    }
+
+    /// [`EventStream::finish`], giving back the buffer too (the last chunk read in place).
+    pub(super) fn finish_with_buffer<S: EventSink>(
+        mut self,
+        sink: &mut S,
+    ) -> Result<(Meta, Vec<u8>), StreamError> {
         self.drain(sink, true)?;
         if self.state != State::Done {
             return Err(self.error(self.buf.len(), "the JSON ends early (truncated trace)"));
@@ -237,7 +256,7 @@ impl EventStream {
                 kind: StreamErrorKind::NotATrace,
             });
         }
-        Ok(self.meta)
+        Ok((self.meta, self.buf))
     }
 
     /// Reads a whole document from `source`, reading into the buffer directly.
@@ -326,6 +345,7 @@ impl EventStream {
             (State::Start, b'{') => State::Key { first: true },
             (State::Start, b'[') => {
                 self.meta.has_events = true;
+                self.meta.version += 1;
                 State::FirstEvent { bare: true }
             }
             (State::Start, _) => return Err(expect("a trace object or an event array")),
@@ -351,6 +371,7 @@ impl EventStream {
             (State::Colon(_), _) => return Err(expect("':'")),
             (State::Value(Key::Events), b'[') => {
                 self.meta.has_events = true;
+                self.meta.version += 1;
                 State::FirstEvent { bare: false }
             }
             (State::Value(Key::Events), _) => return Err(expect("the traceEvents array")),
@@ -385,6 +406,7 @@ impl EventStream {
                     }
                     Key::Events | Key::Other => {}
                 }
+                self.meta.version += 1;
                 self.pos += len;
                 self.state = State::AfterValue;
                 return Ok(Progress::Moved);
