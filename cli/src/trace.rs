@@ -284,30 +284,71 @@ const HAND_OVER: usize = 256 << 10;
 const PLAIN_CHUNK: usize = PREFETCH_CHUNK;
 
 /// [`read_events`] for a sink of [`Event`]s. A trace of [`SMALL_TRACE`] bytes of JSON or
-/// more is read in three stages on threads of their own: gunzip (for a `.gz`), scanning
-/// ([`ScanAhead`]) and the sink on this thread, so that on a machine of two cores the cores
-/// share the work instead of the scan and the sink taking turns on one (HTA's 15 and 35 MB
-/// traces: the whole command 0.83x and 0.85x the time, with the faster reading of fractional
-/// times in `scan.rs`; medians of 40 runs taken in turn with the code before).
-/// A smaller one is read as [`read_events`] reads it: there the hand-overs cost more than they
-/// give (HTA's 1.7 MB rank-1 trace: 1.14-1.26x the time). The events, their order and the
-/// metadata each is given are those [`read_events`] gives (`stepscope_format`'s
-/// `events_scanned_ahead_are_those_the_stream_gives`, and this crate's
-/// `large_and_small_traces_read_the_same_gzipped_plain_and_on_one_thread`).
+/// more, read while no other is, is read in three stages on threads of their own: gunzip (for a
+/// `.gz`), scanning ([`ScanAhead`]) and the sink on this thread, so that on a machine of two
+/// cores the cores share the work instead of the scan and the sink taking turns on one (HTA's
+/// 15 and 35 MB traces: the whole command 0.83x and 0.85x the time, with the faster reading of
+/// fractional times in `scan.rs`; medians of 40 runs taken in turn with the code before). A
+/// smaller one is read as [`read_events`] reads it: there the hand-overs cost more than they
+/// give (HTA's 1.7 MB rank-1 trace: 1.14-1.26x the time); so is a trace read while another is
+/// (`analyze` of several reads them a core each). The events, their order and the metadata
+/// each is given are those [`read_events`] gives (`stepscope_format`'s
+/// `events_scanned_ahead_are_those_the_stream_gives`; here `scanned_ahead_or_not_a_sink_is_given_the_same`).
 pub fn read_events_ahead<S>(path: &Path, sink: &mut S) -> Result<Meta, TraceError>
 where
     S: for<'de> EventSink<Event<'de> = Event<'de>>,
 {
     let Opened { source, small } = open_source(path)?;
-    if small {
-        return read_source(source, sink).map_err(|e| read_error(path, e));
+    let reading = Reading::start();
+    let read = if small || reading.others > 0 {
+        read_source(source, sink)
+    } else {
+        read_ahead(source, sink)
+    };
+    read.map_err(|e| read_error(path, e))
+}
+
+/// Traces being read by [`read_events_ahead`] now.
+static READING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One trace's reading, counted in [`READING`] while it lasts.
+struct Reading {
+    /// Those being read besides this one when it began.
+    others: usize,
+}
+
+impl Reading {
+    fn start() -> Self {
+        Reading {
+            others: READING.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
     }
-    let read = std::thread::scope(|scope| {
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        READING.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Streams `source`'s events into `sink` on this thread, scanned on a thread of its own
+/// ([`read_events_ahead`]).
+fn read_ahead<S>(source: Source, sink: &mut S) -> Result<Meta, ReadError>
+where
+    S: for<'de> EventSink<Event<'de> = Event<'de>>,
+{
+    std::thread::scope(|scope| {
         // One batch waits while the next is scanned: each more in flight is HAND_OVER bytes
         // of buffers more, their pages faulted.
         let (tx, scanned) = sync_channel::<Ahead>(1);
         let (spent, back) = sync_channel::<Vec<u8>>(RECYCLED);
-        scope.spawn(move || scan_ahead(source, &tx, &back));
+        std::thread::Builder::new()
+            .spawn_scoped(scope, move || scan_ahead(source, &tx, &back))
+            .map_err(|e| {
+                ReadError::Io(std::io::Error::other(format!(
+                    "cannot start a thread to read it: {e}"
+                )))
+            })?;
         let mut meta = Meta::default();
         loop {
             match scanned.recv() {
@@ -332,8 +373,7 @@ where
                 }
             }
         }
-    });
-    read.map_err(|e| read_error(path, e))
+    })
 }
 
 /// The scanning thread of [`read_events_ahead`]: reads `source`'s chunks (gunzipped on the
@@ -445,6 +485,103 @@ pub fn rank_from_name(path: &Path) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
+    use stepscope_test_doubles::Scratch;
+
+    /// Each event as text, with the rank it was given.
+    #[derive(Default)]
+    struct Record(Vec<String>);
+
+    impl EventSink for Record {
+        type Event<'de> = Event<'de>;
+        fn event(&mut self, e: Event<'_>, meta: &Meta) {
+            let args = e.raw_args.and_then(|r| r.text()).map(str::len);
+            self.0.push(format!(
+                "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {args:?} {:?}",
+                e.ph, e.name, e.pid, e.tid, e.ts, e.ts_split, e.dur, meta.rank
+            ));
+        }
+    }
+
+    /// A trace of about 6 MB of JSON: escapes, string and number ids, args, events longer
+    /// than a chunk's room (copied by the stream), the rank read between two event arrays;
+    /// `fault` puts a syntax error near its end.
+    fn document(fault: bool) -> Vec<u8> {
+        let mut doc = String::from(r#"{"traceEvents": ["#);
+        for i in 0..24_000 {
+            // Not before the first event of each array.
+            if i > 0 && i != 12_001 {
+                doc.push_str(", ");
+            }
+            let name = if i % 5_000 == 7 {
+                "y".repeat(CHUNK_HEADROOM + 3_000)
+            } else {
+                // JSON escapes: a quote, and é as \u00e9.
+                format!(r#"op \"{i}\" \u00e9"#)
+            };
+            let tid = if i % 3 == 0 {
+                format!(r#""t{i}\u0031""#)
+            } else {
+                i.to_string()
+            };
+            doc.push_str(&format!(
+                r#"{{"ph": "X", "cat": "cpu_op", "name": "{name}", "pid": 1, "tid": {tid}, "ts": 1712195495505582.{:03}, "dur": {}.5, "args": {{"External id": {i}, "Input Dims": [[2048, 1], []]}}}}"#,
+                i % 1000,
+                i % 97
+            ));
+            if fault && i == 23_990 {
+                doc.push_str(", {\"ph\" 1}");
+            }
+            if i == 12_000 {
+                doc.push_str(r#"], "distributedInfo": {"rank": 4}, "traceEvents": ["#);
+            }
+        }
+        doc.push_str("]}");
+        doc.into_bytes()
+    }
+
+    #[test]
+    fn scanned_ahead_or_not_a_sink_is_given_the_same() {
+        let dir = Scratch::empty("trace-ahead");
+        std::fs::create_dir_all(&*dir).unwrap();
+        for fault in [false, true] {
+            let json = document(fault);
+            assert!(json.len() as u64 > SMALL_TRACE);
+            let plain = dir.join(format!("t{fault}.json"));
+            std::fs::write(&plain, &json).unwrap();
+            let gz = dir.join(format!("t{fault}.json.gz"));
+            let mut enc = flate2::write::GzEncoder::new(
+                File::create(&gz).unwrap(),
+                flate2::Compression::fast(),
+            );
+            enc.write_all(&json).unwrap();
+            enc.finish().unwrap();
+            for path in [&plain, &gz] {
+                let opened = open_source(path).unwrap();
+                assert!(!opened.small, "{}", path.display());
+                let mut one = Record::default();
+                let want = read_source(opened.source, &mut one).map_err(|e| read_error(path, e));
+                let mut ahead = Record::default();
+                let got = read_ahead(open_source(path).unwrap().source, &mut ahead)
+                    .map_err(|e| read_error(path, e));
+                match (got, want) {
+                    (Ok(got), Ok(want)) => {
+                        assert!(!fault);
+                        assert_eq!(ahead.0.len(), 24_000);
+                        assert_eq!(ahead.0, one.0, "{}", path.display());
+                        assert_eq!((got.rank, got.has_events), (want.rank, want.has_events));
+                        assert!(one.0[12_001].ends_with("Some(4)"), "{}", one.0[12_001]);
+                    }
+                    (Err(got), Err(want)) => {
+                        assert!(fault);
+                        assert_eq!(got, want);
+                        assert!(got.message.contains("event 23992"), "{got}");
+                    }
+                    (got, want) => panic!("{}: {got:?} against {want:?}", path.display()),
+                }
+            }
+        }
+    }
 
     #[test]
     fn ranks_come_from_file_names() {

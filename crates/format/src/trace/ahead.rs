@@ -11,7 +11,8 @@
 //! An event's strings are kept as ranges of the chunk they were scanned from while that chunk
 //! stays whole: a chunk read in place ([`EventStream::feed_chunk`]) is kept, unchanged, until
 //! the next chunk replaces it, and then handed over with the events read from it. Where the
-//! stream copies instead (an event longer than a chunk's room), or the scanner unescaped a
+//! stream copies instead (an event cut at a chunk's end that is longer than the next chunk's
+//! room, or a chunk shorter than what the cut event waits for), or the scanner unescaped a
 //! string, the event's text is copied: the bytes it borrows from are about to change.
 
 use std::borrow::Cow;
@@ -48,7 +49,9 @@ struct Spanned {
     raw_args: Option<Span>,
 }
 
-/// The events scanned from one chunk, with the chunk's bytes; see the module docs.
+/// Events scanned, in order, with the bytes they lie in (one chunk's); see the module docs.
+/// Those of two chunks where the stream copied the second: then the events are copies, and
+/// the bytes only a buffer given back for reuse.
 #[derive(Debug)]
 pub struct Scanned {
     bytes: Vec<u8>,
@@ -229,9 +232,20 @@ impl ScanAhead {
 
     /// Reads the next chunk (its bytes from [`CHUNK_HEADROOM`] on are the document's, as
     /// [`EventStream::feed_chunk`] takes them). Returns the events of the chunk before it with
-    /// that chunk's bytes (or, where the stream copied, a buffer done with and the events as
-    /// copies).
+    /// that chunk's bytes; where the stream copies this chunk, those events and this chunk's
+    /// too, all as copies, with a buffer done with. After an error the document is at fault and
+    /// the reader done: what it was holding is let go, and what it is fed after gives nothing
+    /// of it.
     pub fn feed_chunk(&mut self, chunk: Vec<u8>) -> Result<Scanned, StreamError> {
+        let read = self.read_chunk(chunk);
+        if read.is_err() {
+            // The pending events' bytes went with the stream's buffer.
+            self.pending = Batch::default();
+        }
+        read
+    }
+
+    fn read_chunk(&mut self, chunk: Vec<u8>) -> Result<Scanned, StreamError> {
         let bytes = chunk.len().saturating_sub(CHUNK_HEADROOM);
         if bytes == 0 {
             return Ok(Scanned {
@@ -395,10 +409,13 @@ mod tests {
     fn docs() -> Vec<Vec<u8>> {
         let long = "x".repeat(CHUNK_HEADROOM + 100);
         vec![
-            // Metadata before, between (a second key after the events) and after the events;
-            // escapes in names and ids; string and number ids; args of every shape.
+            // Metadata before the events and after them; escapes in names and ids; string and
+            // number ids; args of every shape.
             br#"{"distributedInfo": {"rank": 3, "world_size": 8}, "traceEvents": [{"name": "a", "ph": "X", "cat": "kernel", "pid": 0, "tid": "stream \"7\"", "ts": 1712195495505582.988, "dur": 4.5, "args": {"x": [1, {"y": "}]"}], "correlation": 9}}, {"name": "b\"q", "ts": 12.5}, {"name": "\u00e9", "pid": "p", "tid": 2}], "deviceProperties": [{"id": 0}], "stepscope": {"steps": [{"step": 4, "requests": ["r1"]}]}, "baseTimeNanoseconds": 17}"#.to_vec(),
             br#" [ {"ph": "X", "name": "n1"} , {"ph": "M", "args": {}} ] "#.to_vec(),
+            // Metadata between events: a second event array after another key (the stream
+            // reads each), so the rank changes in the middle of what one chunk holds.
+            br#"{"traceEvents": [{"name": "a", "tid": 1}, {"name": "b"}], "distributedInfo": {"rank": 2}, "baseTimeNanoseconds": 9, "traceEvents": [{"name": "c", "pid": "p1"}, {"name": "d"}], "distributedInfo": {"rank": 5}, "traceEvents": [{"name": "e"}]}"#.to_vec(),
             br#"{"traceEvents": []}"#.to_vec(),
             // An event longer than a chunk's room: the stream copies it.
             format!(
@@ -436,9 +453,31 @@ mod tests {
             }
         }
         // The metadata each event came with: the rank read before the first, the devices
-        // only once they were read.
+        // only once they were read; between arrays, the rank read between them.
         let (got, _) = ahead(&docs()[0], 7).unwrap();
         assert!(got[0].ends_with("rank Some(3) of Some(8), 0 devices, steps 0, base None"));
+        for n in [1, 10, 1000] {
+            let (got, _) = ahead(&docs()[2], n).unwrap();
+            let ranks: Vec<&str> = got
+                .iter()
+                .map(|e| &e[e.find("| rank ").unwrap() + 7..e.find(" of ").unwrap()])
+                .collect();
+            assert_eq!(
+                ranks,
+                ["None", "None", "Some(2)", "Some(2)", "Some(5)"],
+                "{n}"
+            );
+        }
+    }
+
+    #[test]
+    fn after_a_fault_nothing_pending_is_kept() {
+        let mut a = ScanAhead::new();
+        let doc = br#"{"traceEvents": [{"name": "a"}, {"name": "b"}, {"x" 1}]}"#;
+        a.feed_chunk(chunk(Vec::new(), &doc[..32])).unwrap();
+        assert!(!a.pending.events.is_empty());
+        assert!(a.feed_chunk(chunk(Vec::new(), &doc[32..])).is_err());
+        assert!(a.pending.events.is_empty());
     }
 
     #[test]

@@ -142,8 +142,10 @@ pub struct Meta {
     pub has_events: bool,
     /// `baseTimeNanoseconds`: Kineto's events' `ts` (µs) plus this is Unix time.
     pub base_time_ns: Option<u64>,
-    /// Bumped each time the reader writes a field above: how events scanned on one thread
-    /// carry, to the sink on another, the metadata each was read under ([`super::ahead`]).
+    /// Bumped each time the reader reads a top-level value (those above among them): how
+    /// events scanned on one thread carry, to the sink on another, the metadata each was read
+    /// under ([`super::ahead`]). Private: `Meta` is built by the reader, or as
+    /// `Meta::default()`.
     pub(crate) version: u64,
 }
 

@@ -15,9 +15,10 @@
 //! match, a scalar is a number or a literal — not for every rule of the grammar (a missing
 //! comma inside a skipped array is not reported).
 //!
-//! Numbers are read as JSON defines them and rounded correctly: a mantissa of up to 15 digits
-//! with up to 22 decimals (every timestamp Kineto writes) is exact in one division; others go
-//! to the standard library's parser.
+//! Numbers are read as JSON defines them and rounded correctly: a mantissa under 2^53 with up
+//! to 22 decimals (every timestamp Kineto writes in µs) is exact in one division; a longer one
+//! with a fraction, such as a nanosecond trace's `1712195495505582.988`, is its whole part
+//! plus its fraction ([`whole_plus_fraction`]); others go to the standard library's parser.
 //!
 //! Kept whole although it is long: it is one job, the scanner, whose parts (the types a sink
 //! takes an event as, the byte-level search, the number reader and the [`Scanner`] that walks
@@ -331,7 +332,8 @@ fn show(b: u8) -> String {
 /// value. With `w` at least 2^40 those midpoints are multiples of 2^-13; the exact fraction is
 /// either one of them (a dyadic fraction of 13 bits or fewer: exact as a double, no error) or at
 /// least `1 / (2^13 · 10^d)` from each, over 2^-54 for `d` up to 12. Outside those bounds,
-/// `None` (the standard parser).
+/// `None` (the standard parser). (A mantissa reaches here only with up to 19 digits, so with
+/// a whole of 13 digits or more `d` is at most 6: the bound on `d` never binds today.)
 fn whole_plus_fraction(m: u64, decimals: u32) -> Option<f64> {
     if !(1..=12).contains(&decimals) {
         return None;
@@ -1237,9 +1239,9 @@ mod tests {
     }
 
     /// The whole-plus-fraction path ([`whole_plus_fraction`]) against the standard parser:
-    /// every fraction of up to three digits on wholes at both ends of its range and at the
-    /// epoch's µs, the midpoints between doubles among them; then pseudo-random wholes and
-    /// fractions of up to 12 digits, and the bounds either side of the path.
+    /// every fraction of up to three digits on wholes near its top and at the epoch's µs (the
+    /// midpoints between doubles among them); fractions next to a midpoint in every binade of
+    /// the path, with as many decimals as fit 19 digits; and the bounds either side of it.
     #[test]
     fn times_with_a_fraction_are_rounded_correctly() {
         let check = |text: &str| {
@@ -1257,13 +1259,16 @@ mod tests {
                     check(&format!("-{text}"));
                     let doc = format!("{text},");
                     let n = Scanner::new(doc.as_bytes()).number().unwrap();
-                    taken += usize::from(whole_plus_fraction(n.mantissa.unwrap(), d).is_some());
+                    // Counted where `f64` takes the path: past the one-division one.
+                    let m = n.mantissa.unwrap();
+                    taken += usize::from(m >= 1 << 53 && whole_plus_fraction(m, d).is_some());
                 }
             }
         }
         assert!(taken > 3000, "the path was taken {taken} times");
-        // The hard cases: fractions next to a midpoint between two doubles, in every binade
-        // of the path, with as many decimals as fit 19 digits.
+        // Fractions next to a midpoint between two doubles, in every binade of the path, with
+        // as many decimals as fit 19 digits (at least 1e-10 from the midpoint, so the sum is
+        // exact there too: this checks the code, the proof covers the rest).
         let mut x = 0x9e37_79b9_7f4a_7c15_u64;
         let mut next = || {
             x ^= x << 13;
@@ -1290,15 +1295,24 @@ mod tests {
             }
         }
         assert!(near > 90_000, "{near}");
-        for text in [
-            "1099511627775.5",
-            "1099511627776.1",
-            "9007199254740991.9",
-            "9007199254740992.1",
-            "1099511627776.1234567890123",
-            "1712195495505.000000000001",
+        // Either side of the path's bounds, each with a mantissa past 2^53 (so past the
+        // one-division path): a whole just under 2^40 and 2^40 itself, 2^53 - 1 and 2^53.
+        for (text, taken) in [
+            ("1099511627775.999999", false),
+            ("1099511627776.000001", true),
+            ("9007199254740991.999", true),
+            ("9007199254740992.001", false),
         ] {
             check(text);
+            let doc = format!("{text},");
+            let n = Scanner::new(doc.as_bytes()).number().unwrap();
+            let m = n.mantissa.unwrap();
+            assert!(m >= 1 << 53, "{text}");
+            assert_eq!(
+                whole_plus_fraction(m, n.decimals).is_some(),
+                taken,
+                "{text}"
+            );
         }
     }
 
