@@ -55,10 +55,7 @@ struct Spanned {
 #[derive(Debug)]
 pub struct Scanned {
     bytes: Vec<u8>,
-    events: Vec<Spanned>,
-    /// The metadata the events from each index on were read under (a top-level key read
-    /// between two events), in order.
-    metas: Vec<(usize, Box<Meta>)>,
+    batch: Batch,
 }
 
 impl Scanned {
@@ -69,8 +66,8 @@ impl Scanned {
     where
         S: for<'de> EventSink<Event<'de> = Event<'de>>,
     {
-        let mut metas = self.metas.iter().peekable();
-        for (i, e) in self.events.iter().enumerate() {
+        let mut metas = self.batch.metas.iter().peekable();
+        for (i, e) in self.batch.events.iter().enumerate() {
             while let Some((_, m)) = metas.next_if(|(at, _)| *at == i) {
                 *meta = (**m).clone();
             }
@@ -87,13 +84,8 @@ impl Scanned {
     }
 
     /// Bytes held (the chunk's length).
-    pub fn len(&self) -> usize {
+    pub fn byte_len(&self) -> usize {
         self.bytes.len()
-    }
-
-    /// Whether it holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
     }
 
     fn bytes<'a>(&'a self, span: &'a Span) -> &'a [u8] {
@@ -104,21 +96,20 @@ impl Scanned {
         }
     }
 
-    fn text<'a>(&'a self, span: &'a Option<Span>) -> Option<Cow<'a, str>> {
+    fn str<'a>(&'a self, span: &'a Span) -> Cow<'a, str> {
         // The bytes were a `str` when scanned (checked as UTF-8 there) and are unchanged: the
         // check again costs what the scanner's ASCII fast path costs, and keeps this safe.
-        let bytes = self.bytes(span.as_ref()?);
-        Some(Cow::Borrowed(
-            std::str::from_utf8(bytes).unwrap_or_default(),
-        ))
+        Cow::Borrowed(std::str::from_utf8(self.bytes(span)).unwrap_or_default())
+    }
+
+    fn text<'a>(&'a self, span: &'a Option<Span>) -> Option<Cow<'a, str>> {
+        Some(self.str(span.as_ref()?))
     }
 
     fn id<'a>(&'a self, id: &'a Option<SpanId>) -> Option<Id<'a>> {
         Some(match id.as_ref()? {
             SpanId::Num(n) => Id::Num(*n),
-            SpanId::Str(s) => Id::Str(Cow::Borrowed(
-                std::str::from_utf8(self.bytes(s)).unwrap_or_default(),
-            )),
+            SpanId::Str(s) => Id::Str(self.str(s)),
         })
     }
 
@@ -149,9 +140,11 @@ struct Batcher<'x> {
 }
 
 /// Events scanned and the metadata they were read under, as [`Scanned`] holds them.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Batch {
     events: Vec<Spanned>,
+    /// The metadata the events from each index on were read under (a top-level key read
+    /// between two events), in order.
     metas: Vec<(usize, Box<Meta>)>,
 }
 
@@ -250,8 +243,7 @@ impl ScanAhead {
         if bytes == 0 {
             return Ok(Scanned {
                 bytes: chunk,
-                events: Vec::new(),
-                metas: Vec::new(),
+                batch: Batch::default(),
             });
         }
         let mut items = Batch::default();
@@ -267,11 +259,9 @@ impl ScanAhead {
                     version: &mut self.version,
                 },
             )?;
-            let done = std::mem::replace(&mut self.pending, items);
             return Ok(Scanned {
                 bytes: spent,
-                events: done.events,
-                metas: done.metas,
+                batch: std::mem::replace(&mut self.pending, items),
             });
         }
         // The stream copies the chunk into its buffer, which it then changes in place: the
@@ -290,8 +280,7 @@ impl ScanAhead {
         pending.append(items);
         Ok(Scanned {
             bytes: spent,
-            events: pending.events,
-            metas: pending.metas,
+            batch: pending,
         })
     }
 
@@ -313,15 +302,14 @@ impl ScanAhead {
         Ok((
             Scanned {
                 bytes,
-                events: items.events,
-                metas: items.metas,
+                batch: items,
             },
             meta,
         ))
     }
 }
 
-/// Copies the bytes of `items`' ranges of `bytes` out.
+/// Copies the bytes of `events`' ranges of `bytes` out.
 fn own(events: &mut [Spanned], bytes: &[u8]) {
     let own = |span: &mut Span| {
         if let Span::At(at, len) = *span {
