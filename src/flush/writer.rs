@@ -480,7 +480,12 @@ fn save_loop(settings: &Settings, rx: &Receiver<Finalized>, done: &Done) {
         // go on: a window begun at once takes the process's memory as its budget's baseline,
         // and buffers still being freed then would hide that much of its growth (tried: a
         // window cut at 13 MB of growth held 2 GB of JSON).
+        // Its CPU time is torch's cost, recorded apart (`free_seconds`) as Kineto's finalize is.
+        let cpu = crate::sys::thread_cpu();
         drop(job.result);
+        job.manifest.free_seconds = cpu
+            .zip(crate::sys::thread_cpu())
+            .map(|(before, after)| after.saturating_sub(before).as_secs_f64());
         conclude(&job.manifest_path, &job.manifest, job.held_bytes, done);
     }
 }
@@ -604,6 +609,7 @@ mod tests {
     use stepscope_test_doubles::Scratch;
 
     use super::*;
+    use crate::manifest::is_manifest_name;
 
     /// A capture whose trace is written straight to the path (as a serializer that does not go
     /// through `{path}.tmp`: the pump, never opened, must be let go), and that says when it is
@@ -625,6 +631,12 @@ mod tests {
 
     impl Drop for FakeTrace {
         fn drop(&mut self) {
+            // Work, as freeing a capture's buffers is: its CPU time is the manifest's
+            // `free_seconds`.
+            let mut x = 0u64;
+            for i in 0..1_000_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
             self.0.store(true, SeqCst);
         }
     }
@@ -660,6 +672,25 @@ mod tests {
             assert!(dropped.load(SeqCst), "the trace outlived its write's end");
             let written = writer.pending().traces_since(0);
             assert_eq!(written.last().map(|t| t.status), Some(Status::Complete));
+        }
+        // Each manifest says what the free cost the writer's thread.
+        let manifests: Vec<Manifest> = fs::read_dir(&dir)
+            .expect("the directory")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| is_manifest_name(&n.to_string_lossy()))
+            })
+            .map(|p| Manifest::read(&p).expect("a manifest"))
+            .collect();
+        assert_eq!(manifests.len(), 3);
+        for m in manifests {
+            assert_eq!(m.status, Status::Complete);
+            assert!(
+                m.free_seconds.is_some_and(|s| s > 0.0),
+                "{:?}",
+                m.free_seconds
+            );
         }
     }
 }

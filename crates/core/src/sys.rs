@@ -1,5 +1,5 @@
 //! What the operating system says about this process and its disk: resident memory, the
-//! memory the process may use, a directory's free space. A leaf: imports nothing of the crate.
+//! memory the process may use, a directory's free space, the CPU time of the calling thread. A leaf: imports nothing of the crate.
 //!
 //! Linux reads (`/proc`, cgroup v2/v1 files, `statvfs`); elsewhere each answers `None`, which
 //! the callers treat as "unknown" (a budget that cannot be measured is not enforced).
@@ -89,6 +89,20 @@ pub fn free_disk(dir: &Path) -> io::Result<u64> {
     Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
+/// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`); `None` where the
+/// clock cannot be read.
+pub fn thread_cpu() -> Option<std::time::Duration> {
+    // SAFETY: clock_gettime writes into the zeroed struct we own.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return None;
+    }
+    let secs = u64::try_from(ts.tv_sec).ok()?;
+    let nanos = u32::try_from(ts.tv_nsec).ok()?;
+    Some(std::time::Duration::new(secs, nanos))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,6 +124,24 @@ mod tests {
         assert_eq!(parse_u64(b""), None);
         assert_eq!(parse_u64(b"12a"), None);
         assert_eq!(parse_u64(b"99999999999999999999999"), None);
+    }
+
+    #[test]
+    fn a_thread_s_cpu_time_grows_with_its_work_only() {
+        let before = thread_cpu().expect("the thread's CPU clock");
+        // Work on this thread: its clock moves, by however little.
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+        let worked = thread_cpu().expect("the thread's CPU clock");
+        assert!(worked > before, "{before:?} -> {worked:?}");
+        // Another thread's work is not this thread's: its clock starts near zero.
+        let other = std::thread::spawn(thread_cpu)
+            .join()
+            .unwrap()
+            .expect("its clock");
+        assert!(other < worked, "{other:?} against {worked:?}");
     }
 
     #[test]
