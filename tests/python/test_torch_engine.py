@@ -490,3 +490,37 @@ def test_wait_written_returns_with_the_stops_traces_on_disk_and_names_one_not_wr
     assert failed["worker"] == "w0" and failed["status"] == "failed"
     assert "w0" in str(e.value) and failed["trace_file"] in str(e.value)
     tmp_path.unlink()
+
+
+def after_the_stop(a: torch.Tensor) -> torch.Tensor:
+    """Work run after a stop (test_the_op_table_leaves_out_what_began_after_the_stop)."""
+    for _ in range(MM_PER_ITERATION):
+        a = torch.mm(a, a) / 16
+    return a
+
+
+def test_the_op_table_leaves_out_what_began_after_the_stop(tmp_path):
+    # The stop only detaches the session; Kineto's Python tracer (with_stack, vLLM's default)
+    # records until the writer's finalize stops it, which needs the GIL. With the switch
+    # interval raised this thread keeps the GIL until it blocks (in flush()), so what it runs
+    # right after stop() is recorded, and began after the stop: the next steps' work in an
+    # engine. vLLM's table (torch's synchronous stop) never holds it.
+    p = stepscope.WorkerProfiler(config(tmp_path, torch_profiler_use_gzip=False), "late")
+    p.start()
+    engine(p, 2)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        p.stop()
+        after_the_stop(torch.ones(16, 16))
+    finally:
+        sys.setswitchinterval(interval)
+    assert p.flush(120)
+    events = read_trace(only(sorted(tmp_path.glob("late.*.pt.trace.json"))))
+    late = [e for e in spans(events, "python_function") if "after_the_stop" in e["name"]]
+    assert late, "the premise: the trace recorded the work after the stop"
+    table = (tmp_path / "late.profiler_out.txt").read_text()
+    assert "after_the_stop" not in table, table
+    # aten::mm's calls are the window's two iterations', not the three after the stop too.
+    (mm,) = [line.split() for line in table.splitlines() if line.split()[:1] == ["aten::mm"]]
+    assert int(mm[-1]) == 2 * MM_PER_ITERATION, table

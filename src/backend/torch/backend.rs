@@ -257,6 +257,7 @@ impl TorchBackend {
                 session: detached,
                 table: self.recording.table(),
                 serializer: self.serializer,
+                stop_unix_ns: header.stop_unix_ns,
             }),
             time_ns: stop_unix_ns,
             queued: Instant::now(),

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::kineto::{Detached, TraceResult};
+use super::kineto::{Detached, EventRow, TraceResult};
 use super::op_table::{self, SortBy};
 use crate::config::Serializer;
 use crate::error::{Error, Result};
@@ -15,6 +15,9 @@ pub(super) struct KinetoCapture {
     pub session: Detached,
     pub table: Option<SortBy>,
     pub serializer: Serializer,
+    /// When the capture stopped (the trace header's `stop_unix_ns`): the op table leaves out
+    /// what began after it.
+    pub stop_unix_ns: Option<u64>,
 }
 
 impl flush::Capture for KinetoCapture {
@@ -25,6 +28,7 @@ impl flush::Capture for KinetoCapture {
             table: self.table,
             serializer: self.serializer,
             reference: None,
+            stop_unix_ns: self.stop_unix_ns,
         }))
     }
 }
@@ -35,6 +39,7 @@ struct KinetoTrace {
     serializer: Serializer,
     /// Kineto's own JSON of the capture (`Serializer::Compare`), until moved beside the trace.
     reference: Option<TempFile>,
+    stop_unix_ns: Option<u64>,
 }
 
 impl Trace for KinetoTrace {
@@ -70,17 +75,34 @@ impl Trace for KinetoTrace {
             }
         }
         match self.table {
-            Some(sort) => write_table(dir, &self.result, stem, sort).map(Some),
+            Some(sort) => write_table(dir, &self.result, stem, sort, self.stop_unix_ns).map(Some),
             None => Ok(None),
         }
     }
 }
 
-/// `{stem}.profiler_out.txt`: the top ops by self device (or CPU) time, in torch's layout.
-fn write_table(dir: &Path, result: &TraceResult, stem: &str, sort: SortBy) -> Result<String> {
+/// `{stem}.profiler_out.txt`: the top ops by self device (or CPU) time, in torch's layout, of
+/// the events the capture's window holds.
+///
+/// The engine thread only detaches the session at the stop (it never waits), and Kineto
+/// records until the writer's finalize stops it: the CPU events (ops, annotations, Python
+/// frames) that began after `stop_unix_ns` are the next steps', not the window's, and are left
+/// out, as the trace's summary leaves out what was launched after the stop. torch's own stop
+/// (vLLM's table) ends the recording at once. Device events are kept: a kernel launched before
+/// the stop may run after it, and which call launched one takes correlation ids this table is
+/// not given (the summary reads them from the trace).
+fn write_table(
+    dir: &Path,
+    result: &TraceResult,
+    stem: &str,
+    sort: SortBy,
+    stop_unix_ns: Option<u64>,
+) -> Result<String> {
     let rows = result.events()?;
+    let in_window = |r: &&EventRow| r.device || stop_unix_ns.is_none_or(|stop| r.start_ns <= stop);
     let events: Vec<op_table::OpEvent<'_>> = rows
         .iter()
+        .filter(in_window)
         .map(|r| op_table::OpEvent {
             name: &r.name,
             thread: r.thread,
