@@ -3,6 +3,7 @@ the Python API: real libtorch, real Kineto, real trace files read back."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import gzip
 import json
@@ -30,6 +31,18 @@ def engine(profiler: stepscope.WorkerProfiler, iterations: int) -> list[bool]:
             a = torch.mm(a, a) / 16
         profiler.step_end()
     return captured
+
+
+@contextlib.contextmanager
+def gil_kept():
+    """This thread keeps the GIL until it blocks (the switch interval raised): a writer thread
+    that needs the GIL (Kineto's Python tracer finalizes under it) cannot run meanwhile."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def name_of(i: int) -> str:
@@ -98,14 +111,10 @@ def test_stop_returns_before_the_trace_is_written_and_flush_finds_it_complete(tm
     p = stepscope.WorkerProfiler(config(tmp_path, torch_profiler_use_gzip=False), "stopper")
     p.start()
     engine(p, 3)
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1000.0)
-    try:
+    with gil_kept():
         p.stop()
         pending_after_stop = p.pending_writes
         traces_after_stop = list(tmp_path.glob("stopper.*.pt.trace.json"))
-    finally:
-        sys.setswitchinterval(interval)
     assert not p.is_active
     assert pending_after_stop == 1
     assert traces_after_stop == []
@@ -508,13 +517,9 @@ def test_the_op_table_leaves_out_what_began_after_the_stop(tmp_path):
     p = stepscope.WorkerProfiler(config(tmp_path, torch_profiler_use_gzip=False), "late")
     p.start()
     engine(p, 2)
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1000.0)
-    try:
+    with gil_kept():
         p.stop()
         after_the_stop(torch.ones(16, 16))
-    finally:
-        sys.setswitchinterval(interval)
     assert p.flush(120)
     events = read_trace(only(sorted(tmp_path.glob("late.*.pt.trace.json"))))
     late = [e for e in spans(events, "python_function") if "after_the_stop" in e["name"]]
@@ -524,3 +529,4 @@ def test_the_op_table_leaves_out_what_began_after_the_stop(tmp_path):
     # aten::mm's calls are the window's two iterations', not the three after the stop too.
     (mm,) = [line.split() for line in table.splitlines() if line.split()[:1] == ["aten::mm"]]
     assert int(mm[-1]) == 2 * MM_PER_ITERATION, table
+
