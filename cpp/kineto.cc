@@ -81,10 +81,21 @@ namespace {
 constexpr const char* kTorchVersion = STEPSCOPE_STR(TORCH_VERSION_MAJOR) "." STEPSCOPE_STR(
     TORCH_VERSION_MINOR) "." STEPSCOPE_STR(TORCH_VERSION_PATCH);
 
+// torch 2.13 added ExperimentalConfig::trace_only.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+#define STEPSCOPE_HAS_TRACE_ONLY 1
+#else
+#define STEPSCOPE_HAS_TRACE_ONLY 0
+#endif
+
 tpi::ProfilerConfig config_of(const stepscope_kineto_options& o) {
+  tpi::ExperimentalConfig experimental;
+#if STEPSCOPE_HAS_TRACE_ONLY
+  experimental.trace_only = o.trace_only != 0;
+#endif
   return tpi::ProfilerConfig(tpi::ProfilerState::KINETO, o.record_shapes != 0,
                              o.profile_memory != 0, o.with_stack != 0, o.with_flops != 0,
-                             o.with_modules != 0);
+                             o.with_modules != 0, experimental);
 }
 
 std::set<tpi::ActivityType> activities_of(const stepscope_kineto_options& o) {
@@ -146,6 +157,8 @@ extern "C" {
 uint32_t stepscope_kineto_abi(void) { return STEPSCOPE_KINETO_ABI; }
 
 const char* stepscope_kineto_torch_version(void) { return kTorchVersion; }
+
+int stepscope_kineto_has_trace_only(void) { return STEPSCOPE_HAS_TRACE_ONLY; }
 
 int stepscope_kineto_cuda_available(void) {
   try {

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define STEPSCOPE_KINETO_ABI 3
+#define STEPSCOPE_KINETO_ABI 4
 
 /* Exported from the shared glue even when built with -fvisibility=hidden. */
 #define STEPSCOPE_KINETO_API __attribute__((visibility("default")))
@@ -38,6 +38,12 @@ typedef struct stepscope_kineto_options {
   uint8_t with_stack;
   uint8_t with_flops;
   uint8_t with_modules;
+  /* torch's ExperimentalConfig::trace_only (ignored where stepscope_kineto_has_trace_only is 0): the
+   * finalize builds only what a save reads, not the event list (KinetoEvents) nor the event
+   * tree, so the result holds no events to read (stepscope_kineto_event_count is 0).
+   * torch.profiler turns it off with with_stack (Python frames need the tree); the caller asks
+   * for it only without stacks, modules, memory, flops or an op table. */
+  uint8_t trace_only;
 } stepscope_kineto_options;
 
 /* One event of a finished session, as the op summary needs it. `name` is copied into the
@@ -61,6 +67,9 @@ STEPSCOPE_KINETO_API uint32_t stepscope_kineto_abi(void);
 /* The torch version the glue was compiled against ("2.13.0"), static storage. */
 STEPSCOPE_KINETO_API const char* stepscope_kineto_torch_version(void);
 STEPSCOPE_KINETO_API int stepscope_kineto_cuda_available(void);
+/* 1 where this torch has ExperimentalConfig::trace_only (2.13 and later), else 0: the options'
+ * trace_only is ignored there. */
+STEPSCOPE_KINETO_API int stepscope_kineto_has_trace_only(void);
 
 /* prepareProfiler; refuses while any torch profiler runs on this thread. */
 STEPSCOPE_KINETO_API int stepscope_kineto_prepare(const stepscope_kineto_options* options, char* err, size_t err_len);

@@ -15,9 +15,13 @@ CPU, the manifest's `free_seconds`) and the MB per second of the write's CPU les
 the trace on disk, and the gzip'd size.
 `--one-core` pins the process to one CPU first, as vLLM's CPU workers are pinned (the writer's
 threads then share the core left to them).
+`--no-stack` captures without Python stacks (shapes recorded, CUDA listed beside CPU as a GPU
+capture lists it), alternating the op table on and off (`torch_profiler_dump_cuda_time_total`):
+with it off nothing reads torch's event list, and Kineto's finalize runs with torch's
+`trace_only` (the trace header says `"trace_only": 1`).
 
     .venv/bin/python scripts/bench_writer.py [--levels 6,1] [--serializers stepscope,kineto]
-        [--rounds 5] [--ops 20000] [--one-core]
+        [--rounds 5] [--ops 20000] [--one-core] [--no-stack]
 """
 
 from __future__ import annotations
@@ -54,12 +58,20 @@ def cpu_of_thread(name: str) -> float:
     return 0.0
 
 
+def trace_header_says_trace_only(path: str) -> bool:
+    """Whether the trace's metadata says the finalize ran with torch's trace_only."""
+    import gzip
+
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
+        return json.load(f).get("trace_only") == 1
+
+
 def cpu_of_process() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
 
-def capture(level: int, serializer: str, ops: int) -> dict:
+def capture(level: int, serializer: str, table: str, ops: int) -> dict:
     import torch
 
     import stepscope
@@ -88,6 +100,13 @@ def capture(level: int, serializer: str, ops: int) -> dict:
             "torch_profiler_with_stack": True,
             "stepscope": {"gzip_level": level, "serializer": serializer},
         }
+        if table != "default":
+            cfg |= {
+                "torch_profiler_with_stack": False,
+                "torch_profiler_record_shapes": True,
+                "torch_profiler_activities": ["CPU", "CUDA"],
+                "torch_profiler_dump_cuda_time_total": table == "on",
+            }
         p = stepscope.WorkerProfiler(cfg, "bench")
         p.start()
         per_step = 200
@@ -107,6 +126,7 @@ def capture(level: int, serializer: str, ops: int) -> dict:
         finalize_cpu = cpu_of_thread("stepscope-final") - finalize_cpu
         process_cpu = cpu_of_process() - process_cpu
         (manifest,) = [json.load(open(m)) for m in glob.glob(out + "/*.stepscope.json")]
+        trace_only = trace_header_says_trace_only(os.path.join(out, manifest["trace_file"]))
         p.shutdown()
     if manifest["status"] != "complete":
         raise RuntimeError(f"the trace was not written: {manifest.get('error')}")
@@ -122,6 +142,8 @@ def capture(level: int, serializer: str, ops: int) -> dict:
     return {
         "level": level,
         "serializer": serializer,
+        "table": table,
+        "trace_only": trace_only,
         "json_mb": json_mb,
         "gz_mb": manifest["trace_bytes"] / 1e6,
         "finalize_s": manifest["finalize_seconds"],
@@ -144,27 +166,33 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="captures per level (default 5)")
     ap.add_argument("--ops", type=int, default=20000, help="torch ops per capture")
     ap.add_argument("--one-core", action="store_true", help="pin the process to one CPU first")
+    ap.add_argument("--no-stack", action="store_true",
+                    help="no Python stacks; the op table on and off (off: torch's trace_only)")  # fmt: skip
     args = ap.parse_args()
-    variants = [(int(lvl), ser) for lvl in args.levels.split(",") for ser in args.serializers.split(",")]
+    tables = ("on", "off") if args.no_stack else ("default",)
+    variants = [(int(lvl), ser, t) for lvl in args.levels.split(",")
+                for ser in args.serializers.split(",") for t in tables]  # fmt: skip
     if args.one_core:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    runs: dict[tuple[int, str], list[dict]] = {v: [] for v in variants}
+    runs: dict[tuple[int, str, str], list[dict]] = {v: [] for v in variants}
     for r in range(args.rounds):
-        for lvl, ser in variants if r % 2 == 0 else reversed(variants):
-            row = capture(lvl, ser, args.ops)
-            runs[(lvl, ser)].append(row)
+        for v in variants if r % 2 == 0 else reversed(variants):
+            row = capture(*v, args.ops)
+            runs[v].append(row)
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
                   file=sys.stderr, flush=True)  # fmt: skip
     cores = "one core" if args.one_core else f"{len(os.sched_getaffinity(0))} cores"
-    print(f"medians of {args.rounds} captures per variant, {args.ops} ops each, Python stacks, {cores}")
-    head = ("level", "serializer", "JSON MB", "gz MB", "finalize s", "(CPU s)", "write s", "(CPU s)",
+    stacks = "no Python stacks" if args.no_stack else "Python stacks"
+    print(f"medians of {args.rounds} captures per variant, {args.ops} ops each, {stacks}, {cores}")
+    head = ("level", "serializer", "op table", "trace_only", "JSON MB", "gz MB", "finalize s", "(CPU s)", "write s", "(CPU s)",
             "MB/s/core", "free CPU s", "less free", "stop→disk s", "after rename")  # fmt: skip
     print("".join(f"{h:>13}" for h in head))
     keys = ("json_mb", "gz_mb", "finalize_s", "finalize_cpu_s", "write_s", "write_cpu_s",
             "mb_s_per_core", "free_cpu_s", "ours_mb_s_per_core", "on_disk_s", "after_rename_s")  # fmt: skip
-    for lvl, ser in variants:
-        cells = [statistics.median(r[k] for r in runs[(lvl, ser)]) for k in keys]
-        print(f"{lvl:>13}{ser:>13}" + "".join(f"{c:>13.2f}" if c < 100 else f"{c:>13.0f}" for c in cells))
+    for lvl, ser, table in variants:
+        cells = [statistics.median(r[k] for r in runs[(lvl, ser, table)]) for k in keys]
+        only = {str(r["trace_only"]) for r in runs[(lvl, ser, table)]}
+        print(f"{lvl:>13}{ser:>13}{table:>13}{'/'.join(sorted(only)):>13}" + "".join(f"{c:>13.2f}" if c < 100 else f"{c:>13.0f}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ the Python API: real libtorch, real Kineto, real trace files read back."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import gzip
@@ -530,3 +531,55 @@ def test_the_op_table_leaves_out_what_began_after_the_stop(tmp_path):
     (mm,) = [line.split() for line in table.splitlines() if line.split()[:1] == ["aten::mm"]]
     assert int(mm[-1]) == 2 * MM_PER_ITERATION, table
 
+
+#: Args that name one run's objects or threads, not what was recorded.
+RUN_IDS = {"External id", "Record function id", "Ev Idx", "Sequence number", "Fwd thread id"}
+
+
+def what_was_recorded(doc: dict) -> collections.Counter:
+    """A trace's events as a multiset: phase, category, name and args but times and ids."""
+    return collections.Counter(
+        (
+            e.get("ph"),
+            e.get("cat"),
+            e.get("name"),
+            json.dumps(
+                {k: v for k, v in e.get("args", {}).items() if k not in RUN_IDS}, sort_keys=True
+            ),
+        )
+        for e in doc["traceEvents"]
+        if e.get("ph") != "M"
+    )
+
+
+def test_a_capture_nothing_reads_torchs_event_list_of_is_finalized_trace_only_unchanged(
+    tmp_path,
+):
+    # Without stacks, modules, memory, flops and the op table, nothing reads the event list
+    # and event tree torch's finalize builds; torch's trace_only leaves them out. The same
+    # iterations captured with the op table on (the device dump; CUDA listed, as a GPU
+    # capture would) take torch's full finalize: the two traces record the same events.
+    docs = {}
+    for dump in (False, True):
+        out = tmp_path / str(dump)
+        p = stepscope.WorkerProfiler(
+            config(
+                out,
+                torch_profiler_activities=["CPU", "CUDA"],
+                torch_profiler_with_stack=False,
+                torch_profiler_record_shapes=True,
+                torch_profiler_dump_cuda_time_total=dump,
+                torch_profiler_use_gzip=False,
+            ),
+            "same",
+        )
+        p.start()
+        engine(p, 3)
+        p.stop()
+        assert p.flush(120)
+        with open(only(sorted(out.glob("same.*.pt.trace.json")))) as f:
+            docs[dump] = json.load(f)
+        assert (out / "same.profiler_out.txt").exists() == dump
+    assert docs[False].get("trace_only") == 1 and "trace_only" not in docs[True]
+    assert len(spans(docs[False]["traceEvents"], "cpu_op")) >= 3 * MM_PER_ITERATION
+    assert what_was_recorded(docs[False]) == what_was_recorded(docs[True])

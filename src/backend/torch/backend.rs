@@ -214,6 +214,8 @@ impl TorchBackend {
             ("with_stack", o.with_stack),
             ("record_shapes", o.record_shapes),
             ("with_flops", o.with_flops),
+            // Not torch.profiler's: the finalize built no event list nor tree (see resolve()).
+            ("trace_only", o.trace_only),
         ];
         let trace_id = format!("\"{}\"", trace_id());
         let entries = std::iter::once(("trace_id", trace_id.as_str()))
@@ -350,7 +352,8 @@ impl Backend for TorchBackend {
         // under a second).
         self.writer.wait_finalized()?;
         let glue = self.glue()?;
-        self.recording.resolve(glue.cuda_available());
+        self.recording
+            .resolve(glue.cuda_available(), glue.has_trace_only());
         self.session = Some(Session {
             captured: Captured {
                 worker_name: capture.worker_name.to_string(),
@@ -511,7 +514,8 @@ impl Backend for TorchBackend {
         self.max_held_bytes = config.capture_budget().max_growth_bytes;
         self.annotate = self.recording.options.cpu;
         if let Some(glue) = self.glue {
-            self.recording.resolve(glue.cuda_available());
+            self.recording
+                .resolve(glue.cuda_available(), glue.has_trace_only());
         }
         Ok(())
     }

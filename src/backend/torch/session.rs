@@ -64,6 +64,8 @@ impl SessionOptions {
             with_stack: config.torch_profiler_with_stack,
             with_flops: config.torch_profiler_with_flops,
             with_modules: config.stepscope.torch_with_modules,
+            // Decided in resolve(), once the activities are known.
+            trace_only: false,
         };
         SessionOptions {
             activities,
@@ -75,11 +77,17 @@ impl SessionOptions {
     }
 
     /// The options for a session, with the default activities resolved (CUDA when libtorch
-    /// sees a device, as torch.profiler's default).
-    pub(super) fn resolve(&mut self, cuda_available: bool) {
+    /// sees a device, as torch.profiler's default). torch's `trace_only` is asked for where the
+    /// torch has it and nothing reads what it leaves out: Python frames and modules need the
+    /// event tree, memory and flops args are added with the event list, and the op table reads
+    /// that list.
+    pub(super) fn resolve(&mut self, cuda_available: bool, has_trace_only: bool) {
         if self.activities.is_none() {
             self.options.cuda = cuda_available;
         }
+        let o = &self.options;
+        let needs_events = o.with_stack || o.with_modules || o.profile_memory || o.with_flops;
+        self.options.trace_only = has_trace_only && !needs_events && self.table().is_none();
     }
 
     /// vLLM's choice of table: device time when any device activity is recorded (and the dump

@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_int, CStr};
 use crate::error::{Error, Result};
 
 /// The glue's C ABI version this crate speaks (`STEPSCOPE_KINETO_ABI`).
-pub(super) const ABI: u32 = 3;
+pub(super) const ABI: u32 = 4;
 
 /// `STEPSCOPE_KINETO_SERIALIZER_KINETO`: a save through Kineto's own writer.
 pub(super) const SERIALIZER_KINETO: c_int = 0;
@@ -27,6 +27,9 @@ pub(crate) struct Options {
     pub with_stack: bool,
     pub with_flops: bool,
     pub with_modules: bool,
+    /// torch's `ExperimentalConfig::trace_only` (torch 2.13 and later): the finalize builds
+    /// only what a save reads, not the event list the op table reads nor the event tree.
+    pub trace_only: bool,
 }
 
 /// `stepscope_kineto_event`.
@@ -102,6 +105,7 @@ glue! {
     abi = stepscope_kineto_abi() -> u32;
     torch_version = stepscope_kineto_torch_version() -> *const c_char;
     cuda_available = stepscope_kineto_cuda_available() -> c_int;
+    has_trace_only = stepscope_kineto_has_trace_only() -> c_int;
     prepare = stepscope_kineto_prepare(o: *const Options, err: Err, err_len: usize) -> c_int;
     enable = stepscope_kineto_enable(o: *const Options, session: *mut usize, err: Err, err_len: usize) -> c_int;
     detach = stepscope_kineto_detach(session: usize, out: *mut *mut RawDetached, err: Err, err_len: usize) -> c_int;

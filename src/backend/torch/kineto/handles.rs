@@ -40,6 +40,12 @@ impl Kineto {
         unsafe { (self.api.cuda_available)() != 0 }
     }
 
+    /// Whether this torch has `trace_only` (2.13 and later); the glue ignores it before.
+    pub(crate) fn has_trace_only(self) -> bool {
+        // SAFETY: a glue function without arguments that returns a constant.
+        unsafe { (self.api.has_trace_only)() != 0 }
+    }
+
     pub(crate) fn prepare(self, o: &Options) -> Result<()> {
         // SAFETY: o outlives the call; the buffer is call()'s.
         call("prepareProfiler", |err, len| unsafe {
@@ -272,5 +278,40 @@ impl Drop for Range {
     fn drop(&mut self) {
         // SAFETY: ptr came from range_new and is freed once, here.
         unsafe { (self.api.range_free)(self.ptr.as_ptr()) }
+    }
+}
+
+#[cfg(all(test, feature = "torch"))]
+mod tests {
+    use super::*;
+
+    /// The events a session of three annotated steps leaves in its result (the list the op
+    /// table reads), finalized with or without torch's `trace_only`.
+    fn events_kept(trace_only: bool) -> usize {
+        let kineto = Kineto::get().expect("the linked glue");
+        let options = Options {
+            cpu: true,
+            trace_only,
+            ..Options::default()
+        };
+        kineto.prepare(&options).expect("prepareProfiler");
+        let session = kineto.enable(&options).expect("enableProfiler");
+        let mut range = kineto.new_range().expect("a range");
+        for step in 1..=3 {
+            range.begin("step", step, &[]).expect("begin");
+            range.end().expect("end");
+        }
+        drop(range);
+        let mut detached = kineto.detach(session).expect("detach");
+        let result = detached.finalize().expect("finalize");
+        result.events().expect("the event list").len()
+    }
+
+    #[test]
+    fn torch_builds_the_event_list_in_a_full_finalize_and_not_in_a_trace_only_one() {
+        // libtorch as linked here (the project's torch 2.13) has the switch.
+        assert!(Kineto::get().expect("the linked glue").has_trace_only());
+        assert!(events_kept(false) >= 3);
+        assert_eq!(events_kept(true), 0);
     }
 }
