@@ -273,7 +273,11 @@ int stepscope_kineto_save(stepscope_kineto_result* result, const char* path, siz
 
 size_t stepscope_kineto_event_count(const stepscope_kineto_result* result) {
   if (result == nullptr || !result->inner) return 0;
-  return result->inner->events().size();
+  try {
+    return result->inner->events().size();
+  } catch (...) {
+    return 0;  // no list to read (torch's events() is a plain getter today; none throws)
+  }
 }
 
 int stepscope_kineto_event_at(const stepscope_kineto_result* result, size_t index,

@@ -37,7 +37,8 @@ _NOT_APPLIED = {
     "schedule": "stepscope follows vLLM's wait/warmup/active iterations",
     "on_trace_ready": "stepscope writes the trace itself, off the engine thread",
     "acc_events": "each stepscope session writes its own trace",
-    "experimental_config": "torch's _ExperimentalConfig is not passed to Kineto by stepscope",
+    "experimental_config": "torch's _ExperimentalConfig is not passed to Kineto by stepscope "
+    "(stepscope sets its trace_only itself where nothing reads torch's event list)",
     "execution_trace_observer": "execution traces are not collected by stepscope",
     "custom_trace_id_callback": "stepscope makes the trace id",
     "use_cuda": "deprecated in torch; name CUDA in activities",

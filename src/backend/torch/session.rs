@@ -104,3 +104,63 @@ impl SessionOptions {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    /// Whether a session asks torch for `trace_only`, under a torch that has it (`has`), on a
+    /// machine with CUDA or without: a GPU capture without stacks and without the device dump,
+    /// with `changes` over it.
+    fn trace_only(changes: Value, cuda: bool, has: bool) -> bool {
+        let mut config = json!({
+            "profiler": "torch",
+            "torch_profiler_dir": "/nonexistent",
+            "torch_profiler_with_stack": false,
+            "torch_profiler_dump_cuda_time_total": false,
+        });
+        if let (Some(base), Value::Object(changes)) = (config.as_object_mut(), changes) {
+            base.extend(changes);
+        }
+        let config = ProfilerConfig::from_json_str(&config.to_string()).expect("a valid config");
+        let mut options = SessionOptions::from_config(&config);
+        options.resolve(cuda, has);
+        options.options.trace_only
+    }
+
+    #[test]
+    fn trace_only_is_asked_for_only_where_nothing_reads_torchs_event_list() {
+        assert!(trace_only(json!({}), true, true));
+        assert!(trace_only(
+            json!({"torch_profiler_record_shapes": true}),
+            true,
+            true
+        ));
+        // CUDA listed on a machine without it: the activities decide the table, not the device.
+        let listed = json!({"torch_profiler_activities": ["CPU", "CUDA"]});
+        assert!(trace_only(listed, false, true));
+        // Stacks and modules need the event tree; memory and flops args come with the list.
+        for needs in [
+            json!({"torch_profiler_with_stack": true}),
+            json!({"stepscope": {"torch_with_modules": true}}),
+            json!({"torch_profiler_with_memory": true}),
+            json!({"torch_profiler_with_flops": true}),
+        ] {
+            assert!(!trace_only(needs.clone(), true, true), "{needs}");
+        }
+        // The op table reads the list: the device dump on, or CPU the only activity (vLLM
+        // writes that table regardless).
+        let dump = json!({"torch_profiler_dump_cuda_time_total": true});
+        assert!(!trace_only(dump, true, true));
+        assert!(!trace_only(json!({}), false, true));
+        let cpu = json!({"torch_profiler_activities": ["CPU"]});
+        assert!(!trace_only(cpu, true, true));
+        // vLLM's default: stacks, and the dump on.
+        let default = json!({"torch_profiler_with_stack": true,
+                             "torch_profiler_dump_cuda_time_total": true});
+        assert!(!trace_only(default, true, true));
+        // A torch without the switch.
+        assert!(!trace_only(json!({}), true, false));
+    }
+}

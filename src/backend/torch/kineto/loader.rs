@@ -46,11 +46,7 @@ pub(super) fn load() -> Result<(Api, GlueInfo)> {
     // SAFETY: abi takes no arguments.
     let abi = unsafe { (api.abi)() };
     if abi != ABI {
-        return Err(glue(format!(
-            "the Kineto glue {} speaks C ABI {abi}, this stepscope {ABI}: rebuild it with \
-             `python -m stepscope.glue build --force`",
-            path.display()
-        )));
+        return Err(other_abi(&path, abi));
     }
     let built = built_for(&api);
     if parse_minor(&built) != Some((major, minor)) {
@@ -171,12 +167,36 @@ fn open(path: &Path) -> Result<Api> {
         )));
     }
     // The handle is never closed: the glue's functions stay in use for the process's life.
-    Api::from_library(handle).map_err(|e| {
-        glue(format!(
+    Api::from_library(handle).map_err(|e| match abi_of(handle) {
+        // A glue of another ABI may lack a function of this one's table: it is to be rebuilt.
+        Some(abi) if abi != ABI => other_abi(path, abi),
+        _ => glue(format!(
             "{} is not a stepscope Kineto glue: {e}",
             path.display()
-        ))
+        )),
     })
+}
+
+/// The C ABI a loaded library says it speaks, if it has `stepscope_kineto_abi`.
+fn abi_of(handle: *mut libc::c_void) -> Option<u32> {
+    // SAFETY: handle is a live dlopen handle; the name is NUL terminated.
+    let sym = unsafe { libc::dlsym(handle, c"stepscope_kineto_abi".as_ptr()) };
+    if sym.is_null() {
+        return None;
+    }
+    // SAFETY: every glue ABI exports stepscope_kineto_abi as `uint32_t (void)`.
+    let abi =
+        unsafe { std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn() -> u32>(sym) };
+    // SAFETY: no arguments.
+    Some(unsafe { abi() })
+}
+
+fn other_abi(path: &Path, abi: u32) -> Error {
+    glue(format!(
+        "the Kineto glue {} speaks C ABI {abi}, this stepscope {ABI}: rebuild it with \
+         `python -m stepscope.glue build --force`",
+        path.display()
+    ))
 }
 
 fn dl_error() -> String {
