@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import gzip
 import json
 import os
 import resource
@@ -60,8 +61,6 @@ def cpu_of_thread(name: str) -> float:
 
 def trace_header_says_trace_only(path: str) -> bool:
     """Whether the trace's metadata says the finalize ran with torch's trace_only."""
-    import gzip
-
     with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
         return json.load(f).get("trace_only") == 1
 

@@ -264,6 +264,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     manifest."""
 
 def _add_kineto_glue_dir(dir: str) -> None: ...
-def kineto_glue() -> dict[str, str]:
-    """The Kineto glue this process uses, loading it if needed: ``{"path", "built_for"}``;
-    raises ``BackendError`` when none matches the torch loaded."""
+def kineto_glue() -> dict[str, Any]:
+    """The Kineto glue this process uses, loading it if needed: ``{"path", "built_for",
+    "has_trace_only"}`` (whether that torch has ``trace_only``, which stepscope asks for where
+    nothing reads torch's event list); raises ``BackendError`` when none matches the torch
+    loaded."""

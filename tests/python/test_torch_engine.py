@@ -20,16 +20,26 @@ import stepscope
 MM_PER_ITERATION = 3
 
 
-def engine(profiler: stepscope.WorkerProfiler, iterations: int) -> list[bool]:
+def matmuls() -> torch.Tensor:
+    """One iteration's work: MM_PER_ITERATION matmuls."""
+    a = torch.ones(16, 16)
+    for _ in range(MM_PER_ITERATION):
+        a = torch.mm(a, a) / 16
+    return a
+
+
+def engine(
+    profiler: stepscope.WorkerProfiler, iterations: int, requests: bool = False
+) -> list[bool]:
     """Iteration i names itself with i context requests of i tokens (so the trace tells which
-    iteration an annotation is) and runs MM_PER_ITERATION matmuls."""
+    iteration an annotation is) and runs matmuls(); with `requests`, its ids are req-i and
+    req-0."""
     captured = []
     for i in range(1, iterations + 1):
-        profiler.step(stepscope.Iteration(i, i, 0, 0))
+        ids = [f"req-{i}", "req-0"] if requests else None
+        profiler.step(stepscope.Iteration(i, i, 0, 0, request_ids=ids))
         captured.append(profiler.is_running)
-        a = torch.ones(16, 16)
-        for _ in range(MM_PER_ITERATION):
-            a = torch.mm(a, a) / 16
+        matmuls()
         profiler.step_end()
     return captured
 
@@ -526,11 +536,9 @@ def test_wait_written_returns_with_the_stops_traces_on_disk_and_names_one_not_wr
     tmp_path.unlink()
 
 
-def after_the_stop(a: torch.Tensor) -> torch.Tensor:
+def after_the_stop() -> torch.Tensor:
     """Work run after a stop (test_the_op_table_leaves_out_what_began_after_the_stop)."""
-    for _ in range(MM_PER_ITERATION):
-        a = torch.mm(a, a) / 16
-    return a
+    return matmuls()
 
 
 def test_the_op_table_leaves_out_what_began_after_the_stop(tmp_path):
@@ -544,7 +552,7 @@ def test_the_op_table_leaves_out_what_began_after_the_stop(tmp_path):
     engine(p, 2)
     with gil_kept():
         p.stop()
-        after_the_stop(torch.ones(16, 16))
+        after_the_stop()
     assert p.flush(120)
     events = read_trace(only(sorted(tmp_path.glob("late.*.pt.trace.json"))))
     late = [e for e in spans(events, "python_function") if "after_the_stop" in e["name"]]
@@ -586,8 +594,8 @@ def test_a_capture_nothing_reads_torchs_event_list_of_is_finalized_trace_only_un
     # iterations captured with the op table on (the device dump; CUDA listed, as a GPU
     # capture would) take torch's full finalize: the two traces record the same events, the
     # requests Kineto writes into each iteration's annotation (with shapes) among them.
-    if tuple(map(int, stepscope.kineto_glue()["built_for"].split(".")[:2])) < (2, 13):
-        pytest.skip("torch before 2.13 has no trace_only")
+    if not stepscope.kineto_glue()["has_trace_only"]:
+        pytest.skip(f"torch {torch.__version__} has no trace_only")
     docs = {}
     for dump in (False, True):
         out = tmp_path / str(dump)
@@ -604,12 +612,7 @@ def test_a_capture_nothing_reads_torchs_event_list_of_is_finalized_trace_only_un
             "same",
         )
         p.start()
-        for i in range(1, 4):
-            p.step(stepscope.Iteration(i, i, 0, 0, request_ids=[f"req-{i}", "req-0"]))
-            a = torch.ones(16, 16)
-            for _ in range(MM_PER_ITERATION):
-                a = torch.mm(a, a) / 16
-            p.step_end()
+        engine(p, 3, requests=True)
         p.stop()
         assert p.flush(120)
         with open(only(sorted(out.glob("same.*.pt.trace.json")))) as f:

@@ -156,6 +156,15 @@ pub struct GlueInfo {
     pub path: Option<std::path::PathBuf>,
     /// The torch version the glue was compiled against (`"2.13.0"`).
     pub built_for: String,
+    /// Whether that torch has `ExperimentalConfig::trace_only` (the glue says; 2.13 and later):
+    /// where it has not, every capture takes torch's full finalize.
+    pub has_trace_only: bool,
+}
+
+/// The glue's answer (`stepscope_kineto_has_trace_only`), decided where it is compiled.
+pub(super) fn has_trace_only(api: &Api) -> bool {
+    // SAFETY: a glue function without arguments that returns a constant.
+    unsafe { (api.has_trace_only)() != 0 }
 }
 
 pub(super) fn built_for(api: &Api) -> String {

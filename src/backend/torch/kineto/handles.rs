@@ -6,8 +6,8 @@ use std::ffi::{c_char, c_int};
 use std::ptr::{self, NonNull};
 
 use super::glue::{
-    call, failed, Api, Options, RawDetached, RawEvent, RawRange, RawResult, SERIALIZER_KINETO,
-    SERIALIZER_STEPSCOPE,
+    self, call, failed, Api, Options, RawDetached, RawEvent, RawRange, RawResult,
+    SERIALIZER_KINETO, SERIALIZER_STEPSCOPE,
 };
 use super::provider::provider;
 use crate::error::Result;
@@ -42,8 +42,7 @@ impl Kineto {
 
     /// Whether this torch has `trace_only` (2.13 and later); the glue ignores it before.
     pub(crate) fn has_trace_only(self) -> bool {
-        // SAFETY: a glue function without arguments that returns a constant.
-        unsafe { (self.api.has_trace_only)() != 0 }
+        glue::has_trace_only(self.api)
     }
 
     pub(crate) fn prepare(self, o: &Options) -> Result<()> {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 
-use super::glue::{built_for, Api, GlueInfo, ABI};
+use super::glue::{built_for, has_trace_only, Api, GlueInfo, ABI};
 use crate::error::{Error, Result};
 
 /// The torch backend's error for a glue that cannot be found or loaded.
@@ -61,13 +61,12 @@ pub(super) fn load() -> Result<(Api, GlueInfo)> {
          loaded)",
         path.display()
     );
-    Ok((
-        api,
-        GlueInfo {
-            path: Some(path),
-            built_for: built,
-        },
-    ))
+    let info = GlueInfo {
+        path: Some(path),
+        built_for: built,
+        has_trace_only: has_trace_only(&api),
+    };
+    Ok((api, info))
 }
 
 fn search_dirs() -> Vec<PathBuf> {
