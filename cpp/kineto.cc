@@ -292,10 +292,18 @@ int stepscope_kineto_event_at(const stepscope_kineto_result* result, size_t inde
     std::memcpy(name, n.data(), n.size() < name_cap ? n.size() : name_cap);
     out->name_len = n.size();
     out->thread = e.startThreadId();
+    out->end_thread = e.endThreadId();
     out->start_ns = e.startNs();
     out->duration_ns = e.durationNs();
+    out->correlation = e.correlationId();
+    out->linked_correlation = e.linkedCorrelationId();
     out->device = e.deviceType() != c10::DeviceType::CPU;
     out->is_async = e.isAsync();
+    out->hidden = e.isHiddenEvent();
+    const auto type = static_cast<libkineto::ActivityType>(e.activityType());
+    out->user_annotation = type == libkineto::ActivityType::USER_ANNOTATION ||
+                           type == libkineto::ActivityType::GPU_USER_ANNOTATION;
+    out->python_function = e.isPythonFunction();
   });
 }
 

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define STEPSCOPE_KINETO_ABI 4
+#define STEPSCOPE_KINETO_ABI 5
 
 /* Exported from the shared glue even when built with -fvisibility=hidden. */
 #define STEPSCOPE_KINETO_API __attribute__((visibility("default")))
@@ -50,12 +50,25 @@ typedef struct stepscope_kineto_options {
  * caller's buffer (truncated to its size, not NUL terminated); `name_len` is the full length. */
 typedef struct stepscope_kineto_event {
   size_t name_len;
+  /* The threads it began and ended on (a GPU stream for a device event). */
   uint64_t thread;
+  uint64_t end_thread;
   uint64_t start_ns;
   uint64_t duration_ns;
+  /* Its correlation id, and that of the CPU event it is linked to (a kernel to the op that
+   * launched it; 0 for none): torch's key_averages() adds a kernel's time to that op's. */
+  uint64_t correlation;
+  uint64_t linked_correlation;
   /* Recorded on a device (a kernel, memcpy, memset), not on the CPU. */
   uint8_t device;
   uint8_t is_async;
+  /* torch's is_hidden_event(): key_averages() leaves it out. */
+  uint8_t hidden;
+  /* A user annotation (USER_ANNOTATION or GPU_USER_ANNOTATION), as torch's
+   * is_user_annotation(). */
+  uint8_t user_annotation;
+  /* A Python frame (recorded with stacks): torch 2.14's key_averages() leaves it out. */
+  uint8_t python_function;
 } stepscope_kineto_event;
 
 typedef struct stepscope_kineto_detached stepscope_kineto_detached;

@@ -14,7 +14,7 @@ mod torch;
 pub use api::{Backend, CaptureStart, NoBackend, WindowEnd};
 pub use cuda::CudaBackend;
 #[cfg(feature = "torch-dynamic")]
-pub use torch::{add_glue_dir, glue_info, GlueInfo, TorchBackend};
+pub use torch::{add_glue_dir, glue_info, op_table, GlueInfo, TorchBackend};
 
 use crate::config::{ProfilerConfig, ProfilerKind};
 #[cfg(not(feature = "torch-dynamic"))]

@@ -49,6 +49,67 @@ fn kineto_glue(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
+/// One event as `_op_table` takes it: torch's `KinetoEvent`'s `name`, `start_thread_id`,
+/// `end_thread_id`, `start_ns`, `duration_ns`, `correlation_id`, `linked_correlation_id`,
+/// whether its device is not the CPU, `is_async`, `is_hidden_event`, `is_user_annotation` and
+/// `is_python_function`.
+type EventTuple = (
+    String,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    bool,
+    bool,
+    bool,
+    bool,
+    bool,
+);
+
+/// The op table stepscope writes to `{worker}.profiler_out.txt` for `events`, sorted by
+/// torch's `sort_by` key (`self_device_time_total` or `self_cpu_time_total`), with `device`
+/// naming the device columns, at most `row_limit` rows (the writer's: vLLM's limit for that
+/// sort), as `torch_version`'s `key_averages()` counts them. The rule the writer applies to a capture's events, for holding it against torch's
+/// own `key_averages().table()` on the same events (`tests/python/test_op_table.py`).
+#[pyfunction]
+#[pyo3(signature = (events, sort_by, device, torch_version, row_limit=None))]
+fn _op_table(
+    events: Vec<EventTuple>,
+    sort_by: &str,
+    device: &str,
+    torch_version: &str,
+    row_limit: Option<usize>,
+) -> PyResult<String> {
+    use stepscope::backend::op_table::{op_totals, python_frames_counted, table, OpEvent, SortBy};
+    let sort = SortBy::from_torch_key(sort_by).ok_or_else(|| {
+        pyo3::exceptions::PyValueError::new_err(format!(
+            "sort_by: {sort_by:?} is not self_device_time_total or self_cpu_time_total"
+        ))
+    })?;
+    let events: Vec<OpEvent<'_>> = events
+        .iter()
+        .map(|e| OpEvent {
+            name: &e.0,
+            thread: e.1,
+            end_thread: e.2,
+            start_ns: e.3,
+            duration_ns: e.4,
+            correlation: e.5,
+            linked_correlation: e.6,
+            device: e.7,
+            is_async: e.8,
+            hidden: e.9,
+            user_annotation: e.10,
+            python_function: e.11,
+        })
+        .collect();
+    let limit = row_limit.unwrap_or(sort.row_limit());
+    let stats = op_totals(&events, python_frames_counted(torch_version));
+    Ok(table(&stats, sort, limit, device))
+}
+
 /// The manifest at `path` as a dict (its keys documented in the format crate's `manifest.rs`);
 /// raises `OSError`/`ValueError` naming the file when it cannot be read.
 #[pyfunction]
@@ -148,6 +209,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_add_kineto_glue_dir, m)?)?;
     m.add_function(wrap_pyfunction!(kineto_glue, m)?)?;
     m.add_function(wrap_pyfunction!(read_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(_op_table, m)?)?;
     m.add_function(wrap_pyfunction!(stepscope_keys_from_env, m)?)?;
     m.add_function(wrap_pyfunction!(manifest_name, m)?)?;
     m.add_function(wrap_pyfunction!(request_log_name, m)?)?;

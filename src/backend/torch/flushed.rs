@@ -106,20 +106,20 @@ fn write_table(
         .map(|r| op_table::OpEvent {
             name: &r.name,
             thread: r.thread,
+            end_thread: r.end_thread,
             start_ns: r.start_ns,
             duration_ns: r.duration_ns,
+            correlation: r.correlation,
+            linked_correlation: r.linked_correlation,
             device: r.device,
             is_async: r.is_async,
+            hidden: r.hidden,
+            user_annotation: r.user_annotation,
+            python_function: r.python_function,
         })
         .collect();
-    let stats = op_table::op_totals(&events);
     // Kineto's device activity here is CUDA's (the backend records no other device's).
-    let device = "CUDA";
-    let limit = match sort {
-        SortBy::SelfDevice => 100,
-        SortBy::SelfCpu => 50,
-    };
-    let table = op_table::table(&stats, sort, limit, device);
+    let table = op_table::render(&events, sort, "CUDA", &result.torch_version());
     let name = format!("{stem}.profiler_out.txt");
     // vLLM writes the table with print(): one more newline.
     write_atomic(&dir.join(&name), (table + "\n").as_bytes())?;

@@ -21,7 +21,7 @@
 mod backend;
 mod flushed;
 mod kineto;
-mod op_table;
+pub mod op_table;
 mod paths;
 mod schedule;
 mod session;

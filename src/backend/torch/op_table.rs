@@ -3,8 +3,26 @@
 //! recorded), as vLLM's `torch_profiler_dump_cuda_time_total` asks of torch's `key_averages()`.
 //! Computed on the writer thread from the session's events.
 //!
-//! Self CPU time is an event's duration less that of the events directly nested in it on the
-//! same thread; device events (kernels, copies) count as device time of their own name.
+//! The rules are torch's (`torch.autograd.profiler._parse_kineto_results`, `EventList`'s
+//! `_populate_cpu_children` and `key_averages()`, `profiler_util._build_table`), and
+//! `tests/python/test_op_table.py` holds this table against torch's own on the same events:
+//! - events torch leaves out of the table (its `_filter_name` list, hidden events) are not
+//!   counted, and not nested: their time stays their parent's own;
+//! - `ProfilerStep#N` counts as `ProfilerStep*`;
+//! - Python frames have no rows under torch 2.14 and later ([`python_frames_counted`]);
+//! - an event is asynchronous when Kineto says so or it ended on another thread than it began
+//!   on; it has no self CPU time and nests nothing;
+//! - self CPU time is an event's duration less that of the events directly nested in it on its
+//!   thread (a child begins before its parent ends and ends no later), which can be negative
+//!   where children overlap;
+//! - an event that is the only child of its parent of the same name is folded into it;
+//! - a device event (kernel, copy, memset) is device time of its own name and, when linked to
+//!   the CPU op that launched it, device time of that op too ("Self CUDA"), and of every op
+//!   around it ("CUDA total"); device user annotations are left out of the device total.
+//!
+//! Not reproduced: what `profile_memory` adds (the memory columns, and `[memory]` rows for the
+//! records no op holds), the FLOPs column (`with_flops`), and the grouping by input shape vLLM
+//! asks for on CPU with `record_shapes`.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -18,21 +36,72 @@ pub enum SortBy {
     SelfCpu,
 }
 
-/// one profiler event, as the op table reads it.
-#[derive(Debug, Clone, Copy)]
+/// One profiler event, as the op table reads it: torch's `KinetoEvent`'s fields.
+#[derive(Debug, Clone, Copy, Default)]
 pub struct OpEvent<'a> {
-    /// Operator, annotation or kernel name.
+    /// Operator, annotation, Python frame or kernel name.
     pub name: &'a str,
-    /// Recording thread (CPU events).
+    /// The thread it began on (a GPU stream for a device event).
     pub thread: u64,
+    /// The thread it ended on.
+    pub end_thread: u64,
     /// Start, nanoseconds.
     pub start_ns: u64,
     /// Duration, nanoseconds.
     pub duration_ns: u64,
+    /// Its correlation id.
+    pub correlation: u64,
+    /// The correlation id of the CPU op it is linked to (a kernel to the op that launched
+    /// it); 0 for none.
+    pub linked_correlation: u64,
     /// Recorded on a device rather than the CPU.
     pub device: bool,
-    /// Asynchronous: does not nest on its thread.
+    /// Kineto's `isAsync()`.
     pub is_async: bool,
+    /// torch's `is_hidden_event()`.
+    pub hidden: bool,
+    /// A user annotation (on the CPU or a device).
+    pub user_annotation: bool,
+    /// A Python frame (recorded with stacks).
+    pub python_function: bool,
+}
+
+/// Names torch's table leaves out (`torch.autograd.profiler_util._filter_name`): the memory
+/// records and the profiler's and autograd's bookkeeping.
+const LEFT_OUT: [&str; 8] = [
+    "[memory]",
+    "[OutOfMemory]",
+    "profiler::_record_function_enter",
+    "profiler::_record_function_enter_new",
+    "profiler::_record_function_exit",
+    "aten::is_leaf",
+    "aten::output_nr",
+    "aten::_version",
+];
+
+impl OpEvent<'_> {
+    /// Counted in the table at all.
+    fn counted(&self) -> bool {
+        !self.hidden && !LEFT_OUT.contains(&self.name)
+    }
+
+    /// Asynchronous, as torch takes it.
+    fn asynchronous(&self) -> bool {
+        self.is_async || self.thread != self.end_thread
+    }
+
+    /// The name it is counted under (torch's `_rewrite_name(with_wildcard=True)`).
+    fn key(&self) -> &str {
+        if self.name.starts_with("ProfilerStep#") {
+            "ProfilerStep*"
+        } else {
+            self.name
+        }
+    }
+
+    fn end_ns(&self) -> u64 {
+        self.start_ns.saturating_add(self.duration_ns)
+    }
 }
 
 /// Totals for one name.
@@ -42,72 +111,207 @@ pub struct OpTotals {
     pub name: String,
     /// Occurrences.
     pub calls: u64,
-    /// CPU time not spent in nested events, nanoseconds.
-    pub self_cpu_ns: u64,
+    /// CPU time not spent in nested events, nanoseconds (negative where nested events
+    /// overlap, as torch counts it).
+    pub self_cpu_ns: i64,
     /// CPU time including nested events, nanoseconds.
     pub cpu_total_ns: u64,
-    /// Device time, nanoseconds.
+    /// Device time of its own: a device event's duration, a CPU op's kernels'.
     pub self_device_ns: u64,
+    /// Device time including that of the ops nested in it.
+    pub device_total_ns: u64,
+    /// A device event's totals (a kernel's, a copy's): its self device time makes the table's
+    /// device total.
+    pub on_device: bool,
+    /// A user annotation: left out of the device total.
+    pub user_annotation: bool,
+    /// Asynchronous: its CPU total has no share.
+    pub is_async: bool,
+    /// Where torch's list has the name first (its events in start order, the longer first):
+    /// ties in the sorted column keep this order.
+    first: usize,
 }
 
-/// Per-name totals of `events`, in no particular order.
-pub fn op_totals(events: &[OpEvent<'_>]) -> Vec<OpTotals> {
-    // Self time: per thread, events in start order (longer first on ties), each one's direct
-    // parent is the innermost open event that contains it.
-    let mut self_ns: Vec<u64> = events.iter().map(|e| e.duration_ns).collect();
-    let mut order: Vec<usize> = (0..events.len())
-        .filter(|&i| !events[i].device && !events[i].is_async)
+/// Whether the table has rows for Python frames: torch 2.14's `key_averages()` and later leave
+/// them out by default (`include_python_functions=False`: they nest as before, but have no row
+/// and no share of the self CPU total); earlier ones count them as any event. `torch_version`
+/// as torch gives it (`2.14.0+cu130`); one that does not read as a version counts them.
+pub fn python_frames_counted(torch_version: &str) -> bool {
+    let mut parts = torch_version.split(['.', '+']).map(str::parse::<u32>);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) < (2, 14),
+        _ => true,
+    }
+}
+
+/// Per-name totals of `events`, in no particular order; Python frames among them only where
+/// `python_frames` ([`python_frames_counted`]).
+pub fn op_totals(events: &[OpEvent<'_>], python_frames: bool) -> Vec<OpTotals> {
+    let counted: Vec<&OpEvent<'_>> = events.iter().filter(|e| e.counted()).collect();
+    let n = counted.len();
+    // torch's event list: by start, the longer first on ties, else in the order given.
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| (counted[i].start_ns, std::cmp::Reverse(counted[i].end_ns())));
+
+    // A kernel's time goes to the CPU op it is linked to (a synchronous CPU event that is not
+    // itself linked to another), whatever the kernel's own kind.
+    let mut kernels_of: HashMap<u64, u64> = HashMap::new();
+    for e in &counted {
+        if e.device && e.linked_correlation > 0 {
+            *kernels_of.entry(e.linked_correlation).or_default() += e.duration_ns;
+        }
+    }
+    let own_device = |e: &OpEvent<'_>| -> u64 {
+        if e.device {
+            if e.asynchronous() {
+                0
+            } else {
+                e.duration_ns
+            }
+        } else if e.linked_correlation == 0 && !e.asynchronous() {
+            kernels_of.get(&e.correlation).copied().unwrap_or(0)
+        } else {
+            0
+        }
+    };
+
+    // A CPU event linked to an op (a runtime call that launched its kernel) nests on that
+    // op's thread.
+    let op_threads: HashMap<u64, u64> = counted
+        .iter()
+        .filter(|e| !e.device && !e.asynchronous() && e.linked_correlation == 0)
+        .map(|e| (e.correlation, e.thread))
         .collect();
-    order.sort_by(|&a, &b| {
-        let (ea, eb) = (&events[a], &events[b]);
-        (ea.thread, ea.start_ns, std::cmp::Reverse(ea.duration_ns)).cmp(&(
-            eb.thread,
-            eb.start_ns,
-            std::cmp::Reverse(eb.duration_ns),
-        ))
-    });
+    let thread_of = |e: &OpEvent<'_>| {
+        if e.linked_correlation > 0 {
+            op_threads
+                .get(&e.linked_correlation)
+                .copied()
+                .unwrap_or(e.thread)
+        } else {
+            e.thread
+        }
+    };
+
+    // Nesting, per thread: in the list's order, an event's parent is the innermost open one
+    // it begins inside and does not outlast.
+    let mut parent: Vec<Option<usize>> = vec![None; n];
+    let mut by_thread: Vec<(u64, usize)> = order
+        .iter()
+        .filter(|&&i| !counted[i].device && !counted[i].asynchronous())
+        .map(|&i| (thread_of(counted[i]), i))
+        .collect();
+    by_thread.sort_by_key(|&(t, _)| t); // stable: each thread's in list order
     let mut stack: Vec<usize> = Vec::new();
     let mut thread = None;
-    for &i in &order {
-        let e = &events[i];
-        if thread != Some(e.thread) {
+    for &(t, i) in &by_thread {
+        let e = counted[i];
+        if thread != Some(t) {
             stack.clear();
-            thread = Some(e.thread);
+            thread = Some(t);
         }
-        let end = e.start_ns.saturating_add(e.duration_ns);
         while let Some(&top) = stack.last() {
-            let t = &events[top];
-            if t.start_ns.saturating_add(t.duration_ns) >= end && t.start_ns <= e.start_ns {
+            let p = counted[top];
+            if e.start_ns < p.end_ns() && e.end_ns() <= p.end_ns() {
+                parent[i] = Some(top);
                 break;
             }
             stack.pop();
         }
-        if let Some(&parent) = stack.last() {
-            self_ns[parent] = self_ns[parent].saturating_sub(e.duration_ns);
-        }
         stack.push(i);
     }
 
+    // torch then folds an event into its parent of the same name when it is that parent's
+    // only child (`EventList._remove_dup_nodes`: an op calling its own overload): the parent
+    // takes its children and its kernels (in place of its own), and it is no longer counted.
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for &i in &order {
+        if let Some(p) = parent[i] {
+            children[p].push(i);
+        }
+    }
+    let mut own: Vec<u64> = counted.iter().map(|e| own_device(e)).collect();
+    let mut folded = vec![false; n];
+    loop {
+        let mut changed = false;
+        for &i in &order {
+            let Some(p) = parent[i] else { continue };
+            if folded[i] || children[p].len() != 1 || counted[p].key() != counted[i].key() {
+                continue;
+            }
+            children[p] = std::mem::take(&mut children[i]);
+            for &c in &children[p] {
+                parent[c] = Some(p);
+            }
+            own[p] = own[i];
+            folded[i] = true;
+            changed = true;
+        }
+        if !changed {
+            break;
+        }
+    }
+
+    let duration = |i: usize| i64::try_from(counted[i].duration_ns).unwrap_or(i64::MAX);
+    let self_cpu: Vec<i64> = (0..n)
+        .map(|i| {
+            let e = counted[i];
+            if e.device || e.asynchronous() {
+                0
+            } else {
+                children[i]
+                    .iter()
+                    .fold(duration(i), |s, &c| s.saturating_sub(duration(c)))
+            }
+        })
+        .collect();
+    // Children come after their parents in the list: walking it backwards, each child's
+    // device total is complete when it is added to its parent's.
+    let mut device_total = own.clone();
+    for &i in order.iter().rev() {
+        for &c in &children[i] {
+            device_total[i] = device_total[i].saturating_add(device_total[c]);
+        }
+    }
+
+    let mut rank = vec![0usize; n];
+    for (r, &i) in order.iter().enumerate() {
+        rank[i] = r;
+    }
     let mut by_name: HashMap<&str, OpTotals> = HashMap::new();
-    for (i, e) in events.iter().enumerate() {
-        let s = by_name.entry(e.name).or_insert_with(|| OpTotals {
-            name: e.name.to_string(),
+    for (i, e) in counted.iter().enumerate() {
+        if folded[i] || (e.python_function && !python_frames) {
+            continue;
+        }
+        let s = by_name.entry(e.key()).or_insert_with(|| OpTotals {
+            name: e.key().to_string(),
+            // The first event of a name decides its kind, as torch's averages take it.
+            on_device: e.device,
+            user_annotation: e.user_annotation,
+            is_async: e.asynchronous(),
+            first: rank[i],
             ..OpTotals::default()
         });
-        s.calls += 1;
-        if e.device {
-            s.self_device_ns += e.duration_ns;
-        } else {
-            s.cpu_total_ns += e.duration_ns;
-            s.self_cpu_ns += self_ns[i];
+        if rank[i] < s.first {
+            s.first = rank[i];
+            s.on_device = e.device;
+            s.user_annotation = e.user_annotation;
+            s.is_async = e.asynchronous();
         }
+        s.calls += 1;
+        s.self_cpu_ns = s.self_cpu_ns.saturating_add(self_cpu[i]);
+        if !e.device {
+            s.cpu_total_ns += e.duration_ns;
+        }
+        s.self_device_ns += own[i];
+        s.device_total_ns += device_total[i];
     }
     by_name.into_values().collect()
 }
 
 /// torch's `_format_time`, from nanoseconds.
-fn fmt_time(ns: u64) -> String {
-    let us = ns as f64 / 1e3;
+fn fmt_time(ns: f64) -> String {
+    let us = ns / 1e3;
     if us >= 1e6 {
         format!("{:.3}s", us / 1e6)
     } else if us >= 1e3 {
@@ -118,11 +322,11 @@ fn fmt_time(ns: u64) -> String {
 }
 
 /// torch's `_format_time_share`.
-fn fmt_share(part: u64, total: u64) -> String {
-    if total == 0 {
+fn fmt_share(part: f64, total: f64) -> String {
+    if total == 0.0 {
         "NaN".to_string()
     } else {
-        format!("{:.2}%", part as f64 * 100.0 / total as f64)
+        format!("{:.2}%", part * 100.0 / total)
     }
 }
 
@@ -131,33 +335,65 @@ const NAME_WIDTH: usize = 55;
 /// torch's width of every other column.
 const COLUMN_WIDTH: usize = 12;
 
-/// The table, at most `limit` rows, sorted by `sort` (descending, then by name), in the
-/// layout of torch's `key_averages().table()` as vLLM writes it to `profiler_out.txt`: the
-/// same columns, widths, truncation and totals. Device columns appear when any device time
-/// was recorded, named after `device` (`CUDA`, `XPU`). A CPU op's device total is not known
-/// here (Kineto's correlation is not read back), so device columns count device events only.
+impl SortBy {
+    /// The rows vLLM asks torch's table for under this sort: its default of 100 by device
+    /// time, 50 by CPU time (`vllm/profiler/wrapper.py`).
+    pub fn row_limit(self) -> usize {
+        match self {
+            SortBy::SelfDevice => 100,
+            SortBy::SelfCpu => 50,
+        }
+    }
+
+    /// The sort by the name torch's `table(sort_by=...)` gives it: `self_device_time_total`
+    /// (or its older name `self_cuda_time_total`) and `self_cpu_time_total`.
+    pub fn from_torch_key(key: &str) -> Option<Self> {
+        match key {
+            "self_device_time_total" | "self_cuda_time_total" => Some(SortBy::SelfDevice),
+            "self_cpu_time_total" => Some(SortBy::SelfCpu),
+            _ => None,
+        }
+    }
+}
+
+/// The table vLLM writes to `{worker}.profiler_out.txt` for `events` under `torch_version`:
+/// their totals, at most [`SortBy::row_limit`] rows, in torch's layout ([`table`]).
+pub fn render(events: &[OpEvent<'_>], sort: SortBy, device: &str, torch_version: &str) -> String {
+    let stats = op_totals(events, python_frames_counted(torch_version));
+    table(&stats, sort, sort.row_limit(), device)
+}
+
+/// The table, at most `limit` rows, sorted by `sort` (descending; ties in the order torch's
+/// list has them), in the layout of torch's `key_averages().table()` as vLLM writes it to
+/// `profiler_out.txt`: the same columns, widths, truncation and totals. Device columns appear
+/// when any device time was recorded, named after `device` (`CUDA`, `XPU`).
 pub fn table(stats: &[OpTotals], sort: SortBy, limit: usize, device: &str) -> String {
     let key = |s: &OpTotals| match sort {
-        SortBy::SelfDevice => s.self_device_ns,
-        SortBy::SelfCpu => s.self_cpu_ns,
+        SortBy::SelfDevice => i128::from(s.self_device_ns),
+        SortBy::SelfCpu => i128::from(s.self_cpu_ns),
     };
     let mut rows: Vec<&OpTotals> = stats.iter().collect();
-    rows.sort_by(|a, b| key(b).cmp(&key(a)).then_with(|| a.name.cmp(&b.name)));
-    rows.truncate(limit);
+    rows.sort_by(|a, b| key(b).cmp(&key(a)).then_with(|| a.first.cmp(&b.first)));
     if rows.is_empty() {
         return String::new();
     }
-    let self_cpu_total: u64 = stats.iter().map(|s| s.self_cpu_ns).sum();
-    let device_total: u64 = stats.iter().map(|s| s.self_device_ns).sum();
-    let has_device = device_total > 0;
+    let self_cpu_total: f64 = stats.iter().map(|s| s.self_cpu_ns as f64).sum();
+    let device_total: f64 = stats
+        .iter()
+        .filter(|s| s.on_device && !s.user_annotation)
+        .map(|s| s.self_device_ns as f64)
+        .sum();
+    let has_device = stats.iter().any(|s| s.self_device_ns > 0);
 
-    let name_width = (rows
+    // torch sizes the name column by every name, shown or not.
+    let name_width = (stats
         .iter()
         .map(|r| r.name.chars().count())
         .max()
         .unwrap_or(0)
         + 4)
     .min(NAME_WIDTH);
+    rows.truncate(limit);
     let mut headers = vec![
         "Name".to_string(),
         "Self CPU %".into(),
@@ -200,21 +436,27 @@ pub fn table(stats: &[OpTotals], sort: SortBy, limit: usize, device: &str) -> St
         } else {
             r.name.clone()
         };
-        let calls = r.calls.max(1);
+        let calls = r.calls.max(1) as f64;
+        let cpu_total = r.cpu_total_ns as f64;
         let mut cells = vec![
             name,
-            fmt_share(r.self_cpu_ns, self_cpu_total),
-            fmt_time(r.self_cpu_ns),
-            fmt_share(r.cpu_total_ns, self_cpu_total),
-            fmt_time(r.cpu_total_ns),
-            fmt_time(r.cpu_total_ns / calls),
+            fmt_share(r.self_cpu_ns as f64, self_cpu_total),
+            fmt_time(r.self_cpu_ns as f64),
+            // torch gives an asynchronous event's CPU total no share.
+            if r.is_async {
+                "0".to_string()
+            } else {
+                fmt_share(cpu_total, self_cpu_total)
+            },
+            fmt_time(cpu_total),
+            fmt_time(cpu_total / calls),
         ];
         if has_device {
             cells.extend([
-                fmt_time(r.self_device_ns),
-                fmt_share(r.self_device_ns, device_total),
-                fmt_time(r.self_device_ns),
-                fmt_time(r.self_device_ns / calls),
+                fmt_time(r.self_device_ns as f64),
+                fmt_share(r.self_device_ns as f64, device_total),
+                fmt_time(r.device_total_ns as f64),
+                fmt_time(r.device_total_ns as f64 / calls),
             ]);
         }
         cells.push(r.calls.to_string());
@@ -236,10 +478,10 @@ mod tests {
         OpEvent {
             name,
             thread,
+            end_thread: thread,
             start_ns: start,
             duration_ns: dur,
-            device: false,
-            is_async: false,
+            ..OpEvent::default()
         }
     }
 
@@ -258,7 +500,7 @@ mod tests {
                 ..cpu("kernel", 0, 15, 40)
             },
         ];
-        let stats = op_totals(&events);
+        let stats = op_totals(&events, true);
         let get = |n: &str| stats.iter().find(|s| s.name == n).unwrap().clone();
         assert_eq!(get("outer").self_cpu_ns, 30);
         assert_eq!(get("outer").cpu_total_ns, 100);
@@ -271,6 +513,141 @@ mod tests {
     }
 
     #[test]
+    fn torchs_rules_for_what_counts_and_how_it_nests() {
+        let rows = |events: &[OpEvent<'_>]| {
+            let mut s = op_totals(events, true);
+            s.sort_by(|a, b| a.name.cmp(&b.name));
+            s
+        };
+        // Left out: not a row, and not a child (the parent keeps its time); so is a hidden event.
+        let s = rows(&[
+            cpu("op", 1, 0, 100),
+            cpu("aten::is_leaf", 1, 10, 20),
+            OpEvent {
+                hidden: true,
+                ..cpu("secret", 1, 40, 20)
+            },
+        ]);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].self_cpu_ns, 100);
+        // ProfilerStep#N counts as one name.
+        let s = rows(&[
+            cpu("ProfilerStep#3", 1, 0, 10),
+            cpu("ProfilerStep#4", 1, 20, 10),
+        ]);
+        assert_eq!((s[0].name.as_str(), s[0].calls), ("ProfilerStep*", 2));
+        // Ended on another thread: asynchronous, no self time, nests nothing.
+        let s = rows(&[
+            OpEvent {
+                end_thread: 2,
+                ..cpu("async", 1, 0, 100)
+            },
+            cpu("inside", 1, 10, 20),
+        ]);
+        assert_eq!((s[0].name.as_str(), s[0].self_cpu_ns), ("async", 0));
+        assert_eq!(s[0].cpu_total_ns, 100);
+        assert!(s[0].is_async);
+        assert_eq!(s[1].self_cpu_ns, 20);
+        // Overlapping children (b begins in a and outlasts it, so both are the parent's): the
+        // parent's self time goes negative, as torch's does.
+        let s = rows(&[
+            cpu("parent", 1, 0, 100),
+            cpu("a", 1, 0, 80),
+            cpu("b", 1, 10, 90),
+        ]);
+        let parent = s.iter().find(|r| r.name == "parent").unwrap();
+        assert_eq!(parent.self_cpu_ns, -70);
+        let s = rows(&[
+            cpu("p", 1, 0, 100),
+            cpu("c", 1, 0, 100),
+            cpu("d", 1, 0, 100),
+        ]);
+        // d nests in c, c in p: each self is 0 but the innermost's.
+        assert_eq!(
+            s.iter().map(|r| r.self_cpu_ns).collect::<Vec<_>>(),
+            [0, 100, 0]
+        );
+        let s = rows(&[
+            cpu("p", 1, 0, 100),
+            cpu("x", 1, 0, 60),
+            cpu("y", 1, 60, 40),
+            cpu("z", 1, 60, 40),
+        ]);
+        // y and z both lie in p after x ends (z inside y): p's own is 100 - 60 - 40 = 0.
+        assert_eq!(s.iter().find(|r| r.name == "p").unwrap().self_cpu_ns, 0);
+        // An event starting where the open one ends is not its child.
+        let s = rows(&[cpu("p", 1, 0, 10), cpu("after", 1, 10, 0)]);
+        assert_eq!(s.iter().find(|r| r.name == "p").unwrap().self_cpu_ns, 10);
+    }
+
+    #[test]
+    fn python_frames_have_rows_before_torch_2_14() {
+        for (version, counted) in [
+            ("2.13.0", true),
+            ("2.11.0+cu130", true),
+            ("2.14.0+cu130", false),
+            ("2.15.1", false),
+            ("3.0.0", false),
+            ("nightly", true),
+        ] {
+            assert_eq!(python_frames_counted(version), counted, "{version}");
+        }
+        // Left out, a frame still nests: its op's self time is its own, and the frame has no
+        // share of the total.
+        let events = [
+            OpEvent {
+                python_function: true,
+                ..cpu("model.py(3): forward", 1, 0, 100)
+            },
+            cpu("aten::mm", 1, 10, 30),
+        ];
+        let s = op_totals(&events, false);
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[0].name.as_str(), s[0].self_cpu_ns), ("aten::mm", 30));
+        assert_eq!(op_totals(&events, true).len(), 2);
+    }
+
+    #[test]
+    fn kernels_count_for_the_ops_that_launched_them() {
+        let op = |name, start, dur, corr| OpEvent {
+            correlation: corr,
+            ..cpu(name, 1, start, dur)
+        };
+        let kernel = |name, start, dur, linked| OpEvent {
+            device: true,
+            thread: 7,
+            end_thread: 7,
+            linked_correlation: linked,
+            ..cpu(name, 7, start, dur)
+        };
+        let events = [
+            op("outer", 0, 100, 1),
+            op("aten::mm", 10, 30, 2),
+            kernel("gemm", 50, 40, 2),
+            kernel("gemm", 95, 40, 2),
+            kernel("relu_kernel", 140, 5, 1),
+            OpEvent {
+                user_annotation: true,
+                ..kernel("gpu_annotation", 40, 200, 0)
+            },
+        ];
+        let s = op_totals(&events, true);
+        let get = |n: &str| s.iter().find(|r| r.name == n).unwrap().clone();
+        // The op's own kernels are its self device time; the total adds its children's.
+        assert_eq!(get("aten::mm").self_device_ns, 80);
+        assert_eq!(get("aten::mm").device_total_ns, 80);
+        assert_eq!(get("outer").self_device_ns, 5);
+        assert_eq!(get("outer").device_total_ns, 85);
+        assert_eq!(get("gemm").self_device_ns, 80);
+        assert_eq!((get("gemm").calls, get("gemm").cpu_total_ns), (2, 0));
+        let t = table(&s, SortBy::SelfDevice, 10, "CUDA");
+        // The device total is the device events' own time, user annotations left out.
+        assert!(t.ends_with("Self CUDA time total: 0.085us\n"), "{t}");
+        let first = t.lines().nth(3).unwrap();
+        assert!(first.trim_start().starts_with("gpu_annotation"), "{t}");
+    }
+
+    #[test]
     fn table_sorts_and_limits() {
         let events = [
             cpu("a", 1, 0, 10),
@@ -278,7 +655,7 @@ mod tests {
             cpu("b", 1, 60, 30),
             cpu("c", 1, 100, 5),
         ];
-        let t = table(&op_totals(&events), SortBy::SelfCpu, 2, "CUDA");
+        let t = table(&op_totals(&events, true), SortBy::SelfCpu, 2, "CUDA");
         let rows: Vec<&str> = t
             .lines()
             .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_lowercase()))
@@ -298,7 +675,7 @@ mod tests {
         // column 4 wider than the longest name, 12 for the others, two spaces after each.
         let long = "x".repeat(60);
         let events = [cpu("aten::mm", 1, 0, 1500), cpu(&long, 1, 2000, 500)];
-        let t = table(&op_totals(&events), SortBy::SelfCpu, 10, "CUDA");
+        let t = table(&op_totals(&events, true), SortBy::SelfCpu, 10, "CUDA");
         let lines: Vec<&str> = t.lines().collect();
         let rule = format!("{}  {}", "-".repeat(55), "------------  ".repeat(6));
         assert_eq!(lines[0], rule);
@@ -331,7 +708,7 @@ mod tests {
             device: true,
             ..cpu("gemm", 0, 0, 4000)
         };
-        let t = table(&op_totals(&[kernel]), SortBy::SelfDevice, 10, "CUDA");
+        let t = table(&op_totals(&[kernel], true), SortBy::SelfDevice, 10, "CUDA");
         assert!(
             t.contains("Self CUDA %") && t.contains("CUDA time avg"),
             "{t}"

@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_int, CStr};
 use crate::error::{Error, Result};
 
 /// The glue's C ABI version this crate speaks (`STEPSCOPE_KINETO_ABI`).
-pub(super) const ABI: u32 = 4;
+pub(super) const ABI: u32 = 5;
 
 /// `STEPSCOPE_KINETO_SERIALIZER_KINETO`: a save through Kineto's own writer.
 pub(super) const SERIALIZER_KINETO: c_int = 0;
@@ -38,10 +38,16 @@ pub(crate) struct Options {
 pub(super) struct RawEvent {
     pub(super) name_len: usize,
     pub(super) thread: u64,
+    pub(super) end_thread: u64,
     pub(super) start_ns: u64,
     pub(super) duration_ns: u64,
+    pub(super) correlation: u64,
+    pub(super) linked_correlation: u64,
     pub(super) device: u8,
     pub(super) is_async: u8,
+    pub(super) hidden: u8,
+    pub(super) user_annotation: u8,
+    pub(super) python_function: u8,
 }
 
 #[repr(C)]

@@ -12,15 +12,22 @@ use super::glue::{
 use super::provider::provider;
 use crate::error::Result;
 
-/// One event of a finished session, as the op table needs it.
+/// One event of a finished session, as the op table needs it: torch's `KinetoEvent`'s fields
+/// of the same names (the table's [`OpEvent`](super::super::op_table::OpEvent) says what each
+/// is for).
 pub(crate) struct EventRow {
     pub name: String,
     pub thread: u64,
+    pub end_thread: u64,
     pub start_ns: u64,
     pub duration_ns: u64,
-    /// Recorded on a device (a kernel, memcpy, memset), not on the CPU.
+    pub correlation: u64,
+    pub linked_correlation: u64,
     pub device: bool,
     pub is_async: bool,
+    pub hidden: bool,
+    pub user_annotation: bool,
+    pub python_function: bool,
 }
 
 /// The glue, ready: the only way to the functions above.
@@ -178,6 +185,11 @@ impl TraceResult {
         })
     }
 
+    /// The version of the torch the glue was built for (`2.13.0`).
+    pub(crate) fn torch_version(&self) -> String {
+        glue::built_for(self.api)
+    }
+
     pub(crate) fn events(&self) -> Result<Vec<EventRow>> {
         // SAFETY: ptr is live.
         let n = unsafe { (self.api.event_count)(self.ptr.as_ptr()) };
@@ -206,10 +218,16 @@ impl TraceResult {
             rows.push(EventRow {
                 name: String::from_utf8_lossy(&name[..raw.name_len]).into_owned(),
                 thread: raw.thread,
+                end_thread: raw.end_thread,
                 start_ns: raw.start_ns,
                 duration_ns: raw.duration_ns,
+                correlation: raw.correlation,
+                linked_correlation: raw.linked_correlation,
                 device: raw.device != 0,
                 is_async: raw.is_async != 0,
+                hidden: raw.hidden != 0,
+                user_annotation: raw.user_annotation != 0,
+                python_function: raw.python_function != 0,
             });
         }
         Ok(rows)
