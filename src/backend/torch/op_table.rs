@@ -485,6 +485,12 @@ mod tests {
         }
     }
 
+    /// The totals of `name`.
+    fn named(stats: &[OpTotals], name: &str) -> OpTotals {
+        let found = stats.iter().find(|s| s.name == name);
+        found.unwrap_or_else(|| panic!("no row {name}")).clone()
+    }
+
     #[test]
     fn self_time_subtracts_direct_children_only() {
         // outer [0,100) > mid [10,60) > leaf [20,30); sibling [70,90) in outer; another
@@ -501,7 +507,7 @@ mod tests {
             },
         ];
         let stats = op_totals(&events, true);
-        let get = |n: &str| stats.iter().find(|s| s.name == n).unwrap().clone();
+        let get = |n: &str| named(&stats, n);
         assert_eq!(get("outer").self_cpu_ns, 30);
         assert_eq!(get("outer").cpu_total_ns, 100);
         assert_eq!(get("mid").self_cpu_ns, 40);
@@ -555,8 +561,7 @@ mod tests {
             cpu("a", 1, 0, 80),
             cpu("b", 1, 10, 90),
         ]);
-        let parent = s.iter().find(|r| r.name == "parent").unwrap();
-        assert_eq!(parent.self_cpu_ns, -70);
+        assert_eq!(named(&s, "parent").self_cpu_ns, -70);
         let s = rows(&[
             cpu("p", 1, 0, 100),
             cpu("c", 1, 0, 100),
@@ -574,10 +579,10 @@ mod tests {
             cpu("z", 1, 60, 40),
         ]);
         // y and z both lie in p after x ends (z inside y): p's own is 100 - 60 - 40 = 0.
-        assert_eq!(s.iter().find(|r| r.name == "p").unwrap().self_cpu_ns, 0);
+        assert_eq!(named(&s, "p").self_cpu_ns, 0);
         // An event starting where the open one ends is not its child.
         let s = rows(&[cpu("p", 1, 0, 10), cpu("after", 1, 10, 0)]);
-        assert_eq!(s.iter().find(|r| r.name == "p").unwrap().self_cpu_ns, 10);
+        assert_eq!(named(&s, "p").self_cpu_ns, 10);
     }
 
     #[test]
@@ -632,7 +637,7 @@ mod tests {
             },
         ];
         let s = op_totals(&events, true);
-        let get = |n: &str| s.iter().find(|r| r.name == n).unwrap().clone();
+        let get = |n: &str| named(&s, n);
         // The op's own kernels are its self device time; the total adds its children's.
         assert_eq!(get("aten::mm").self_device_ns, 80);
         assert_eq!(get("aten::mm").device_total_ns, 80);
