@@ -12,7 +12,8 @@ summary, then the op table and the free: wall to the rename, and CPU seconds of 
 the finalizer's to the end), JSON MB per second of
 the write's CPU time (per core), the free of Kineto's and torch's buffers (the writer thread's
 CPU, the manifest's `free_seconds`) and the MB per second of the write's CPU less it, the stop to
-the trace on disk, and the gzip'd size.
+the trace on disk, the gzip'd size, what followed the rename (the op table, the free, the
+manifest) and of it the op table (the manifest's `op_table_seconds`).
 `--one-core` pins the process to one CPU first, as vLLM's CPU workers are pinned (the writer's
 threads then share the core left to them).
 `--no-stack` captures without Python stacks (shapes recorded, CUDA listed beside CPU as a GPU
@@ -155,6 +156,8 @@ def capture(level: int, serializer: str, table: str, ops: int) -> dict:
         "on_disk_s": on_disk,
         # The op table, the free of Kineto's buffers and the final manifest, after the rename.
         "after_rename_s": on_disk - manifest["writer_seconds"],
+        # Of which the op table (wall).
+        "op_table_s": manifest.get("op_table_seconds") or 0.0,
     }
 
 
@@ -184,10 +187,11 @@ def main() -> None:
     stacks = "no Python stacks" if args.no_stack else "Python stacks"
     print(f"medians of {args.rounds} captures per variant, {args.ops} ops each, {stacks}, {cores}")
     head = ("level", "serializer", "op table", "trace_only", "JSON MB", "gz MB", "finalize s", "(CPU s)", "write s", "(CPU s)",
-            "MB/s/core", "free CPU s", "less free", "stop→disk s", "after rename")  # fmt: skip
+            "MB/s/core", "free CPU s", "less free", "stop→disk s", "after rename", "op table s")  # fmt: skip
     print("".join(f"{h:>13}" for h in head))
     keys = ("json_mb", "gz_mb", "finalize_s", "finalize_cpu_s", "write_s", "write_cpu_s",
-            "mb_s_per_core", "free_cpu_s", "ours_mb_s_per_core", "on_disk_s", "after_rename_s")  # fmt: skip
+            "mb_s_per_core", "free_cpu_s", "ours_mb_s_per_core", "on_disk_s", "after_rename_s",
+            "op_table_s")  # fmt: skip
     for lvl, ser, table in variants:
         cells = [statistics.median(r[k] for r in runs[(lvl, ser, table)]) for k in keys]
         only = {str(r["trace_only"]) for r in runs[(lvl, ser, table)]}

@@ -460,6 +460,7 @@ fn save_loop(settings: &Settings, rx: &Receiver<Finalized>, done: &Done) {
                 manifest.trace_bytes = Some(written.trace_bytes);
                 manifest.json_bytes = Some(written.json_bytes);
                 manifest.op_table_file = written.op_table_file;
+                manifest.op_table_seconds = written.op_table_seconds;
                 manifest.summary = written.summary;
                 manifest.writer_seconds =
                     Some(written.renamed.duration_since(job.queued).as_secs_f64());
@@ -502,6 +503,8 @@ struct Written {
     trace_bytes: u64,
     json_bytes: u64,
     op_table_file: Option<String>,
+    /// What writing it took.
+    op_table_seconds: Option<f64>,
     summary: Option<Summary>,
     renamed: Instant,
 }
@@ -592,10 +595,15 @@ fn write_job(
         .trace_name
         .as_deref()
         .unwrap_or(&manifest.captured.worker_name);
+    let extras = Instant::now();
     let op_table_file = trace.write_extras(dir, stem)?;
+    let op_table_seconds = op_table_file
+        .as_ref()
+        .map(|_| extras.elapsed().as_secs_f64());
     Ok(Written {
         trace_bytes,
         json_bytes,
+        op_table_seconds,
         op_table_file,
         summary,
         renamed,

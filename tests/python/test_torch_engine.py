@@ -104,6 +104,7 @@ def test_delay_and_max_select_exactly_the_iterations_in_the_trace(tmp_path):
     assert manifest["trace_file"] == trace.name
     assert manifest["local_rank"] == 1
     assert (tmp_path / "py-engine.profiler_out.txt").exists()
+    assert manifest["op_table_seconds"] > 0
     # The header says when the capture stopped (what analyze leaves out after it), on the
     # trace's clock through Kineto's baseTimeNanoseconds: after the last captured iteration.
     with gzip.open(trace, "rt") as f:
