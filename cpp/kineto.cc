@@ -304,6 +304,7 @@ int stepscope_kineto_event_at(const stepscope_kineto_result* result, size_t inde
     out->user_annotation = type == libkineto::ActivityType::USER_ANNOTATION ||
                            type == libkineto::ActivityType::GPU_USER_ANNOTATION;
     out->python_function = e.isPythonFunction();
+    out->overhead = type == libkineto::ActivityType::OVERHEAD;
   });
 }
 

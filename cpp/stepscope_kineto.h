@@ -69,6 +69,8 @@ typedef struct stepscope_kineto_event {
   uint8_t user_annotation;
   /* A Python frame (recorded with stacks): torch 2.14's key_averages() leaves it out. */
   uint8_t python_function;
+  /* One of CUPTI's overhead records (OVERHEAD): torch 2.14 gives it no kernels. */
+  uint8_t overhead;
 } stepscope_kineto_event;
 
 typedef struct stepscope_kineto_detached stepscope_kineto_detached;

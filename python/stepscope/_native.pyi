@@ -265,18 +265,19 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     manifest."""
 
 def _op_table(
-    events: Sequence[tuple[str, int, int, int, int, int, int, bool, bool, bool, bool, bool]],
+    events: Sequence[Mapping[str, Any]],
     sort_by: str,
     device: str,
     torch_version: str,
     row_limit: int | None = None,
 ) -> str:
     """The op table stepscope writes to ``{worker}.profiler_out.txt`` for ``events``, each
-    torch's ``KinetoEvent`` as ``(name, start_thread_id, end_thread_id, start_ns,
-    duration_ns, correlation_id, linked_correlation_id, on_device, is_async,
-    is_hidden_event, is_user_annotation, is_python_function)``, sorted by torch's ``sort_by``
-    key, as ``torch_version``'s ``key_averages()`` counts them; for holding it against torch's
-    ``key_averages().table()``."""
+    torch's ``KinetoEvent`` as a dict of its values under its methods' names (``name``,
+    ``start_thread_id``, ``end_thread_id``, ``start_ns``, ``duration_ns``, ``correlation_id``,
+    ``linked_correlation_id``, ``is_async``, ``is_hidden_event``, ``is_user_annotation``,
+    ``is_python_function``) and ``on_device`` and ``overhead`` (its ``activity_type``), sorted
+    by torch's ``sort_by`` key, as ``torch_version``'s ``key_averages()`` counts them; for
+    holding it against torch's ``key_averages().table()``."""
 def _add_kineto_glue_dir(dir: str) -> None: ...
 def kineto_glue() -> dict[str, Any]:
     """The Kineto glue this process uses, loading it if needed: ``{"path", "built_for",

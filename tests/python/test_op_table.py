@@ -22,25 +22,23 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from stepscope._native import _op_table
 
 
-def kineto_rows(prof: profile) -> list[tuple]:
-    """The capture's events as the writer reads them from the glue (cpp/kineto.cc)."""
-    return [
-        (
-            e.name(),
-            e.start_thread_id(),
-            e.end_thread_id(),
-            e.start_ns(),
-            e.duration_ns(),
-            e.correlation_id(),
-            e.linked_correlation_id(),
-            e.device_type() != DeviceType.CPU,
-            e.is_async(),
-            e.is_hidden_event(),
-            e.is_user_annotation(),
-            e.is_python_function(),
-        )
-        for e in prof.profiler.kineto_results.events()
-    ]
+def as_glue_reads(e) -> dict:
+    """A `KinetoEvent` as the writer reads it from the glue (cpp/kineto.cc)."""
+    return {
+        "name": e.name(),
+        "start_thread_id": e.start_thread_id(),
+        "end_thread_id": e.end_thread_id(),
+        "start_ns": e.start_ns(),
+        "duration_ns": e.duration_ns(),
+        "correlation_id": e.correlation_id(),
+        "linked_correlation_id": e.linked_correlation_id(),
+        "on_device": e.device_type() != DeviceType.CPU,
+        "is_async": e.is_async(),
+        "is_hidden_event": e.is_hidden_event(),
+        "is_user_annotation": e.is_user_annotation(),
+        "is_python_function": e.is_python_function(),
+        "overhead": e.activity_type() == "overhead",
+    }
 
 
 UNIT = {"s": 1e6, "ms": 1e3, "us": 1.0}
@@ -84,10 +82,18 @@ def rows_of(table: str) -> tuple[list[str], list[list[str]], list[str]]:
 def assert_same_table(
     prof: profile, sort_by: str, row_limit: int | None = None
 ) -> None:
+    """stepscope's table of the capture's events against torch's."""
     theirs = prof.key_averages().table(
         sort_by=sort_by, **({} if row_limit is None else {"row_limit": row_limit})
     )
-    ours = _op_table(kineto_rows(prof), sort_by, "CUDA", torch.__version__, row_limit)
+    events = [as_glue_reads(e) for e in prof.profiler.kineto_results.events()]
+    ours = _op_table(events, sort_by, "CUDA", torch.__version__, row_limit)
+    assert_same_text(ours, theirs, sort_by, row_limit)
+
+
+def assert_same_text(
+    ours: str, theirs: str, sort_by: str, row_limit: int | None
+) -> None:
     both = f"ours:\n{ours}\ntorch's:\n{theirs}"
     t_head, t_rows, t_tail = rows_of(theirs)
     o_head, o_rows, o_tail = rows_of(ours)
@@ -105,9 +111,9 @@ def assert_same_table(
         out = []
         for r in rows:
             if out and column is not None and close(out[-1][0], r[column]):
-                out[-1][1].append(r[0])
+                out[-1][1].append(r)
             else:
-                out.append((r[column] if column is not None else "", [r[0]]))
+                out.append((r[column] if column is not None else "", [r]))
         return out
 
     t_groups, o_groups = groups(t_rows), groups(o_rows)
@@ -115,20 +121,22 @@ def assert_same_table(
     cut = row_limit is not None and len(t_rows) == row_limit
     for k, ((_, o), (_, t)) in enumerate(zip(o_groups, t_groups, strict=True)):
         # Of a tie cut by the limit, either table may show any.
-        if not (cut and k == len(t_groups) - 1):
-            assert sorted(o) == sorted(t), both
-    theirs_by_name = {r[0]: r for r in t_rows}
-    for o in o_rows:
-        t = theirs_by_name.get(o[0])
-        if t is None:
-            continue  # only in a tie cut by the limit (checked above)
-        assert o[-1] == t[-1], f"calls of {o[0]}: ours {o[-1]}, torch's {t[-1]}"
-        bad = [
-            (i, a, b)
-            for i, (a, b) in enumerate(zip(o, t, strict=True))
-            if not close(a, b)
-        ]
-        assert not bad, f"{o[0]}: cells differ (column, ours, torch's): {bad}"
+        if cut and k == len(t_groups) - 1:
+            continue
+        # A name may have two rows (on the CPU and on the device): rows pair up by their
+        # cells but the shares, which ties leave in either order.
+        for ours_row, their_row in zip(sorted(o), sorted(t), strict=True):
+            assert ours_row[-1] == their_row[-1], (
+                f"calls: {ours_row} against {their_row}\n{both}"
+            )
+            bad = [
+                (i, a, b)
+                for i, (a, b) in enumerate(zip(ours_row, their_row, strict=True))
+                if not close(a, b)
+            ]
+            assert not bad, (
+                f"{ours_row[0]}: cells differ (column, ours, torch's): {bad}\n{both}"
+            )
     assert len(o_tail) == len(t_tail)
     for a, b in zip(o_tail, t_tail, strict=True):
         head_a, _, value_a = a.rpartition(" ")
@@ -211,3 +219,248 @@ def test_kernels_and_the_ops_that_launched_them() -> None:
         torch.cuda.synchronize()
     assert_same_table(prof, "self_device_time_total")
     assert_same_table(prof, "self_cpu_time_total", 10_000)
+
+
+# What a CPU cannot record (kernels, copies, runtime calls, CUPTI's overhead records), given to
+# torch's own post-processing of a capture (`_parse_kineto_results`, the event tree, then
+# `key_averages().table()`, as `torch.profiler` runs them on a real result) as stand-ins for
+# `KinetoEvent`s, and to stepscope's table as the glue reads them.
+
+
+class FakeEvent:
+    """A `KinetoEvent`'s methods that torch's post-processing calls."""
+
+    def __init__(
+        self,
+        name: str,
+        start: int,
+        duration: int,
+        thread: int = 1,
+        end_thread: int | None = None,
+        correlation: int = 0,
+        linked: int = 0,
+        device: DeviceType = DeviceType.CPU,
+        is_async: bool = False,
+        user_annotation: bool = False,
+        activity: str = "cpu_op",
+    ) -> None:
+        self.values = {
+            "name": name,
+            "start_thread_id": thread,
+            "end_thread_id": thread if end_thread is None else end_thread,
+            "start_ns": start,
+            "duration_ns": duration,
+            "correlation_id": correlation,
+            "linked_correlation_id": linked,
+            "is_async": is_async,
+            "is_hidden_event": False,
+            "is_user_annotation": user_annotation,
+            "is_python_function": False,
+            "activity_type": activity,
+        }
+        self.device = device
+
+    def __getattr__(self, method: str):
+        v = self.__dict__["values"]
+        if method in v:
+            return lambda: v[method]
+        fixed = {
+            "end_ns": v["start_ns"] + v["duration_ns"],
+            "device_type": self.device,
+            "device_index": 0,
+            "device_resource_id": v["start_thread_id"],
+            "fwd_thread_id": v["start_thread_id"],
+            "overload_name": "",
+            "sequence_nr": -1,
+            "scope": 0,
+            "flops": 0,
+            "metadata_json": "",
+            "flow_id": 0,
+            "flow_type": 0,
+            "flow_start": False,
+            "external_id": 0,
+            "python_id": -1,
+            "python_parent_id": -1,
+            "python_module_id": -1,
+            "cuda_elapsed_us": -1,
+            "privateuse1_elapsed_us": -1,
+        }
+        if method in fixed:
+            return lambda: fixed[method]
+        if method in ("extra_meta", "typed_metadata"):
+            return lambda: None
+        if method in ("kwinputs",):
+            return lambda: {}
+        if method in (
+            "shapes",
+            "concrete_inputs",
+            "stack",
+            "structured_input_shapes",
+            "structured_input_strides",
+            "dtypes",
+        ):
+            return lambda: []
+        raise AttributeError(method)
+
+
+class FakeResult:
+    def __init__(self, events: list[FakeEvent]) -> None:
+        self._events = events
+
+    def events(self) -> list[FakeEvent]:
+        return self._events
+
+    def trace_start_ns(self) -> int:
+        return 0
+
+
+def torch_table(events: list[FakeEvent], sort_by: str, row_limit: int) -> str:
+    from types import SimpleNamespace
+
+    from torch.autograd.profiler import profile as autograd_profile
+    from torch.autograd.profiler_util import EventList
+
+    this = SimpleNamespace(use_device="cuda")
+    parsed = autograd_profile._parse_kineto_results(this, FakeResult(events))
+    tree = EventList(parsed, use_device="cuda")
+    tree._build_tree()
+    return tree.key_averages().table(sort_by=sort_by, row_limit=row_limit)
+
+
+def assert_same_for(events: list[FakeEvent]) -> None:
+    glue = [
+        {
+            **{k: v for k, v in e.values.items() if k != "activity_type"},
+            "on_device": e.device != DeviceType.CPU,
+            "overhead": e.values["activity_type"] == "overhead",
+        }
+        for e in events
+    ]
+    for sort_by, limit in (
+        ("self_device_time_total", 100),
+        ("self_cpu_time_total", 50),
+    ):
+        theirs = torch_table(events, sort_by, limit)
+        ours = _op_table(glue, sort_by, "CUDA", torch.__version__, limit)
+        assert_same_text(ours, theirs, sort_by, limit)
+
+
+CUDA = DeviceType.CUDA
+
+
+def kernel(name: str, start: int, duration: int, linked: int, **kw) -> FakeEvent:
+    return FakeEvent(name, start, duration, thread=7, linked=linked, device=CUDA,
+                     activity="kernel", **kw)  # fmt: skip
+
+
+def launch(start: int, linked: int, thread: int = 1) -> FakeEvent:
+    return FakeEvent("cudaLaunchKernel", start, 500, thread=thread, linked=linked,
+                     activity="cuda_runtime")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "kernels of nested ops",
+        "a region and its GPU annotation",
+        "a Triton kernel named as its launch",
+        "a launch on another thread",
+        "a folded op's kernels",
+        "an overhead record in an op",
+        "an asynchronous op's kernel",
+    ],
+)
+def test_device_columns_as_torch_computes_them(case: str) -> None:
+    events = {
+        "kernels of nested ops": [
+            FakeEvent("aten::linear", 0, 20_000, correlation=1),
+            FakeEvent("aten::addmm", 1_000, 15_000, correlation=2),
+            launch(2_000, linked=2),
+            kernel("gemm", 5_000, 30_000, linked=2),
+            launch(12_000, linked=1),
+            kernel("bias", 40_000, 2_000, linked=1),
+            FakeEvent("aten::relu", 25_000, 3_000, correlation=3),
+            launch(25_500, linked=3),
+            kernel("relu_kernel", 43_000, 1_000, linked=3),
+        ],
+        "a region and its GPU annotation": [
+            FakeEvent(
+                "execute_model",
+                0,
+                30_000,
+                correlation=1,
+                user_annotation=True,
+                activity="user_annotation",
+            ),  # fmt: skip
+            FakeEvent("aten::mm", 1_000, 5_000, correlation=2),
+            launch(2_000, linked=2),
+            kernel("gemm", 4_000, 9_000, linked=2),
+            FakeEvent(
+                "execute_model",
+                3_000,
+                40_000,
+                thread=7,
+                device=CUDA,
+                linked=1,
+                user_annotation=True,
+                activity="gpu_user_annotation",
+            ),  # fmt: skip
+        ],
+        "a Triton kernel named as its launch": [
+            FakeEvent(
+                "triton_poi_fused_add_0",
+                0,
+                4_000,
+                correlation=1,
+                user_annotation=True,
+                activity="user_annotation",
+            ),  # fmt: skip
+            launch(1_000, linked=1),
+            kernel("triton_poi_fused_add_0", 3_000, 2_000, linked=1),
+            FakeEvent(
+                "triton_poi_fused_add_0",
+                10_000,
+                4_000,
+                correlation=2,
+                user_annotation=True,
+                activity="user_annotation",
+            ),  # fmt: skip
+            launch(11_000, linked=2),
+            kernel("triton_poi_fused_add_0", 13_000, 3_000, linked=2),
+        ],
+        "a launch on another thread": [
+            FakeEvent("aten::mm", 0, 10_000, correlation=1),
+            launch(2_000, linked=1, thread=2),
+            kernel("gemm", 4_000, 8_000, linked=1),
+            FakeEvent("other", 1_000, 5_000, thread=2),
+        ],
+        "a folded op's kernels": [
+            FakeEvent("aten::copy_", 0, 10_000, correlation=1),
+            launch(500, linked=1),
+            kernel("copy_outer", 3_000, 1_000, linked=1),
+            FakeEvent("aten::copy_", 1_000, 8_000, correlation=2),
+            launch(1_500, linked=2),
+            kernel("copy_inner", 5_000, 4_000, linked=2),
+        ],
+        "an overhead record in an op": [
+            FakeEvent("aten::add", 0, 10_000, correlation=2),
+            FakeEvent(
+                "Activity Buffer Request",
+                1_000,
+                2_000,
+                correlation=2,
+                activity="overhead",
+            ),  # fmt: skip
+            launch(4_000, linked=2),
+            kernel("add_kernel", 6_000, 8_000, linked=2),
+        ],
+        "an asynchronous op's kernel": [
+            FakeEvent("aten::to", 0, 10_000, correlation=1, end_thread=2),
+            launch(1_000, linked=1),
+            kernel("copy_kernel", 3_000, 2_000, linked=1),
+            FakeEvent("aten::mm", 12_000, 3_000, correlation=2),
+            launch(12_500, linked=2),
+            kernel("gemm", 14_000, 5_000, linked=2),
+        ],
+    }[case]
+    assert_same_for(events)

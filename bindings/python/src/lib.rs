@@ -49,24 +49,26 @@ fn kineto_glue(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
-/// One event as `_op_table` takes it: torch's `KinetoEvent`'s `name`, `start_thread_id`,
-/// `end_thread_id`, `start_ns`, `duration_ns`, `correlation_id`, `linked_correlation_id`,
-/// whether its device is not the CPU, `is_async`, `is_hidden_event`, `is_user_annotation` and
-/// `is_python_function`.
-type EventTuple = (
-    String,
-    u64,
-    u64,
-    u64,
-    u64,
-    u64,
-    u64,
-    bool,
-    bool,
-    bool,
-    bool,
-    bool,
-);
+/// One event as `_op_table` takes it: a dict of torch's `KinetoEvent`'s values under the names
+/// of its methods, and `on_device` (its device is not the CPU) and `overhead` (its
+/// `activity_type` is `overhead`).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct EventItem {
+    name: String,
+    start_thread_id: u64,
+    end_thread_id: u64,
+    start_ns: u64,
+    duration_ns: u64,
+    correlation_id: u64,
+    linked_correlation_id: u64,
+    on_device: bool,
+    is_async: bool,
+    is_hidden_event: bool,
+    is_user_annotation: bool,
+    is_python_function: bool,
+    overhead: bool,
+}
 
 /// The op table stepscope writes to `{worker}.profiler_out.txt` for `events`, sorted by
 /// torch's `sort_by` key (`self_device_time_total` or `self_cpu_time_total`), with `device`
@@ -76,13 +78,13 @@ type EventTuple = (
 #[pyfunction]
 #[pyo3(signature = (events, sort_by, device, torch_version, row_limit=None))]
 fn _op_table(
-    events: Vec<EventTuple>,
+    events: Vec<EventItem>,
     sort_by: &str,
     device: &str,
     torch_version: &str,
     row_limit: Option<usize>,
 ) -> PyResult<String> {
-    use stepscope::backend::op_table::{op_totals, python_frames_counted, table, OpEvent, SortBy};
+    use stepscope::backend::op_table::{op_totals, table, OpEvent, Rules, SortBy};
     let sort = SortBy::from_torch_key(sort_by).ok_or_else(|| {
         pyo3::exceptions::PyValueError::new_err(format!(
             "sort_by: {sort_by:?} is not self_device_time_total or self_cpu_time_total"
@@ -91,22 +93,23 @@ fn _op_table(
     let events: Vec<OpEvent<'_>> = events
         .iter()
         .map(|e| OpEvent {
-            name: &e.0,
-            thread: e.1,
-            end_thread: e.2,
-            start_ns: e.3,
-            duration_ns: e.4,
-            correlation: e.5,
-            linked_correlation: e.6,
-            device: e.7,
-            is_async: e.8,
-            hidden: e.9,
-            user_annotation: e.10,
-            python_function: e.11,
+            name: &e.name,
+            thread: e.start_thread_id,
+            end_thread: e.end_thread_id,
+            start_ns: e.start_ns,
+            duration_ns: e.duration_ns,
+            correlation: e.correlation_id,
+            linked_correlation: e.linked_correlation_id,
+            device: e.on_device,
+            is_async: e.is_async,
+            hidden: e.is_hidden_event,
+            user_annotation: e.is_user_annotation,
+            python_function: e.is_python_function,
+            overhead: e.overhead,
         })
         .collect();
     let limit = row_limit.unwrap_or(sort.row_limit());
-    let stats = op_totals(&events, python_frames_counted(torch_version));
+    let stats = op_totals(&events, Rules::of(torch_version));
     Ok(table(&stats, sort, limit, device))
 }
 

@@ -116,6 +116,7 @@ fn write_table(
             hidden: r.hidden,
             user_annotation: r.user_annotation,
             python_function: r.python_function,
+            overhead: r.overhead,
         })
         .collect();
     // Kineto's device activity here is CUDA's (the backend records no other device's).

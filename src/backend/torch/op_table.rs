@@ -9,7 +9,8 @@
 //! - events torch leaves out of the table (its `_filter_name` list, hidden events) are not
 //!   counted, and not nested: their time stays their parent's own;
 //! - `ProfilerStep#N` counts as `ProfilerStep*`;
-//! - Python frames have no rows under torch 2.14 and later ([`python_frames_counted`]);
+//! - under torch 2.14 and later, Python frames have no rows and CUPTI's overhead records take
+//!   no kernels ([`Rules`]);
 //! - an event is asynchronous when Kineto says so or it ended on another thread than it began
 //!   on; it has no self CPU time and nests nothing;
 //! - self CPU time is an event's duration less that of the events directly nested in it on its
@@ -18,7 +19,10 @@
 //! - an event that is the only child of its parent of the same name is folded into it;
 //! - a device event (kernel, copy, memset) is device time of its own name and, when linked to
 //!   the CPU op that launched it, device time of that op too ("Self CUDA"), and of every op
-//!   around it ("CUDA total"); device user annotations are left out of the device total.
+//!   around it ("CUDA total"); device user annotations are left out of the device total;
+//! - a row is a name on the CPU or on the device, as a user annotation or not: a region's
+//!   CPU range and its GPU annotation, or a Triton kernel and the CPU range of its launch, are
+//!   two rows of one name.
 //!
 //! Not reproduced: what `profile_memory` adds (the memory columns, and `[memory]` rows for the
 //! records no op holds), the FLOPs column (`with_flops`), and the grouping by input shape vLLM
@@ -64,6 +68,8 @@ pub struct OpEvent<'a> {
     pub user_annotation: bool,
     /// A Python frame (recorded with stacks).
     pub python_function: bool,
+    /// One of CUPTI's overhead records (Kineto's `OVERHEAD` activity).
+    pub overhead: bool,
 }
 
 /// Names torch's table leaves out (`torch.autograd.profiler_util._filter_name`): the memory
@@ -132,21 +138,37 @@ pub struct OpTotals {
     first: usize,
 }
 
-/// Whether the table has rows for Python frames: torch 2.14's `key_averages()` and later leave
-/// them out by default (`include_python_functions=False`: they nest as before, but have no row
-/// and no share of the self CPU total); earlier ones count them as any event. `torch_version`
-/// as torch gives it (`2.14.0+cu130`); one that does not read as a version counts them.
-pub fn python_frames_counted(torch_version: &str) -> bool {
-    let mut parts = torch_version.split(['.', '+']).map(str::parse::<u32>);
-    match (parts.next(), parts.next()) {
-        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) < (2, 14),
-        _ => true,
+/// What differs between torch versions in `key_averages()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// Python frames have rows: torch 2.14 and later leave them out by default
+    /// (`include_python_functions=False`: they nest as before, but have no row and no share of
+    /// the self CPU total).
+    pub python_frames: bool,
+    /// CUPTI's overhead records take the kernels linked to their correlation id, as any CPU
+    /// event: torch 2.14 and later pass them over (they inherit the correlation id of the op
+    /// around them).
+    pub overhead_takes_kernels: bool,
+}
+
+impl Rules {
+    /// The rules of `torch_version` as torch gives it (`2.14.0+cu130`); one that does not read
+    /// as a version takes the older rules.
+    pub fn of(torch_version: &str) -> Rules {
+        let mut parts = torch_version.split(['.', '+']).map(str::parse::<u32>);
+        let before_2_14 = match (parts.next(), parts.next()) {
+            (Some(Ok(major)), Some(Ok(minor))) => (major, minor) < (2, 14),
+            _ => true,
+        };
+        Rules {
+            python_frames: before_2_14,
+            overhead_takes_kernels: before_2_14,
+        }
     }
 }
 
-/// Per-name totals of `events`, in no particular order; Python frames among them only where
-/// `python_frames` ([`python_frames_counted`]).
-pub fn op_totals(events: &[OpEvent<'_>], python_frames: bool) -> Vec<OpTotals> {
+/// Per-name totals of `events` under torch's `rules`, in no particular order.
+pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
     let counted: Vec<&OpEvent<'_>> = events.iter().filter(|e| e.counted()).collect();
     let n = counted.len();
     // torch's event list: by start, the longer first on ties, else in the order given.
@@ -168,7 +190,10 @@ pub fn op_totals(events: &[OpEvent<'_>], python_frames: bool) -> Vec<OpTotals> {
             } else {
                 e.duration_ns
             }
-        } else if e.linked_correlation == 0 && !e.asynchronous() {
+        } else if e.linked_correlation == 0
+            && !e.asynchronous()
+            && (rules.overhead_takes_kernels || !e.overhead)
+        {
             kernels_of.get(&e.correlation).copied().unwrap_or(0)
         } else {
             0
@@ -179,7 +204,12 @@ pub fn op_totals(events: &[OpEvent<'_>], python_frames: bool) -> Vec<OpTotals> {
     // op's thread.
     let op_threads: HashMap<u64, u64> = counted
         .iter()
-        .filter(|e| !e.device && !e.asynchronous() && e.linked_correlation == 0)
+        .filter(|e| {
+            !e.device
+                && !e.asynchronous()
+                && e.linked_correlation == 0
+                && (rules.overhead_takes_kernels || !e.overhead)
+        })
         .map(|e| (e.correlation, e.thread))
         .collect();
     let thread_of = |e: &OpEvent<'_>| {
@@ -278,24 +308,24 @@ pub fn op_totals(events: &[OpEvent<'_>], python_frames: bool) -> Vec<OpTotals> {
     for (r, &i) in order.iter().enumerate() {
         rank[i] = r;
     }
-    let mut by_name: HashMap<&str, OpTotals> = HashMap::new();
+    // torch's rows: a name on the CPU or a device, as a user annotation or not.
+    let mut rows: HashMap<(&str, bool, bool), OpTotals> = HashMap::new();
     for (i, e) in counted.iter().enumerate() {
-        if folded[i] || (e.python_function && !python_frames) {
+        if folded[i] || (e.python_function && !rules.python_frames) {
             continue;
         }
-        let s = by_name.entry(e.key()).or_insert_with(|| OpTotals {
+        let row = (e.key(), e.device, e.user_annotation);
+        let s = rows.entry(row).or_insert_with(|| OpTotals {
             name: e.key().to_string(),
-            // The first event of a name decides its kind, as torch's averages take it.
             on_device: e.device,
             user_annotation: e.user_annotation,
+            // The first event of a row decides, as torch's averages take it.
             is_async: e.asynchronous(),
             first: rank[i],
             ..OpTotals::default()
         });
         if rank[i] < s.first {
             s.first = rank[i];
-            s.on_device = e.device;
-            s.user_annotation = e.user_annotation;
             s.is_async = e.asynchronous();
         }
         s.calls += 1;
@@ -306,7 +336,7 @@ pub fn op_totals(events: &[OpEvent<'_>], python_frames: bool) -> Vec<OpTotals> {
         s.self_device_ns += own[i];
         s.device_total_ns += device_total[i];
     }
-    by_name.into_values().collect()
+    rows.into_values().collect()
 }
 
 /// torch's `_format_time`, from nanoseconds.
@@ -359,7 +389,7 @@ impl SortBy {
 /// The table vLLM writes to `{worker}.profiler_out.txt` for `events` under `torch_version`:
 /// their totals, at most [`SortBy::row_limit`] rows, in torch's layout ([`table`]).
 pub fn render(events: &[OpEvent<'_>], sort: SortBy, device: &str, torch_version: &str) -> String {
-    let stats = op_totals(events, python_frames_counted(torch_version));
+    let stats = op_totals(events, Rules::of(torch_version));
     table(&stats, sort, sort.row_limit(), device)
 }
 
@@ -485,6 +515,12 @@ mod tests {
         }
     }
 
+    /// torch 2.13's rules.
+    const OLD: Rules = Rules {
+        python_frames: true,
+        overhead_takes_kernels: true,
+    };
+
     /// The totals of `name`.
     fn named(stats: &[OpTotals], name: &str) -> OpTotals {
         let found = stats.iter().find(|s| s.name == name);
@@ -506,7 +542,7 @@ mod tests {
                 ..cpu("kernel", 0, 15, 40)
             },
         ];
-        let stats = op_totals(&events, true);
+        let stats = op_totals(&events, OLD);
         let get = |n: &str| named(&stats, n);
         assert_eq!(get("outer").self_cpu_ns, 30);
         assert_eq!(get("outer").cpu_total_ns, 100);
@@ -521,7 +557,7 @@ mod tests {
     #[test]
     fn torchs_rules_for_what_counts_and_how_it_nests() {
         let rows = |events: &[OpEvent<'_>]| {
-            let mut s = op_totals(events, true);
+            let mut s = op_totals(events, OLD);
             s.sort_by(|a, b| a.name.cmp(&b.name));
             s
         };
@@ -586,8 +622,8 @@ mod tests {
     }
 
     #[test]
-    fn python_frames_have_rows_before_torch_2_14() {
-        for (version, counted) in [
+    fn rules_change_at_torch_2_14() {
+        for (version, older) in [
             ("2.13.0", true),
             ("2.11.0+cu130", true),
             ("2.14.0+cu130", false),
@@ -595,7 +631,9 @@ mod tests {
             ("3.0.0", false),
             ("nightly", true),
         ] {
-            assert_eq!(python_frames_counted(version), counted, "{version}");
+            let rules = Rules::of(version);
+            assert_eq!(rules.python_frames, older, "{version}");
+            assert_eq!(rules.overhead_takes_kernels, older, "{version}");
         }
         // Left out, a frame still nests: its op's self time is its own, and the frame has no
         // share of the total.
@@ -606,10 +644,10 @@ mod tests {
             },
             cpu("aten::mm", 1, 10, 30),
         ];
-        let s = op_totals(&events, false);
+        let s = op_totals(&events, Rules::of("2.14.0"));
         assert_eq!(s.len(), 1);
         assert_eq!((s[0].name.as_str(), s[0].self_cpu_ns), ("aten::mm", 30));
-        assert_eq!(op_totals(&events, true).len(), 2);
+        assert_eq!(op_totals(&events, OLD).len(), 2);
     }
 
     #[test]
@@ -636,7 +674,7 @@ mod tests {
                 ..kernel("gpu_annotation", 40, 200, 0)
             },
         ];
-        let s = op_totals(&events, true);
+        let s = op_totals(&events, OLD);
         let get = |n: &str| named(&s, n);
         // The op's own kernels are its self device time; the total adds its children's.
         assert_eq!(get("aten::mm").self_device_ns, 80);
@@ -660,7 +698,7 @@ mod tests {
             cpu("b", 1, 60, 30),
             cpu("c", 1, 100, 5),
         ];
-        let t = table(&op_totals(&events, true), SortBy::SelfCpu, 2, "CUDA");
+        let t = table(&op_totals(&events, OLD), SortBy::SelfCpu, 2, "CUDA");
         let rows: Vec<&str> = t
             .lines()
             .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_lowercase()))
@@ -680,7 +718,7 @@ mod tests {
         // column 4 wider than the longest name, 12 for the others, two spaces after each.
         let long = "x".repeat(60);
         let events = [cpu("aten::mm", 1, 0, 1500), cpu(&long, 1, 2000, 500)];
-        let t = table(&op_totals(&events, true), SortBy::SelfCpu, 10, "CUDA");
+        let t = table(&op_totals(&events, OLD), SortBy::SelfCpu, 10, "CUDA");
         let lines: Vec<&str> = t.lines().collect();
         let rule = format!("{}  {}", "-".repeat(55), "------------  ".repeat(6));
         assert_eq!(lines[0], rule);
@@ -713,7 +751,7 @@ mod tests {
             device: true,
             ..cpu("gemm", 0, 0, 4000)
         };
-        let t = table(&op_totals(&[kernel], true), SortBy::SelfDevice, 10, "CUDA");
+        let t = table(&op_totals(&[kernel], OLD), SortBy::SelfDevice, 10, "CUDA");
         assert!(
             t.contains("Self CUDA %") && t.contains("CUDA time avg"),
             "{t}"

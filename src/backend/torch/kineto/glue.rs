@@ -48,6 +48,7 @@ pub(super) struct RawEvent {
     pub(super) hidden: u8,
     pub(super) user_annotation: u8,
     pub(super) python_function: u8,
+    pub(super) overhead: u8,
 }
 
 #[repr(C)]

@@ -28,6 +28,7 @@ pub(crate) struct EventRow {
     pub hidden: bool,
     pub user_annotation: bool,
     pub python_function: bool,
+    pub overhead: bool,
 }
 
 /// The glue, ready: the only way to the functions above.
@@ -228,6 +229,7 @@ impl TraceResult {
                 hidden: raw.hidden != 0,
                 user_annotation: raw.user_annotation != 0,
                 python_function: raw.python_function != 0,
+                overhead: raw.overhead != 0,
             });
         }
         Ok(rows)
