@@ -84,7 +84,7 @@ fn _op_table(
     torch_version: &str,
     row_limit: Option<usize>,
 ) -> PyResult<String> {
-    use stepscope::backend::op_table::{op_totals, table, OpEvent, Rules, SortBy};
+    use stepscope::backend::op_table::{render, OpEvent, SortBy};
     let sort = SortBy::from_torch_key(sort_by).ok_or_else(|| {
         pyo3::exceptions::PyValueError::new_err(format!(
             "sort_by: {sort_by:?} is not self_device_time_total or self_cpu_time_total"
@@ -109,8 +109,7 @@ fn _op_table(
         })
         .collect();
     let limit = row_limit.unwrap_or(sort.row_limit());
-    let stats = op_totals(&events, Rules::of(torch_version));
-    Ok(table(&stats, sort, limit, device))
+    Ok(render(&events, sort, limit, device, torch_version))
 }
 
 /// The manifest at `path` as a dict (its keys documented in the format crate's `manifest.rs`);

@@ -99,28 +99,24 @@ fn write_table(
     stop_unix_ns: Option<u64>,
 ) -> Result<String> {
     let rows = result.events()?;
-    let in_window = |r: &&EventRow| r.device || stop_unix_ns.is_none_or(|stop| r.start_ns <= stop);
+    let in_window =
+        |r: &&EventRow| r.event.device || stop_unix_ns.is_none_or(|stop| r.event.start_ns <= stop);
     let events: Vec<op_table::OpEvent<'_>> = rows
         .iter()
         .filter(in_window)
         .map(|r| op_table::OpEvent {
             name: &r.name,
-            thread: r.thread,
-            end_thread: r.end_thread,
-            start_ns: r.start_ns,
-            duration_ns: r.duration_ns,
-            correlation: r.correlation,
-            linked_correlation: r.linked_correlation,
-            device: r.device,
-            is_async: r.is_async,
-            hidden: r.hidden,
-            user_annotation: r.user_annotation,
-            python_function: r.python_function,
-            overhead: r.overhead,
+            ..r.event
         })
         .collect();
     // Kineto's device activity here is CUDA's (the backend records no other device's).
-    let table = op_table::render(&events, sort, "CUDA", &result.torch_version());
+    let table = op_table::render(
+        &events,
+        sort,
+        sort.row_limit(),
+        "CUDA",
+        &result.torch_version(),
+    );
     let name = format!("{stem}.profiler_out.txt");
     // vLLM writes the table with print(): one more newline.
     write_atomic(&dir.join(&name), (table + "\n").as_bytes())?;

@@ -183,6 +183,13 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
             *kernels_of.entry(e.linked_correlation).or_default() += e.duration_ns;
         }
     }
+    // torch's "frontend" ops: the CPU events kernels and runtime calls are linked to.
+    let takes_kernels = |e: &OpEvent<'_>| {
+        !e.device
+            && !e.asynchronous()
+            && e.linked_correlation == 0
+            && (rules.overhead_takes_kernels || !e.overhead)
+    };
     let own_device = |e: &OpEvent<'_>| -> u64 {
         if e.device {
             if e.asynchronous() {
@@ -190,10 +197,7 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
             } else {
                 e.duration_ns
             }
-        } else if e.linked_correlation == 0
-            && !e.asynchronous()
-            && (rules.overhead_takes_kernels || !e.overhead)
-        {
+        } else if takes_kernels(e) {
             kernels_of.get(&e.correlation).copied().unwrap_or(0)
         } else {
             0
@@ -204,12 +208,7 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
     // op's thread.
     let op_threads: HashMap<u64, u64> = counted
         .iter()
-        .filter(|e| {
-            !e.device
-                && !e.asynchronous()
-                && e.linked_correlation == 0
-                && (rules.overhead_takes_kernels || !e.overhead)
-        })
+        .filter(|e| takes_kernels(e))
         .map(|e| (e.correlation, e.thread))
         .collect();
     let thread_of = |e: &OpEvent<'_>| {
@@ -304,13 +303,11 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
         }
     }
 
-    let mut rank = vec![0usize; n];
-    for (r, &i) in order.iter().enumerate() {
-        rank[i] = r;
-    }
-    // torch's rows: a name on the CPU or a device, as a user annotation or not.
+    // torch's rows: a name on the CPU or a device, as a user annotation or not; made in the
+    // list's order, as torch's averages are, so that a row's first event decides.
     let mut rows: HashMap<(&str, bool, bool), OpTotals> = HashMap::new();
-    for (i, e) in counted.iter().enumerate() {
+    for (rank, &i) in order.iter().enumerate() {
+        let e = counted[i];
         if folded[i] || (e.python_function && !rules.python_frames) {
             continue;
         }
@@ -319,15 +316,10 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
             name: e.key().to_string(),
             on_device: e.device,
             user_annotation: e.user_annotation,
-            // The first event of a row decides, as torch's averages take it.
             is_async: e.asynchronous(),
-            first: rank[i],
+            first: rank,
             ..OpTotals::default()
         });
-        if rank[i] < s.first {
-            s.first = rank[i];
-            s.is_async = e.asynchronous();
-        }
         s.calls += 1;
         s.self_cpu_ns = s.self_cpu_ns.saturating_add(self_cpu[i]);
         if !e.device {
@@ -386,11 +378,22 @@ impl SortBy {
     }
 }
 
-/// The table vLLM writes to `{worker}.profiler_out.txt` for `events` under `torch_version`:
-/// their totals, at most [`SortBy::row_limit`] rows, in torch's layout ([`table`]).
-pub fn render(events: &[OpEvent<'_>], sort: SortBy, device: &str, torch_version: &str) -> String {
-    let stats = op_totals(events, Rules::of(torch_version));
-    table(&stats, sort, sort.row_limit(), device)
+/// The table of `events` as `torch_version`'s `key_averages().table()` gives it: their totals
+/// ([`op_totals`] under [`Rules::of`] that version), at most `limit` rows (vLLM's:
+/// [`SortBy::row_limit`]), in torch's layout ([`table`]).
+pub fn render(
+    events: &[OpEvent<'_>],
+    sort: SortBy,
+    limit: usize,
+    device: &str,
+    torch_version: &str,
+) -> String {
+    table(
+        &op_totals(events, Rules::of(torch_version)),
+        sort,
+        limit,
+        device,
+    )
 }
 
 /// The table, at most `limit` rows, sorted by `sort` (descending; ties in the order torch's

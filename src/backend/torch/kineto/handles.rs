@@ -10,25 +10,14 @@ use super::glue::{
     SERIALIZER_KINETO, SERIALIZER_STEPSCOPE,
 };
 use super::provider::provider;
+use crate::backend::torch::op_table::OpEvent;
 use crate::error::Result;
 
-/// One event of a finished session, as the op table needs it: torch's `KinetoEvent`'s fields
-/// of the same names (the table's [`OpEvent`](super::super::op_table::OpEvent) says what each
-/// is for).
+/// One event of a finished session, as the op table reads it: its name, and the rest of its
+/// fields (`event.name` is empty: the table's event borrows `name`).
 pub(crate) struct EventRow {
     pub name: String,
-    pub thread: u64,
-    pub end_thread: u64,
-    pub start_ns: u64,
-    pub duration_ns: u64,
-    pub correlation: u64,
-    pub linked_correlation: u64,
-    pub device: bool,
-    pub is_async: bool,
-    pub hidden: bool,
-    pub user_annotation: bool,
-    pub python_function: bool,
-    pub overhead: bool,
+    pub event: OpEvent<'static>,
 }
 
 /// The glue, ready: the only way to the functions above.
@@ -218,18 +207,21 @@ impl TraceResult {
             }
             rows.push(EventRow {
                 name: String::from_utf8_lossy(&name[..raw.name_len]).into_owned(),
-                thread: raw.thread,
-                end_thread: raw.end_thread,
-                start_ns: raw.start_ns,
-                duration_ns: raw.duration_ns,
-                correlation: raw.correlation,
-                linked_correlation: raw.linked_correlation,
-                device: raw.device != 0,
-                is_async: raw.is_async != 0,
-                hidden: raw.hidden != 0,
-                user_annotation: raw.user_annotation != 0,
-                python_function: raw.python_function != 0,
-                overhead: raw.overhead != 0,
+                event: OpEvent {
+                    name: "",
+                    thread: raw.thread,
+                    end_thread: raw.end_thread,
+                    start_ns: raw.start_ns,
+                    duration_ns: raw.duration_ns,
+                    correlation: raw.correlation,
+                    linked_correlation: raw.linked_correlation,
+                    device: raw.device != 0,
+                    is_async: raw.is_async != 0,
+                    hidden: raw.hidden != 0,
+                    user_annotation: raw.user_annotation != 0,
+                    python_function: raw.python_function != 0,
+                    overhead: raw.overhead != 0,
+                },
             });
         }
         Ok(rows)
