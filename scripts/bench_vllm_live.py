@@ -135,6 +135,7 @@ def run_one(kind: str, ignore_frontend: bool, args: argparse.Namespace, root: Pa
         if m is not None:
             out.update(finalize_s=m["finalize_seconds"], write_s=m["write_seconds"],
                        writer_s=m["writer_seconds"], op_table_s=m.get("op_table_seconds") or 0.0,
+                       op_table_wait_s=m.get("op_table_wait_seconds") or 0.0,
                        free_cpu_s=m.get("free_seconds") or 0.0)
         say(f"   capture: stop_profile {stop_s:.3f} s with the trace on disk; "
             f"{len(during)} short request(s) sent during it")
@@ -223,8 +224,9 @@ def main() -> int:
               f"| {v['trace_on_disk_s']:.2f} s ({v['trace_json_mb']:.0f} MB JSON, {vr:.1f} MB/s, "
               f"{v['trace_gz_mb']:.1f} MB gz) | {s['writer_s']:.2f} s from the stop to the "
               f"rename ({s['trace_json_mb']:.0f} MB JSON, {s['trace_json_mb'] / s['writer_s']:.1f} "
-              f"MB/s, {s['trace_gz_mb']:.1f} MB gz; finalize {s['finalize_s']:.2f} s; after the "
-              f"rename, the op table {s['op_table_s']:.2f} s and the free "
+              f"MB/s, {s['trace_gz_mb']:.1f} MB gz; finalize {s['finalize_s']:.2f} s; the "
+              f"op table {s['op_table_s']:.2f} s beside the write, waited for "
+              f"{s['op_table_wait_s']:.2f} s after the rename; then the free "
               f"{s['free_cpu_s']:.2f} s of CPU) "
               f"| {v['trace_on_disk_s'] / s['writer_s']:.1f}x |")
     return 0

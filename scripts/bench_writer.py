@@ -8,12 +8,13 @@ that each sees the same stretch of the machine; the medians are printed per leve
 
 For each capture: its JSON, Kineto's finalize (torch's post-processing, on stepscope's finalize
 thread: wall and CPU seconds), the write (Kineto's serializer into the pipe, the gzip pump, the
-summary, then the op table and the free: wall to the rename, and CPU seconds of every thread but
+summary, and the op table on a thread of its own beside them, then the free: wall to the rename, and CPU seconds of every thread but
 the finalizer's to the end), JSON MB per second of
 the write's CPU time (per core), the free of Kineto's and torch's buffers (the writer thread's
 CPU, the manifest's `free_seconds`) and the MB per second of the write's CPU less it, the stop to
-the trace on disk, the gzip'd size, what followed the rename (the op table, the free, the
-manifest) and of it the op table (the manifest's `op_table_seconds`).
+the trace on disk, the gzip'd size, what followed the rename (the wait for the op table, the
+free, the manifest), the op table (the manifest's `op_table_seconds`, made beside the write) and
+what the writer waited for it after the rename (`op_table_wait_seconds`).
 `--one-core` pins the process to one CPU first, as vLLM's CPU workers are pinned (the writer's
 threads then share the core left to them).
 `--no-stack` captures without Python stacks (shapes recorded, CUDA listed beside CPU as a GPU
@@ -132,8 +133,8 @@ def capture(level: int, serializer: str, table: str, ops: int) -> dict:
         raise RuntimeError(f"the trace was not written: {manifest.get('error')}")
     json_mb = manifest["json_bytes"] / 1e6
     # Every thread's CPU over the stop and the write, but the finalizer's and this one's (which
-    # only waits): the saver (Kineto's serializer, the op table, the free of Kineto's buffers),
-    # the gzip pump, the summary.
+    # only waits): the saver (Kineto's serializer, the free of Kineto's buffers), the op table's
+    # thread, the gzip pump, the summary.
     write_cpu = process_cpu - finalize_cpu - main_cpu
     # Of which the free of Kineto's and torch's buffers (the writer thread's CPU, as the manifest
     # records it): torch's cost, which any use of its profiler pays, apart as the finalize is.
@@ -154,10 +155,13 @@ def capture(level: int, serializer: str, table: str, ops: int) -> dict:
         "free_cpu_s": free_cpu,
         "ours_mb_s_per_core": json_mb / ours_cpu if ours_cpu > 0 else float("nan"),
         "on_disk_s": on_disk,
-        # The op table, the free of Kineto's buffers and the final manifest, after the rename.
+        # The wait for the op table, the free of Kineto's buffers and the final manifest, after
+        # the rename.
         "after_rename_s": on_disk - manifest["writer_seconds"],
-        # Of which the op table (wall).
+        # The op table (wall, on its own thread beside the write), and what of it the writer
+        # waited for after the rename.
         "op_table_s": manifest.get("op_table_seconds") or 0.0,
+        "op_table_wait_s": manifest.get("op_table_wait_seconds") or 0.0,
     }
 
 
@@ -187,11 +191,11 @@ def main() -> None:
     stacks = "no Python stacks" if args.no_stack else "Python stacks"
     print(f"medians of {args.rounds} captures per variant, {args.ops} ops each, {stacks}, {cores}")
     head = ("level", "serializer", "op table", "trace_only", "JSON MB", "gz MB", "finalize s", "(CPU s)", "write s", "(CPU s)",
-            "MB/s/core", "free CPU s", "less free", "stop→disk s", "after rename", "op table s")  # fmt: skip
+            "MB/s/core", "free CPU s", "less free", "stop→disk s", "after rename", "op table s", "(waited s)")  # fmt: skip
     print("".join(f"{h:>13}" for h in head))
     keys = ("json_mb", "gz_mb", "finalize_s", "finalize_cpu_s", "write_s", "write_cpu_s",
             "mb_s_per_core", "free_cpu_s", "ours_mb_s_per_core", "on_disk_s", "after_rename_s",
-            "op_table_s")  # fmt: skip
+            "op_table_s", "op_table_wait_s")  # fmt: skip
     for lvl, ser, table in variants:
         cells = [statistics.median(r[k] for r in runs[(lvl, ser, table)]) for k in keys]
         only = {str(r["trace_only"]) for r in runs[(lvl, ser, table)]}

@@ -32,7 +32,7 @@ use super::pump::{check_complete, compress, stream_gzip};
 use super::summarize::summarize_file;
 use super::PendingWrites;
 use crate::error::{panic_message, Error, Result};
-use crate::files::{is_regular_file, suffixed, temp_path, TempFile};
+use crate::files::{is_regular_file, suffixed, temp_path, Synced, TempFile};
 use crate::manifest::{manifest_name, trace_names, Manifest, Status, MANIFEST_VERSION};
 use crate::trace::Summary;
 
@@ -45,15 +45,25 @@ pub(crate) trait Capture: Send {
 }
 
 /// A finalized capture, written by the saver thread and dropped there.
-pub(crate) trait Trace: Send {
+///
+/// `save` and `side_file` run at once, on two threads (the saver's and one of its own): a
+/// capture is `Sync` for that, and each reads what the other never writes.
+pub(crate) trait Trace: Send + Sync {
     /// Serializes the trace as JSON to `path` (it may write through `{path}.tmp` and rename
-    /// that to `path`, as Kineto does: the writer then streams it through a FIFO).
-    fn save(&mut self, path: &str) -> Result<()>;
+    /// that to `path`, as Kineto does: the writer then streams it through a FIFO). Called once.
+    fn save(&self, path: &str) -> Result<()>;
 
-    /// Writes what belongs beside the trace once it is in place (files named from `stem` in
-    /// `dir`); returns the file written, if any.
-    fn write_extras(&mut self, _dir: &Path, _stem: &str) -> Result<Option<String>> {
+    /// The file that belongs beside the trace (named from `stem` in `dir`: the op table),
+    /// made while the trace is serialized and left whole in its temporary; the writer renames
+    /// it into place once the trace is, or drops it (and its temporary) if the trace failed.
+    fn side_file(&self, _dir: &Path, _stem: &str) -> Result<Option<Synced>> {
         Ok(None)
+    }
+
+    /// Moves what the serializer left for later beside the trace once it is in place (Kineto's
+    /// own JSON, for a comparison).
+    fn write_extras(&mut self, _dir: &Path, _stem: &str) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -461,6 +471,7 @@ fn save_loop(settings: &Settings, rx: &Receiver<Finalized>, done: &Done) {
                 manifest.json_bytes = Some(written.json_bytes);
                 manifest.op_table_file = written.op_table_file;
                 manifest.op_table_seconds = written.op_table_seconds;
+                manifest.op_table_wait_seconds = written.op_table_wait_seconds;
                 manifest.summary = written.summary;
                 manifest.writer_seconds =
                     Some(written.renamed.duration_since(job.queued).as_secs_f64());
@@ -503,18 +514,92 @@ struct Written {
     trace_bytes: u64,
     json_bytes: u64,
     op_table_file: Option<String>,
-    /// What writing it took.
+    /// What making it took, on its own thread beside the serializer.
     op_table_seconds: Option<f64>,
+    /// What the writer waited for it once the trace was in place.
+    op_table_wait_seconds: Option<f64>,
     summary: Option<Summary>,
     renamed: Instant,
 }
 
+/// The trace in place, with its side file (the op table) made beside its serialization on a
+/// thread of its own and renamed into place after it, then what else the serializer left.
 fn write_job(
     settings: &Settings,
     trace: &mut Box<dyn Trace>,
     manifest: &Manifest,
     how: &HowToWrite,
 ) -> Result<Written> {
+    let dir = &settings.dir;
+    let stem = how
+        .trace_name
+        .as_deref()
+        .unwrap_or(&manifest.captured.worker_name);
+    let shared: &dyn Trace = &**trace;
+    let side_file = move || {
+        let began = Instant::now();
+        shared
+            .side_file(dir, stem)
+            .map(|f| f.map(|f| (f, began.elapsed())))
+    };
+    let (placed, side) = thread::scope(|scope| {
+        let beside = thread::Builder::new()
+            .name("stepscope-table".into())
+            .spawn_scoped(scope, side_file);
+        let placed = place_trace(settings, shared, manifest, how);
+        let side = match beside {
+            Ok(handle) => handle.join().unwrap_or_else(|p| {
+                let message = format!("the op table's thread panicked: {}", panic_message(&*p));
+                Err(Error::write(dir.join(stem), message))
+            }),
+            // No thread for it: made now, after the trace (when there is one).
+            Err(_) if placed.is_ok() => side_file(),
+            Err(_) => Ok(None),
+        };
+        (placed, side)
+    });
+    // A failed trace drops its side file's temporary with it.
+    let placed = placed?;
+    let (op_table_file, op_table_seconds, op_table_wait_seconds) = match side? {
+        Some((file, took)) => {
+            let name = file.file_name();
+            file.rename()?;
+            let waited = placed.renamed.elapsed();
+            (
+                Some(name),
+                Some(took.as_secs_f64()),
+                Some(waited.as_secs_f64()),
+            )
+        }
+        None => (None, None, None),
+    };
+    trace.write_extras(dir, stem)?;
+    Ok(Written {
+        trace_bytes: placed.trace_bytes,
+        json_bytes: placed.json_bytes,
+        op_table_file,
+        op_table_seconds,
+        op_table_wait_seconds,
+        summary: placed.summary,
+        renamed: placed.renamed,
+    })
+}
+
+/// A trace in place under its final name.
+struct Placed {
+    trace_bytes: u64,
+    json_bytes: u64,
+    summary: Option<Summary>,
+    renamed: Instant,
+}
+
+/// Serializes the trace (through the gzip pump, or as plain JSON) and renames it into place.
+fn place_trace(
+    settings: &Settings,
+    trace: &dyn Trace,
+    manifest: &Manifest,
+    how: &HowToWrite,
+) -> Result<Placed> {
     let dir = &settings.dir;
     let final_name = &manifest.trace_file;
     let final_path = dir.join(final_name);
@@ -528,7 +613,7 @@ fn write_job(
         .to_str()
         .ok_or_else(|| Error::write(&json_path, "the path is not valid UTF-8"))?
         .to_string();
-    let mut save = || trace.save(&json_str);
+    let save = || trace.save(&json_str);
 
     let (json_bytes, summary) = if let Some(level) = settings.gzip {
         let gz_tmp = TempFile::new(temp_path(dir, final_name, ""));
@@ -537,13 +622,7 @@ fn write_job(
             .as_deref()
             .filter(|_| how.requests_into_args)
             .and_then(RequestArgs::new);
-        let pumped = stream_gzip(
-            serializer_tmp.path(),
-            gz_tmp.path(),
-            level,
-            requests,
-            &mut save,
-        )?;
+        let pumped = stream_gzip(serializer_tmp.path(), gz_tmp.path(), level, requests, save)?;
         let (json_bytes, summary) = match pumped {
             Some(streamed) => (
                 streamed.json_bytes,
@@ -591,20 +670,9 @@ fn write_job(
         SummaryFrom::Streamed(summary) => summary.map(|s| *s),
         SummaryFrom::File(json) => summarize_file(json),
     };
-    let stem = how
-        .trace_name
-        .as_deref()
-        .unwrap_or(&manifest.captured.worker_name);
-    let extras = Instant::now();
-    let op_table_file = trace.write_extras(dir, stem)?;
-    let op_table_seconds = op_table_file
-        .as_ref()
-        .map(|_| extras.elapsed().as_secs_f64());
-    Ok(Written {
+    Ok(Placed {
         trace_bytes,
         json_bytes,
-        op_table_seconds,
-        op_table_file,
         summary,
         renamed,
     })
@@ -632,7 +700,7 @@ mod tests {
     }
 
     impl Trace for FakeTrace {
-        fn save(&mut self, path: &str) -> Result<()> {
+        fn save(&self, path: &str) -> Result<()> {
             fs::write(path, br#"{"traceEvents": []}"#).map_err(|e| Error::io(path, "writing", e))
         }
     }
@@ -647,6 +715,118 @@ mod tests {
             }
             self.0.store(true, SeqCst);
         }
+    }
+
+    /// A capture with a side file, whose save waits until the side file is begun (on another
+    /// thread: made after the save, the save would give up) and then writes or fails.
+    struct Beside {
+        fail: bool,
+        begun: (crossbeam_channel::Sender<()>, Receiver<()>),
+    }
+
+    impl Capture for Beside {
+        fn finalize(self: Box<Self>) -> Result<Box<dyn Trace>> {
+            Ok(self)
+        }
+    }
+
+    impl Trace for Beside {
+        fn save(&self, path: &str) -> Result<()> {
+            let waited = self.begun.1.recv_timeout(Duration::from_secs(60));
+            if waited.is_err() {
+                return Err(Error::write(
+                    path,
+                    "the side file was not begun during the save",
+                ));
+            }
+            if self.fail {
+                return Err(Error::write(path, "failed on purpose"));
+            }
+            fs::write(path, br#"{"traceEvents": []}"#).map_err(|e| Error::io(path, "writing", e))
+        }
+
+        fn side_file(&self, dir: &Path, stem: &str) -> Result<Option<Synced>> {
+            use std::io::Write;
+            let path = dir.join(format!("{stem}.profiler_out.txt"));
+            let mut file = crate::files::AtomicFile::create(&path)?;
+            file.write_all(b"table")
+                .map_err(|e| Error::io(&path, "writing", e))?;
+            let _ = self.begun.0.send(());
+            file.sync().map(Some)
+        }
+    }
+
+    #[test]
+    fn the_side_file_is_made_during_the_save_and_placed_only_with_the_trace() {
+        let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
+        let dir = Scratch::empty("writer-side-file");
+        let mut writer = Writer::new(Settings {
+            dir: dir.to_path_buf(),
+            gzip: Some(1),
+            flush_timeout: Duration::from_secs(120),
+        });
+        for (worker, fail) in [("w", false), ("v", true)] {
+            let mut manifest = Manifest::default();
+            manifest.captured.worker_name = worker.into();
+            let job = Job {
+                session: Box::new(Beside {
+                    fail,
+                    begun: crossbeam_channel::bounded(1),
+                }),
+                time_ns: 1,
+                queued: Instant::now(),
+                manifest,
+                held_bytes: 0,
+                how: HowToWrite::default(),
+            };
+            writer.submit(job).expect("submit");
+            assert!(
+                writer.pending().wait(Duration::from_secs(120)),
+                "not written"
+            );
+        }
+        let manifests: Vec<Manifest> = fs::read_dir(&dir)
+            .expect("the directory")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| is_manifest_name(&n.to_string_lossy()))
+            })
+            .map(|p| Manifest::read(&p).expect("a manifest"))
+            .collect();
+        let of = |w: &str| {
+            manifests
+                .iter()
+                .find(|m| m.captured.worker_name == w)
+                .expect("its manifest")
+        };
+        let written = of("w");
+        assert_eq!(written.status, Status::Complete, "{:?}", written.error);
+        assert_eq!(written.op_table_file.as_deref(), Some("w.profiler_out.txt"));
+        assert!(written.op_table_seconds.is_some() && written.op_table_wait_seconds.is_some());
+        assert_eq!(
+            fs::read(dir.join("w.profiler_out.txt")).expect("in place"),
+            b"table"
+        );
+        // The failed trace's side file is gone with it, temporary and all.
+        let failed = of("v");
+        assert_eq!(failed.status, Status::Failed);
+        assert!(
+            failed
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("failed on purpose")),
+            "{:?}",
+            failed.error
+        );
+        assert_eq!(failed.op_table_file, None);
+        let left: Vec<String> = fs::read_dir(&dir)
+            .expect("the directory")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("profiler_out") || n.contains("partial"))
+            .collect();
+        assert_eq!(left, ["w.profiler_out.txt"]);
     }
 
     #[test]

@@ -128,11 +128,32 @@ impl AtomicFile {
 
     /// What was written, fsynced and renamed over the final path: there, whole, on return.
     pub fn commit(self) -> Result<()> {
+        self.sync()?.rename()
+    }
+
+    /// What was written, fsynced in its temporary but not yet in place: for a file made
+    /// beside another that must be in place first ([`Synced::rename`] once it is).
+    pub fn sync(self) -> Result<Synced> {
         let AtomicFile { path, tmp, out } = self;
         out.into_inner()
             .map_err(io::IntoInnerError::into_error)
             .and_then(|f| f.sync_all())
             .map_err(|e| Error::io(tmp.path(), format!("cannot write: {e}"), e))?;
+        Ok(Synced { path, tmp })
+    }
+}
+
+/// A file whole and fsynced in its temporary ([`AtomicFile::sync`]), removed if dropped before
+/// [`Synced::rename`] puts it in place.
+pub struct Synced {
+    path: PathBuf,
+    tmp: TempFile,
+}
+
+impl Synced {
+    /// Renames it over its final path: there, whole, on return.
+    pub fn rename(self) -> Result<()> {
+        let Synced { path, tmp } = self;
         fs::rename(tmp.path(), &path).map_err(|e| {
             Error::io(
                 &path,
@@ -142,6 +163,14 @@ impl AtomicFile {
         })?;
         tmp.keep();
         Ok(())
+    }
+
+    /// The name it has once in place.
+    pub fn file_name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 }
 
@@ -192,6 +221,27 @@ mod tests {
         // Into a directory that is not there: an error naming the temporary, nothing left.
         let e = write_atomic(&dir.join("missing/b.txt"), b"x").unwrap_err();
         assert!(e.to_string().contains("missing"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_synced_file_is_only_in_place_once_renamed() {
+        let dir = std::env::temp_dir().join(format!("stepscope-synced-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.profiler_out.txt");
+        let mut file = AtomicFile::create(&path).unwrap();
+        file.write_all(b"table").unwrap();
+        let synced = file.sync().unwrap();
+        assert_eq!(synced.file_name(), "t.profiler_out.txt");
+        assert!(!path.exists(), "in place before the rename");
+        synced.rename().unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"table");
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+        // Dropped before its rename (the trace beside it failed): nothing is left.
+        let mut file = AtomicFile::create(&dir.join("u.txt")).unwrap();
+        file.write_all(b"x").unwrap();
+        drop(file.sync().unwrap());
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,13 +1,15 @@
 //! The torch backend's captures as the flush layer writes them: a detached Kineto session to
 //! finalize, its result to save, and the op table (`{stem}.profiler_out.txt`) beside the trace.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use super::kineto::{Detached, EventRow, TraceResult};
 use super::op_table::{self, SortBy};
 use crate::config::Serializer;
 use crate::error::{Error, Result};
-use crate::files::{write_atomic, TempFile};
+use crate::files::{AtomicFile, Synced, TempFile};
 use crate::flush::{self, Trace};
 
 /// A stopped Kineto session, with whether its op table is wanted and who writes its JSON.
@@ -27,7 +29,7 @@ impl flush::Capture for KinetoCapture {
             result,
             table: self.table,
             serializer: self.serializer,
-            reference: None,
+            reference: OnceLock::new(),
             stop_unix_ns: self.stop_unix_ns,
         }))
     }
@@ -38,25 +40,33 @@ struct KinetoTrace {
     table: Option<SortBy>,
     serializer: Serializer,
     /// Kineto's own JSON of the capture (`Serializer::Compare`), until moved beside the trace.
-    reference: Option<TempFile>,
+    reference: OnceLock<TempFile>,
     stop_unix_ns: Option<u64>,
 }
 
 impl Trace for KinetoTrace {
-    fn save(&mut self, path: &str) -> Result<()> {
+    fn save(&self, path: &str) -> Result<()> {
         match self.serializer {
             Serializer::Kineto => self.result.save(path, false, None),
             Serializer::Stepscope => self.result.save(path, true, None),
             Serializer::Compare => {
-                let reference = TempFile::new(PathBuf::from(format!("{path}.kineto.json")));
+                let reference = self
+                    .reference
+                    .get_or_init(|| TempFile::new(PathBuf::from(format!("{path}.kineto.json"))));
                 let at = reference.path().to_string_lossy().into_owned();
-                self.reference = Some(reference);
                 self.result.save(path, true, Some(&at))
             }
         }
     }
 
-    fn write_extras(&mut self, dir: &Path, stem: &str) -> Result<Option<String>> {
+    fn side_file(&self, dir: &Path, stem: &str) -> Result<Option<Synced>> {
+        match self.table {
+            Some(sort) => write_table(dir, &self.result, stem, sort, self.stop_unix_ns).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn write_extras(&mut self, dir: &Path, stem: &str) -> Result<()> {
         if let Some(reference) = self.reference.take() {
             let to = dir.join(format!("{stem}.kineto.json"));
             if reference.path().exists() {
@@ -74,15 +84,16 @@ impl Trace for KinetoTrace {
                 );
             }
         }
-        match self.table {
-            Some(sort) => write_table(dir, &self.result, stem, sort, self.stop_unix_ns).map(Some),
-            None => Ok(None),
-        }
+        Ok(())
     }
 }
 
 /// `{stem}.profiler_out.txt`: the top ops by self device (or CPU) time, in torch's layout, of
-/// the events the capture's window holds.
+/// the events the capture's window holds; whole in its temporary, for the writer to rename once
+/// the trace is in place.
+///
+/// It runs while the trace is saved, on another thread: it reads torch's event list, which the
+/// save never touches (`TraceResult`'s `Sync`).
 ///
 /// The engine thread only detaches the session at the stop (it never waits), and Kineto
 /// records until the writer's finalize stops it: the CPU events (ops, annotations, Python
@@ -97,7 +108,7 @@ fn write_table(
     stem: &str,
     sort: SortBy,
     stop_unix_ns: Option<u64>,
-) -> Result<String> {
+) -> Result<Synced> {
     let rows = result.events()?;
     let in_window =
         |r: &&EventRow| r.event.device || stop_unix_ns.is_none_or(|stop| r.event.start_ns <= stop);
@@ -117,8 +128,10 @@ fn write_table(
         "CUDA",
         &result.torch_version(),
     );
-    let name = format!("{stem}.profiler_out.txt");
+    let path = dir.join(format!("{stem}.profiler_out.txt"));
+    let mut file = AtomicFile::create(&path)?;
     // vLLM writes the table with print(): one more newline.
-    write_atomic(&dir.join(&name), (table + "\n").as_bytes())?;
-    Ok(name)
+    file.write_all((table + "\n").as_bytes())
+        .map_err(|e| Error::io(&path, format!("cannot write the op table: {e}"), e))?;
+    file.sync()
 }

@@ -149,11 +149,20 @@ pub(crate) struct TraceResult {
 // buffers, owned by it alone); the writer thread is its only user, and it is dropped there.
 unsafe impl Send for TraceResult {}
 
+// SAFETY: two threads use a result at once, the saver's `save` and the op table's `events`,
+// and they read disjoint data. `save` (torch's `ProfilerResult::save`, once: torch refuses a
+// second) replays Kineto's activity buffers and trace metadata into the serializer, and
+// consumes those buffers. `events` reads torch's event list (`KinetoEvent`s, their `Result`s,
+// immutable once finalized; the links between them are `shared_ptr`/`weak_ptr`s, whose counts
+// are atomic), which the save never reads. Dropping takes `&mut`, after both.
+unsafe impl Sync for TraceResult {}
+
 impl TraceResult {
     /// Writes the trace JSON (to `{path}.tmp`, then renamed to `path`): Kineto's own writer,
     /// or stepscope's (`cpp/kineto_writer.h`); with a `reference`, Kineto's own writer also
     /// writes the same capture there.
-    pub(crate) fn save(&mut self, path: &str, ours: bool, reference: Option<&str>) -> Result<()> {
+    /// Called once; `events` may run beside it on another thread.
+    pub(crate) fn save(&self, path: &str, ours: bool, reference: Option<&str>) -> Result<()> {
         let serializer = if ours {
             SERIALIZER_STEPSCOPE
         } else {
