@@ -308,6 +308,20 @@ int stepscope_kineto_event_at(const stepscope_kineto_result* result, size_t inde
   });
 }
 
+void stepscope_kineto_result_release_events(stepscope_kineto_result* result) {
+  if (result == nullptr || !result->inner) return;
+  try {
+    // torch hands its event list and tree out only as const references to members of its
+    // result, which is not const itself: emptied here, they free their KinetoEvents and Results
+    // (most of what freeing a capture costs) while the trace is saved, not after it.
+    auto& events = const_cast<std::vector<tap::KinetoEvent>&>(result->inner->events());
+    std::vector<tap::KinetoEvent>().swap(events);
+    auto& tree = const_cast<std::vector<tap::experimental_event_t>&>(result->inner->event_tree());
+    std::vector<tap::experimental_event_t>().swap(tree);
+  } catch (...) {
+  }
+}
+
 void stepscope_kineto_result_free(stepscope_kineto_result* result) {
   try {
     delete result;

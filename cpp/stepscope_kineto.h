@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define STEPSCOPE_KINETO_ABI 5
+#define STEPSCOPE_KINETO_ABI 6
 
 /* Exported from the shared glue even when built with -fvisibility=hidden. */
 #define STEPSCOPE_KINETO_API __attribute__((visibility("default")))
@@ -121,6 +121,10 @@ STEPSCOPE_KINETO_API size_t stepscope_kineto_event_count(const stepscope_kineto_
 STEPSCOPE_KINETO_API int stepscope_kineto_event_at(const stepscope_kineto_result* result, size_t index,
                               stepscope_kineto_event* out, char* name, size_t name_cap, char* err,
                               size_t err_len);
+/* Frees torch's event list and event tree (what event_count and event_at read; the save never
+ * reads them), keeping the trace to save: the list reads empty afterwards. May run while
+ * stepscope_kineto_save runs on another thread, never beside event_at. */
+STEPSCOPE_KINETO_API void stepscope_kineto_result_release_events(stepscope_kineto_result* result);
 STEPSCOPE_KINETO_API void stepscope_kineto_result_free(stepscope_kineto_result* result);
 
 /* A reusable USER_SCOPE RecordFunction range: one iteration's annotation at a time. Its

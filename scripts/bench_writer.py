@@ -8,10 +8,11 @@ that each sees the same stretch of the machine; the medians are printed per leve
 
 For each capture: its JSON, Kineto's finalize (torch's post-processing, on stepscope's finalize
 thread: wall and CPU seconds), the write (Kineto's serializer into the pipe, the gzip pump, the
-summary, and the op table on a thread of its own beside them, then the free: wall to the rename, and CPU seconds of every thread but
-the finalizer's to the end), JSON MB per second of
-the write's CPU time (per core), the free of Kineto's and torch's buffers (the writer thread's
-CPU, the manifest's `free_seconds`) and the MB per second of the write's CPU less it, the stop to
+summary, and the op table on a thread of its own beside them, which then frees torch's event
+list and tree, then the free of what is left: wall to the rename, and CPU seconds of every thread
+but the finalizer's to the end), JSON MB per second of the write's CPU time (per core), the free
+of what was left of the capture after the rename (Kineto's buffers: the writer thread's CPU, the
+manifest's `free_seconds`) and the MB per second of the write's CPU less it, the stop to
 the trace on disk, the gzip'd size, what followed the rename (the wait for the op table, the
 free, the manifest), the op table (the manifest's `op_table_seconds`, made beside the write) and
 what the writer waited for it after the rename (`op_table_wait_seconds`).
@@ -136,7 +137,7 @@ def capture(level: int, serializer: str, table: str, ops: int) -> dict:
     # only waits): the saver (Kineto's serializer, the free of Kineto's buffers), the op table's
     # thread, the gzip pump, the summary.
     write_cpu = process_cpu - finalize_cpu - main_cpu
-    # Of which the free of Kineto's and torch's buffers (the writer thread's CPU, as the manifest
+    # Of which the free of Kineto's buffers after the rename (the writer thread's CPU, as the manifest
     # records it): torch's cost, which any use of its profiler pays, apart as the finalize is.
     free_cpu = manifest.get("free_seconds") or 0.0
     ours_cpu = write_cpu - free_cpu

@@ -56,6 +56,7 @@ pub(crate) trait Trace: Send + Sync {
     /// The file that belongs beside the trace (named from `stem` in `dir`: the op table),
     /// made while the trace is serialized and left whole in its temporary; the writer renames
     /// it into place once the trace is, or drops it (and its temporary) if the trace failed.
+    /// What only it reads may be freed here too, beside the save.
     fn side_file(&self, _dir: &Path, _stem: &str) -> Result<Option<Synced>> {
         Ok(None)
     }

@@ -62,7 +62,11 @@ impl Trace for KinetoTrace {
     fn side_file(&self, dir: &Path, stem: &str) -> Result<Option<Synced>> {
         match self.table {
             Some(sort) => write_table(dir, &self.result, stem, sort, self.stop_unix_ns).map(Some),
-            None => Ok(None),
+            None => {
+                // Nothing reads torch's event list: freed now, beside the save.
+                self.result.release_events();
+                Ok(None)
+            }
         }
     }
 
@@ -93,7 +97,7 @@ impl Trace for KinetoTrace {
 /// the trace is in place.
 ///
 /// It runs while the trace is saved, on another thread: it reads torch's event list, which the
-/// save never touches (`TraceResult`'s `Sync`).
+/// save never touches (`TraceResult`'s `Sync`), then frees it with torch's event tree.
 ///
 /// The engine thread only detaches the session at the stop (it never waits), and Kineto
 /// records until the writer's finalize stops it: the CPU events (ops, annotations, Python
@@ -109,7 +113,7 @@ fn write_table(
     sort: SortBy,
     stop_unix_ns: Option<u64>,
 ) -> Result<Synced> {
-    let rows = result.events()?;
+    let rows = result.take_events()?;
     let in_window =
         |r: &&EventRow| r.event.device || stop_unix_ns.is_none_or(|stop| r.event.start_ns <= stop);
     let events: Vec<op_table::OpEvent<'_>> = rows

@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_int, CStr};
 use crate::error::{Error, Result};
 
 /// The glue's C ABI version this crate speaks (`STEPSCOPE_KINETO_ABI`).
-pub(super) const ABI: u32 = 5;
+pub(super) const ABI: u32 = 6;
 
 /// `STEPSCOPE_KINETO_SERIALIZER_KINETO`: a save through Kineto's own writer.
 pub(super) const SERIALIZER_KINETO: c_int = 0;
@@ -123,6 +123,7 @@ glue! {
     save = stepscope_kineto_save(r: *mut RawResult, path: *const c_char, path_len: usize, serializer: c_int, reference: *const c_char, reference_len: usize, err: Err, err_len: usize) -> c_int;
     event_count = stepscope_kineto_event_count(r: *const RawResult) -> usize;
     event_at = stepscope_kineto_event_at(r: *const RawResult, index: usize, out: *mut RawEvent, name: *mut c_char, name_cap: usize, err: Err, err_len: usize) -> c_int;
+    release_events = stepscope_kineto_result_release_events(r: *mut RawResult);
     result_free = stepscope_kineto_result_free(r: *mut RawResult);
     range_new = stepscope_kineto_range_new(out: *mut *mut RawRange, err: Err, err_len: usize) -> c_int;
     range_begin = stepscope_kineto_range_begin(r: *mut RawRange, name: *const c_char, name_len: usize, step: u64, ids: *const *const c_char, id_lens: *const usize, n_ids: usize, err: Err, err_len: usize) -> c_int;

@@ -149,12 +149,15 @@ pub(crate) struct TraceResult {
 // buffers, owned by it alone); the writer thread is its only user, and it is dropped there.
 unsafe impl Send for TraceResult {}
 
-// SAFETY: two threads use a result at once, the saver's `save` and the op table's `events`,
-// and they read disjoint data. `save` (torch's `ProfilerResult::save`, once: torch refuses a
-// second) replays Kineto's activity buffers and trace metadata into the serializer, and
-// consumes those buffers. `events` reads torch's event list (`KinetoEvent`s, their `Result`s,
-// immutable once finalized; the links between them are `shared_ptr`/`weak_ptr`s, whose counts
-// are atomic), which the save never reads. Dropping takes `&mut`, after both.
+// SAFETY: two threads use a result at once, the saver's `save` and the op table's
+// `take_events`, and they touch disjoint data. `save` (torch's `ProfilerResult::save`, once:
+// torch refuses a second) replays Kineto's activity buffers and trace metadata into the
+// serializer, and consumes those buffers. `take_events` reads torch's event list
+// (`KinetoEvent`s, their `Result`s, immutable once finalized; the links between them are
+// `shared_ptr`/`weak_ptr`s, whose counts are atomic), then frees that list and torch's event
+// tree, none of which the save reads (the `Result`s point into Kineto's buffers, never the other
+// way). `take_events` is called from one thread at a time (`&self`, but the writer calls it once,
+// from the op table's thread). Dropping takes `&mut`, after both.
 unsafe impl Sync for TraceResult {}
 
 impl TraceResult {
@@ -189,7 +192,22 @@ impl TraceResult {
         glue::built_for(self.api)
     }
 
-    pub(crate) fn events(&self) -> Result<Vec<EventRow>> {
+    /// torch's event list, read, then freed with torch's event tree (the bulk of what freeing
+    /// a capture costs): a second call finds none. `save` may run beside it on another thread.
+    pub(crate) fn take_events(&self) -> Result<Vec<EventRow>> {
+        let rows = self.read_events();
+        self.release_events();
+        rows
+    }
+
+    /// Frees torch's event list and event tree, unread (what `take_events` reads). `save` may
+    /// run beside it on another thread.
+    pub(crate) fn release_events(&self) {
+        // SAFETY: ptr is live; no other thread reads the event list (see `Sync` above).
+        unsafe { (self.api.release_events)(self.ptr.as_ptr()) };
+    }
+
+    fn read_events(&self) -> Result<Vec<EventRow>> {
         // SAFETY: ptr is live.
         let n = unsafe { (self.api.event_count)(self.ptr.as_ptr()) };
         let mut rows = Vec::with_capacity(n);
@@ -324,7 +342,38 @@ mod tests {
         drop(range);
         let mut detached = kineto.detach(session).expect("detach");
         let result = detached.finalize().expect("finalize");
-        result.events().expect("the event list").len()
+        result.take_events().expect("the event list").len()
+    }
+
+    #[test]
+    fn the_event_list_once_taken_is_freed_and_the_trace_still_saves_whole() {
+        let kineto = Kineto::get().expect("the linked glue");
+        let options = Options {
+            cpu: true,
+            ..Options::default()
+        };
+        kineto.prepare(&options).expect("prepareProfiler");
+        let session = kineto.enable(&options).expect("enableProfiler");
+        let mut range = kineto.new_range().expect("a range");
+        for step in 1..=3 {
+            range.begin("stepscope_taken", step, &[]).expect("begin");
+            range.end().expect("end");
+        }
+        drop(range);
+        let mut detached = kineto.detach(session).expect("detach");
+        let result = detached.finalize().expect("finalize");
+        let rows = result.take_events().expect("the event list");
+        let named = |rows: &[EventRow]| rows.iter().filter(|r| r.name == "stepscope_taken").count();
+        assert_eq!(named(&rows), 3);
+        assert_eq!(result.take_events().expect("the list, freed").len(), 0);
+        // The trace is Kineto's buffers, not the list: still whole.
+        let dir = stepscope_test_doubles::Scratch::empty("kineto-taken");
+        let path = dir.join("t.json");
+        result
+            .save(path.to_str().expect("a UTF-8 path"), true, None)
+            .expect("save");
+        let json = std::fs::read_to_string(&path).expect("the trace");
+        assert_eq!(json.matches("\"stepscope_taken\"").count(), 3, "{json}");
     }
 
     #[test]
