@@ -757,6 +757,38 @@ mod tests {
         }
     }
 
+    /// Submits one capture of `worker` to `writer` and waits until it is written.
+    fn write_one(writer: &mut Writer, worker: &str, session: Box<dyn Capture>, time_ns: u128) {
+        let mut manifest = Manifest::default();
+        manifest.captured.worker_name = worker.into();
+        let job = Job {
+            session,
+            time_ns,
+            queued: Instant::now(),
+            manifest,
+            held_bytes: 0,
+            how: HowToWrite::default(),
+        };
+        writer.submit(job).expect("submit");
+        assert!(
+            writer.pending().wait(Duration::from_secs(120)),
+            "not written"
+        );
+    }
+
+    /// The manifests in `dir`.
+    fn manifests_in(dir: &Path) -> Vec<Manifest> {
+        fs::read_dir(dir)
+            .expect("the directory")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| is_manifest_name(&n.to_string_lossy()))
+            })
+            .map(|p| Manifest::read(&p).expect("a manifest"))
+            .collect()
+    }
+
     #[test]
     fn the_side_file_is_made_during_the_save_and_placed_only_with_the_trace() {
         let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
@@ -767,34 +799,10 @@ mod tests {
             flush_timeout: Duration::from_secs(120),
         });
         for (worker, fail) in [("w", false), ("v", true)] {
-            let mut manifest = Manifest::default();
-            manifest.captured.worker_name = worker.into();
-            let job = Job {
-                session: Box::new(Beside {
-                    fail,
-                    begun: crossbeam_channel::bounded(1),
-                }),
-                time_ns: 1,
-                queued: Instant::now(),
-                manifest,
-                held_bytes: 0,
-                how: HowToWrite::default(),
-            };
-            writer.submit(job).expect("submit");
-            assert!(
-                writer.pending().wait(Duration::from_secs(120)),
-                "not written"
-            );
+            let begun = crossbeam_channel::bounded(1);
+            write_one(&mut writer, worker, Box::new(Beside { fail, begun }), 1);
         }
-        let manifests: Vec<Manifest> = fs::read_dir(&dir)
-            .expect("the directory")
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| is_manifest_name(&n.to_string_lossy()))
-            })
-            .map(|p| Manifest::read(&p).expect("a manifest"))
-            .collect();
+        let manifests = manifests_in(&dir);
         let of = |w: &str| {
             manifests
                 .iter()
@@ -843,35 +851,18 @@ mod tests {
         });
         for time_ns in 1..=3 {
             let dropped = Arc::new(AtomicBool::new(false));
-            let mut manifest = Manifest::default();
-            manifest.captured.worker_name = "w".into();
-            let job = Job {
-                session: Box::new(Fake(Arc::clone(&dropped))),
+            write_one(
+                &mut writer,
+                "w",
+                Box::new(Fake(Arc::clone(&dropped))),
                 time_ns,
-                queued: Instant::now(),
-                manifest,
-                held_bytes: 0,
-                how: HowToWrite::default(),
-            };
-            writer.submit(job).expect("submit");
-            assert!(
-                writer.pending().wait(Duration::from_secs(120)),
-                "not written"
             );
             assert!(dropped.load(SeqCst), "the trace outlived its write's end");
             let written = writer.pending().traces_since(0);
             assert_eq!(written.last().map(|t| t.status), Some(Status::Complete));
         }
         // Each manifest says what the free cost the writer's thread.
-        let manifests: Vec<Manifest> = fs::read_dir(&dir)
-            .expect("the directory")
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| is_manifest_name(&n.to_string_lossy()))
-            })
-            .map(|p| Manifest::read(&p).expect("a manifest"))
-            .collect();
+        let manifests = manifests_in(&dir);
         assert_eq!(manifests.len(), 3);
         for m in manifests {
             assert_eq!(m.status, Status::Complete);

@@ -323,9 +323,9 @@ impl Drop for Range {
 mod tests {
     use super::*;
 
-    /// The events a session of three annotated steps leaves in its result (the list the op
-    /// table reads), finalized with or without torch's `trace_only`.
-    fn events_kept(trace_only: bool) -> usize {
+    /// The result of a session of three steps annotated `name`, finalized with or without
+    /// torch's `trace_only`.
+    fn three_steps(name: &str, trace_only: bool) -> TraceResult {
         let kineto = Kineto::get().expect("the linked glue");
         let options = Options {
             cpu: true,
@@ -336,32 +336,24 @@ mod tests {
         let session = kineto.enable(&options).expect("enableProfiler");
         let mut range = kineto.new_range().expect("a range");
         for step in 1..=3 {
-            range.begin("step", step, &[]).expect("begin");
+            range.begin(name, step, &[]).expect("begin");
             range.end().expect("end");
         }
         drop(range);
         let mut detached = kineto.detach(session).expect("detach");
-        let result = detached.finalize().expect("finalize");
+        detached.finalize().expect("finalize")
+    }
+
+    /// The events a session of three annotated steps leaves in its result (the list the op
+    /// table reads), finalized with or without torch's `trace_only`.
+    fn events_kept(trace_only: bool) -> usize {
+        let result = three_steps("step", trace_only);
         result.take_events().expect("the event list").len()
     }
 
     #[test]
     fn the_event_list_once_taken_is_freed_and_the_trace_still_saves_whole() {
-        let kineto = Kineto::get().expect("the linked glue");
-        let options = Options {
-            cpu: true,
-            ..Options::default()
-        };
-        kineto.prepare(&options).expect("prepareProfiler");
-        let session = kineto.enable(&options).expect("enableProfiler");
-        let mut range = kineto.new_range().expect("a range");
-        for step in 1..=3 {
-            range.begin("stepscope_taken", step, &[]).expect("begin");
-            range.end().expect("end");
-        }
-        drop(range);
-        let mut detached = kineto.detach(session).expect("detach");
-        let result = detached.finalize().expect("finalize");
+        let result = three_steps("stepscope_taken", false);
         let rows = result.take_events().expect("the event list");
         let named = |rows: &[EventRow]| rows.iter().filter(|r| r.name == "stepscope_taken").count();
         assert_eq!(named(&rows), 3);
