@@ -10,6 +10,7 @@
 //! - [`timeline`]: the step timeline's document (a step's fields, their order, a row read
 //!   back).
 //! - [`window`]: what a header and a manifest record of how a window ended and what fired it.
+//! - [`hash`]: the hash of the per-event tables (the summarizer's, the op table's).
 //! - [`files`]: files only ever whole under their final names (temporaries named after their
 //!   process, write + fsync + rename).
 //! - [`requests`]: the request log's document, and the one rule of a request's role in a
@@ -23,6 +24,7 @@
 
 pub mod error;
 pub mod files;
+pub mod hash;
 pub mod manifest;
 pub mod model;
 pub mod requests;

@@ -28,8 +28,8 @@
 //! records no op holds), the FLOPs column (`with_flops`), and the grouping by input shape vLLM
 //! asks for on CPU with `record_shapes`.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
+use stepscope_format::hash::FastMap;
 
 /// The column a table is sorted by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,7 +177,7 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
 
     // A kernel's time goes to the CPU op it is linked to (a synchronous CPU event that is not
     // itself linked to another), whatever the kernel's own kind.
-    let mut kernels_of: HashMap<u64, u64> = HashMap::new();
+    let mut kernels_of: FastMap<u64, u64> = FastMap::default();
     for e in &counted {
         if e.device && e.linked_correlation > 0 {
             *kernels_of.entry(e.linked_correlation).or_default() += e.duration_ns;
@@ -206,7 +206,7 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
 
     // A CPU event linked to an op (a runtime call that launched its kernel) nests on that
     // op's thread.
-    let op_threads: HashMap<u64, u64> = counted
+    let op_threads: FastMap<u64, u64> = counted
         .iter()
         .filter(|e| takes_kernels(e))
         .map(|e| (e.correlation, e.thread))
@@ -305,7 +305,7 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
 
     // torch's rows: a name on the CPU or a device, as a user annotation or not; made in the
     // list's order, as torch's averages are, so that a row's first event decides.
-    let mut rows: HashMap<(&str, bool, bool), OpTotals> = HashMap::new();
+    let mut rows: FastMap<(&str, bool, bool), OpTotals> = FastMap::default();
     for (rank, &i) in order.iter().enumerate() {
         let e = counted[i];
         if folded[i] || (e.python_function && !rules.python_frames) {

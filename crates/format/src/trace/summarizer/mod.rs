@@ -10,8 +10,7 @@
 
 mod finish;
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use crate::hash::FastMap;
 
 use super::event::{
     device_category, device_lane, is_launch_category, is_step_annotation, Event, Meta, NodeKind,
@@ -73,49 +72,8 @@ impl CpuOp {
     }
 }
 
-/// The hash of the summarizer's tables (names, lanes, threads): FxHash's word-at-a-time
-/// multiply, several times cheaper than the standard library's keyed SipHash on keys of a few
-/// dozen bytes, looked up once per event. Unkeyed: a trace whose names were chosen to collide
-/// would make its own reading slower, never wrong, in a process of its reader's own.
-#[derive(Default, Clone, Copy)]
-struct TableHasher(u64);
-
-/// A table of the summarizer's: a key to its index.
-type Table<K> = HashMap<K, u32, BuildHasherDefault<TableHasher>>;
-
-impl TableHasher {
-    #[inline(always)]
-    fn mix(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
-impl Hasher for TableHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut words = bytes.chunks_exact(8);
-        for w in &mut words {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(w);
-            self.mix(u64::from_le_bytes(b));
-        }
-        let rest = words.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            self.mix(u64::from_le_bytes(b));
-        }
-    }
-
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.mix(u64::from(i));
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
+/// A table of the summarizer's: a key to its index (under the crate's per-event hash).
+type Table<K> = FastMap<K, u32>;
 
 /// Interned strings: each distinct name is stored once.
 #[derive(Default)]
