@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use super::kineto::{Detached, EventRow, TraceResult};
+use super::kineto::{Detached, TraceResult};
 use super::op_table::{self, SortBy};
 use crate::config::Serializer;
 use crate::error::{Error, Result};
@@ -115,15 +115,8 @@ fn write_table(
 ) -> Result<Synced> {
     let rows = result.take_events()?;
     let in_window =
-        |r: &&EventRow| r.event.device || stop_unix_ns.is_none_or(|stop| r.event.start_ns <= stop);
-    let events: Vec<op_table::OpEvent<'_>> = rows
-        .iter()
-        .filter(in_window)
-        .map(|r| op_table::OpEvent {
-            name: &r.name,
-            ..r.event
-        })
-        .collect();
+        |e: &op_table::OpEvent<'_>| e.device || stop_unix_ns.is_none_or(|stop| e.start_ns <= stop);
+    let events: Vec<op_table::OpEvent<'_>> = rows.events().filter(in_window).collect();
     // Kineto's device activity here is CUDA's (the backend records no other device's).
     let table = op_table::render(
         &events,

@@ -12,12 +12,25 @@ use super::glue::{
 use super::provider::provider;
 use crate::backend::torch::op_table::OpEvent;
 use crate::error::Result;
+use stepscope_format::hash::FastMap;
 
-/// One event of a finished session, as the op table reads it: its name, and the rest of its
-/// fields (`event.name` is empty: the table's event borrows `name`).
-pub(crate) struct EventRow {
-    pub name: String,
-    pub event: OpEvent<'static>,
+/// A finished session's events as the op table reads them: each distinct name once, and each
+/// event's fields with its name's index (`OpEvent::name` empty until [`EventRows::events`]
+/// lends it). Names repeat across a capture's events (an op, a Python frame, once per call).
+#[derive(Default)]
+pub(crate) struct EventRows {
+    names: Vec<Box<str>>,
+    rows: Vec<(u32, OpEvent<'static>)>,
+}
+
+impl EventRows {
+    /// The events, in the session's order, each with its name.
+    pub(crate) fn events(&self) -> impl Iterator<Item = OpEvent<'_>> {
+        self.rows.iter().map(|(name, e)| OpEvent {
+            name: self.names.get(*name as usize).map_or("", |n| n),
+            ..*e
+        })
+    }
 }
 
 /// The glue, ready: the only way to the functions above.
@@ -194,7 +207,7 @@ impl TraceResult {
 
     /// torch's event list, read, then freed with torch's event tree (the bulk of what freeing
     /// a capture costs): a second call finds none. `save` may run beside it on another thread.
-    pub(crate) fn take_events(&self) -> Result<Vec<EventRow>> {
+    pub(crate) fn take_events(&self) -> Result<EventRows> {
         let rows = self.read_events();
         self.release_events();
         rows
@@ -207,10 +220,14 @@ impl TraceResult {
         unsafe { (self.api.release_events)(self.ptr.as_ptr()) };
     }
 
-    fn read_events(&self) -> Result<Vec<EventRow>> {
+    fn read_events(&self) -> Result<EventRows> {
         // SAFETY: ptr is live.
         let n = unsafe { (self.api.event_count)(self.ptr.as_ptr()) };
-        let mut rows = Vec::with_capacity(n);
+        let mut read = EventRows {
+            names: Vec::new(),
+            rows: Vec::with_capacity(n),
+        };
+        let mut ids: FastMap<Box<[u8]>, u32> = FastMap::default();
         let mut name = vec![0u8; 256];
         for i in 0..n {
             let mut raw = RawEvent::default();
@@ -232,9 +249,20 @@ impl TraceResult {
                 }
                 name.resize(raw.name_len, 0);
             }
-            rows.push(EventRow {
-                name: String::from_utf8_lossy(&name[..raw.name_len]).into_owned(),
-                event: OpEvent {
+            let bytes = &name[..raw.name_len];
+            let id = match ids.get(bytes) {
+                Some(&id) => id,
+                None => {
+                    let id = u32::try_from(read.names.len()).unwrap_or(u32::MAX);
+                    read.names
+                        .push(String::from_utf8_lossy(bytes).into_owned().into_boxed_str());
+                    ids.insert(bytes.into(), id);
+                    id
+                }
+            };
+            read.rows.push((
+                id,
+                OpEvent {
                     name: "",
                     thread: raw.thread,
                     end_thread: raw.end_thread,
@@ -249,9 +277,9 @@ impl TraceResult {
                     python_function: raw.python_function != 0,
                     overhead: raw.overhead != 0,
                 },
-            });
+            ));
         }
-        Ok(rows)
+        Ok(read)
     }
 }
 
@@ -348,16 +376,31 @@ mod tests {
     /// table reads), finalized with or without torch's `trace_only`.
     fn events_kept(trace_only: bool) -> usize {
         let result = three_steps("step", trace_only);
-        result.take_events().expect("the event list").len()
+        result
+            .take_events()
+            .expect("the event list")
+            .events()
+            .count()
     }
 
     #[test]
     fn the_event_list_once_taken_is_freed_and_the_trace_still_saves_whole() {
         let result = three_steps("stepscope_taken", false);
         let rows = result.take_events().expect("the event list");
-        let named = |rows: &[EventRow]| rows.iter().filter(|r| r.name == "stepscope_taken").count();
+        let named = |rows: &EventRows| {
+            rows.events()
+                .filter(|e| e.name == "stepscope_taken")
+                .count()
+        };
         assert_eq!(named(&rows), 3);
-        assert_eq!(result.take_events().expect("the list, freed").len(), 0);
+        assert_eq!(
+            result
+                .take_events()
+                .expect("the list, freed")
+                .events()
+                .count(),
+            0
+        );
         // The trace is Kineto's buffers, not the list: still whole.
         let dir = stepscope_test_doubles::Scratch::empty("kineto-taken");
         let path = dir.join("t.json");
