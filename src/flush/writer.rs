@@ -748,7 +748,7 @@ mod tests {
 
         fn side_file(&self, dir: &Path, stem: &str) -> Result<Option<Synced>> {
             use std::io::Write;
-            let path = dir.join(format!("{stem}.profiler_out.txt"));
+            let path = dir.join(crate::manifest::op_table_name(stem));
             let mut file = crate::files::AtomicFile::create(&path)?;
             file.write_all(b"table")
                 .map_err(|e| Error::io(&path, "writing", e))?;

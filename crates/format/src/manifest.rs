@@ -60,6 +60,15 @@ pub fn manifest_name(stem: &str) -> String {
     format!("{stem}{MANIFEST_SUFFIX}")
 }
 
+/// The op table beside a torch trace (vLLM's `profiler_out` table) ends so:
+/// `{worker}.profiler_out.txt`.
+pub const OP_TABLE_SUFFIX: &str = ".profiler_out.txt";
+
+/// The op table's file name for a worker (or trace name) `stem`, as vLLM names it.
+pub fn op_table_name(stem: &str) -> String {
+    format!("{stem}{OP_TABLE_SUFFIX}")
+}
+
 /// A capture window's request log beside its traces ends so: `{stem}.requests.json`.
 pub const REQUEST_LOG_SUFFIX: &str = ".requests.json";
 

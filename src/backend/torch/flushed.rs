@@ -125,7 +125,7 @@ fn write_table(
         "CUDA",
         &result.torch_version(),
     );
-    let path = dir.join(format!("{stem}.profiler_out.txt"));
+    let path = dir.join(crate::manifest::op_table_name(stem));
     let mut file = AtomicFile::create(&path)?;
     // vLLM writes the table with print(): one more newline.
     file.write_all((table + "\n").as_bytes())

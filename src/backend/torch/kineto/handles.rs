@@ -351,8 +351,12 @@ impl Drop for Range {
 mod tests {
     use super::*;
 
+    /// torch's profiler is the process's: one test's session at a time (two at once crashed
+    /// the test process in libtorch).
+    static ONE_SESSION: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
     /// The result of a session of three steps annotated `name`, finalized with or without
-    /// torch's `trace_only`.
+    /// torch's `trace_only`. The caller holds [`ONE_SESSION`] until it is done with it.
     fn three_steps(name: &str, trace_only: bool) -> TraceResult {
         let kineto = Kineto::get().expect("the linked glue");
         let options = Options {
@@ -375,6 +379,7 @@ mod tests {
     /// The events a session of three annotated steps leaves in its result (the list the op
     /// table reads), finalized with or without torch's `trace_only`.
     fn events_kept(trace_only: bool) -> usize {
+        let _alone = ONE_SESSION.lock();
         let result = three_steps("step", trace_only);
         result
             .take_events()
@@ -385,6 +390,7 @@ mod tests {
 
     #[test]
     fn the_event_list_once_taken_is_freed_and_the_trace_still_saves_whole() {
+        let _alone = ONE_SESSION.lock();
         let result = three_steps("stepscope_taken", false);
         let rows = result.take_events().expect("the event list");
         let named = |rows: &EventRows| {
