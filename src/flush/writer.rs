@@ -543,11 +543,12 @@ fn write_job(
             .side_file(dir, stem)
             .map(|f| f.map(|f| (f, began.elapsed())))
     };
-    let (placed, side) = thread::scope(|scope| {
+    let (placed, side, waiting) = thread::scope(|scope| {
         let beside = thread::Builder::new()
             .name("stepscope-table".into())
             .spawn_scoped(scope, side_file);
         let placed = place_trace(settings, shared, manifest, how);
+        let waiting = Instant::now();
         let side = match beside {
             Ok(handle) => handle.join().unwrap_or_else(|p| {
                 let message = format!("the op table's thread panicked: {}", panic_message(&*p));
@@ -557,7 +558,7 @@ fn write_job(
             Err(_) if placed.is_ok() => side_file(),
             Err(_) => Ok(None),
         };
-        (placed, side)
+        (placed, side, waiting)
     });
     // A failed trace drops its side file's temporary with it.
     let placed = placed?;
@@ -565,7 +566,7 @@ fn write_job(
         Some((file, took)) => {
             let name = file.file_name();
             file.rename()?;
-            let waited = placed.renamed.elapsed();
+            let waited = waiting.elapsed();
             (
                 Some(name),
                 Some(took.as_secs_f64()),
@@ -747,13 +748,9 @@ mod tests {
         }
 
         fn side_file(&self, dir: &Path, stem: &str) -> Result<Option<Synced>> {
-            use std::io::Write;
-            let path = dir.join(crate::manifest::op_table_name(stem));
-            let mut file = crate::files::AtomicFile::create(&path)?;
-            file.write_all(b"table")
-                .map_err(|e| Error::io(&path, "writing", e))?;
             let _ = self.begun.0.send(());
-            file.sync().map(Some)
+            let path = dir.join(crate::manifest::op_table_name(stem));
+            crate::files::write_synced(&path, b"table").map(Some)
         }
     }
 

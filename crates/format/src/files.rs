@@ -93,10 +93,16 @@ pub fn process_alive(pid: u32) -> bool {
 /// beside it (named after this process), fsynced, then renamed over `path`. The temporary is
 /// removed when any step fails.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_synced(path, bytes)?.rename()
+}
+
+/// [`write_atomic`] but the rename: `bytes` whole and fsynced in `path`'s temporary, for a file
+/// made beside another that must be in place first.
+pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<Synced> {
     let mut file = AtomicFile::create(path)?;
     file.write_all(bytes)
         .map_err(|e| Error::io(file.tmp.path(), format!("cannot write: {e}"), e))?;
-    file.commit()
+    file.sync()
 }
 
 /// A file written as it streams that `path` only ever holds whole: the bytes go into a

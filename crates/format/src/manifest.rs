@@ -25,7 +25,7 @@
 //! | `summary_file` | 0 | the op table written beside it (`{stem}.profiler_out.txt`), if any |
 //! | `writer_seconds`, `finalize_seconds`, `write_seconds` | 0 | the stop to the rename; of which finalizing in Kineto; of which serializing, compressing and renaming |
 //! | `op_table_seconds` | 1 | the seconds the op table took (torch's event list read and then freed with torch's event tree, its rows summed, the file written and fsynced), on a thread of its own while the trace was serialized, when one was written |
-//! | `op_table_wait_seconds` | 1 | of those, what the writer waited for after the trace's rename (the op table renamed into place included) |
+//! | `op_table_wait_seconds` | 1 | what the writer waited for the op table once the trace was in place (its own rename included) |
 //! | `free_seconds` | 1 | after the rename and the op table, the CPU time the writer's thread spent freeing what was left of the capture (Kineto's buffers; torch's event list and tree where the op table's thread had not freed them), before this manifest; torch's cost, counted apart as `finalize_seconds` is |
 //! | `trigger` | 0 | `{"slow_step": {...}}` when the slow-step trigger started the capture |
 //! | `cut_short` | 0 | why the capture budget ended the window early |
@@ -200,8 +200,8 @@ pub struct Manifest {
     /// the trace was serialized, when one was written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub op_table_seconds: Option<f64>,
-    /// Of `op_table_seconds`, what the writer waited for after the trace's rename (the op
-    /// table's own rename included).
+    /// What the writer waited for the op table once the trace was in place (the table's own
+    /// rename included).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub op_table_wait_seconds: Option<f64>,
     /// After the rename and the op table, the CPU seconds the writer's thread spent freeing what

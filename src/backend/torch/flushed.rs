@@ -1,7 +1,6 @@
 //! The torch backend's captures as the flush layer writes them: a detached Kineto session to
 //! finalize, its result to save, and the op table (`{stem}.profiler_out.txt`) beside the trace.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -9,7 +8,7 @@ use super::kineto::{Detached, TraceResult};
 use super::op_table::{self, SortBy};
 use crate::config::Serializer;
 use crate::error::{Error, Result};
-use crate::files::{AtomicFile, Synced, TempFile};
+use crate::files::{write_synced, Synced, TempFile};
 use crate::flush::{self, Trace};
 
 /// A stopped Kineto session, with whether its op table is wanted and who writes its JSON.
@@ -125,10 +124,9 @@ fn write_table(
         "CUDA",
         &result.torch_version(),
     );
-    let path = dir.join(crate::manifest::op_table_name(stem));
-    let mut file = AtomicFile::create(&path)?;
     // vLLM writes the table with print(): one more newline.
-    file.write_all((table + "\n").as_bytes())
-        .map_err(|e| Error::io(&path, format!("cannot write the op table: {e}"), e))?;
-    file.sync()
+    write_synced(
+        &dir.join(crate::manifest::op_table_name(stem)),
+        (table + "\n").as_bytes(),
+    )
 }
