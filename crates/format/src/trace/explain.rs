@@ -99,6 +99,16 @@ pub(crate) enum CallKind {
     Other,
 }
 
+/// The synchronizing runtime calls ([`CallKind::Sync`]), by their whole name.
+const SYNC_CALLS: [&str; 6] = [
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cuCtxSynchronize",
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+];
+
 impl CallKind {
     /// By the words its name holds, in this order: `GraphLaunch`; `LaunchKernel` or
     /// `LaunchCooperativeKernel`; `Memcpy` or `Memset` (with `Async`, or not); else the
@@ -130,15 +140,7 @@ impl CallKind {
             } else {
                 CallKind::Copy
             }
-        } else if matches!(
-            name,
-            "cudaDeviceSynchronize"
-                | "cudaStreamSynchronize"
-                | "cudaEventSynchronize"
-                | "cuCtxSynchronize"
-                | "cuStreamSynchronize"
-                | "cuEventSynchronize"
-        ) {
+        } else if SYNC_CALLS.contains(&name) {
             CallKind::Sync
         } else {
             CallKind::Other
@@ -1036,15 +1038,7 @@ mod tests {
                 } else {
                     CallKind::Copy
                 }
-            } else if matches!(
-                name,
-                "cudaDeviceSynchronize"
-                    | "cudaStreamSynchronize"
-                    | "cudaEventSynchronize"
-                    | "cuCtxSynchronize"
-                    | "cuStreamSynchronize"
-                    | "cuEventSynchronize"
-            ) {
+            } else if SYNC_CALLS.contains(&name) {
                 CallKind::Sync
             } else {
                 CallKind::Other
