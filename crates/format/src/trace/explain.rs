@@ -317,7 +317,7 @@ pub(crate) fn explain(inp: Inputs<'_>) -> Explained {
     }
     // Each step's busy split: its own events, per device, by start: grouped by step in one
     // pass, the (device, start) order kept within each (the order of a stable sort by step).
-    let placed = group_by_step(&placed, steps.len());
+    let (placed, _) = group_by_step(&placed, steps.len(), |p| p.step);
     for run in placed.chunk_by(|a, b| a.step == b.step && a.device == b.device) {
         let Some(g) = steps.get_mut(run[0].step as usize) else {
             continue;
@@ -505,29 +505,17 @@ impl Gaps {
 /// delays grouped by step (a counting sort), each group's ranks found by selection, O(n) in
 /// all (two sorts of them were a third of `explain`'s time on HTA's 35 MB trace).
 fn quantiles(delays: &[(u32, f64)], trace: &mut GpuTime, steps: &mut [GpuTime]) {
-    let mut all: Vec<f64> = delays.iter().map(|d| d.1).collect();
-    trace.launches.delay_median_us = quantile(&mut all, 0.5);
-    trace.launches.delay_p90_us = quantile(&mut all, 0.9);
-    // Steps in order, then the delays of no step (dropped).
-    let bucket = |d: &(u32, f64)| (d.0 as usize).min(steps.len());
-    let mut starts = vec![0usize; steps.len() + 2];
-    for d in delays {
-        starts[bucket(d) + 1] += 1;
-    }
-    for i in 1..starts.len() {
-        starts[i] += starts[i - 1];
-    }
-    let bounds = starts.clone();
-    for d in delays {
-        let slot = &mut starts[bucket(d)];
-        all[*slot] = d.1;
-        *slot += 1;
-    }
+    let mut values: Vec<f64> = delays.iter().map(|d| d.1).collect();
+    trace.launches.delay_median_us = quantile(&mut values, 0.5);
+    trace.launches.delay_p90_us = quantile(&mut values, 0.9);
+    // Those of no step are grouped last, and dropped.
+    let (grouped, bounds) = group_by_step(delays, steps.len(), |d| d.0);
     for (g, range) in steps.iter_mut().zip(bounds.windows(2)) {
-        let per = &mut all[range[0]..range[1]];
-        if !per.is_empty() {
-            g.launches.delay_median_us = quantile(per, 0.5);
-            g.launches.delay_p90_us = quantile(per, 0.9);
+        if range[0] < range[1] {
+            values.clear();
+            values.extend(grouped[range[0]..range[1]].iter().map(|d| d.1));
+            g.launches.delay_median_us = quantile(&mut values, 0.5);
+            g.launches.delay_p90_us = quantile(&mut values, 0.9);
         }
     }
 }
@@ -548,24 +536,31 @@ pub(crate) fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
     Some(low + (high - low) * (pos - lo as f64))
 }
 
-/// `placed` stably grouped by step, steps in order and events of no step last: a counting
-/// sort, O(n) where a comparison sort of the same order costs O(n log n).
-fn group_by_step(placed: &[Placed], steps: usize) -> Vec<Placed> {
-    let bucket = |p: &Placed| (p.step as usize).min(steps);
+/// `items` stably grouped by step, steps in order (of `steps`) and those of no step (a step of
+/// `steps` or more, [`NO_STEP`] among them) last, with where each group begins (`steps + 2`
+/// offsets, the last the end): a counting sort, O(n) where a comparison sort of the same order
+/// costs O(n log n).
+fn group_by_step<T: Copy>(
+    items: &[T],
+    steps: usize,
+    step_of: impl Fn(&T) -> u32,
+) -> (Vec<T>, Vec<usize>) {
+    let bucket = |t: &T| (step_of(t) as usize).min(steps);
     let mut starts = vec![0usize; steps + 2];
-    for p in placed {
-        starts[bucket(p) + 1] += 1;
+    for t in items {
+        starts[bucket(t) + 1] += 1;
     }
     for i in 1..starts.len() {
         starts[i] += starts[i - 1];
     }
-    let mut out = placed.to_vec();
-    for p in placed {
-        let slot = &mut starts[bucket(p)];
-        out[*slot] = *p;
+    let bounds = starts.clone();
+    let mut out = items.to_vec();
+    for t in items {
+        let slot = &mut starts[bucket(t)];
+        out[*slot] = *t;
         *slot += 1;
     }
-    out
+    (out, bounds)
 }
 
 /// Idle time per stream by HTA's rule. Sorts `ops` by lane, then start.
