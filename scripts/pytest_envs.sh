@@ -14,6 +14,11 @@ py=${1:?} py033=${2:?} pysgl=${3:?} cli=${4:?}
 # to build CUDA helpers in the background: without CUDA they only load the machine (seen running
 # 7 minutes each beside the tests). Every test process, and what it starts, goes without.
 export HUMMING_DISABLE_PARALLEL_BUILD=1
+# Python writes the bytecode of what it imports (machines of this kind set
+# PYTHONDONTWRITEBYTECODE): setup wrote that of each environment's entry points only
+# (scripts/warm_bytecode.py), and a module they do not load is then compiled once, by the first
+# test process (or server it starts) that imports it, not by every one.
+unset PYTHONDONTWRITEBYTECODE
 logs=$(mktemp -d)
 pids=()
 names=()

@@ -130,32 +130,79 @@ uv_env .venv-sglang "SGLang 0.5.23, torch 2.14.1" "sglang==0.5.23" "torch==2.14.
 # scripts/check_wheel.sh captures with it from a fresh environment of the same pin).
 uv_env .venv-torch215 "torch 2.15" "torch==2.15.0"
 
-# Each test environment's bytecode, compiled once. Where PYTHONDONTWRITEBYTECODE is set (it is
+# Each test environment's bytecode, written once. Where PYTHONDONTWRITEBYTECODE is set (it is
 # on machines of this kind), Python never writes a .pyc, and every process that imports vLLM
 # compiled its ~2,900 modules again: 22 s for vLLM's API server module where its bytecode is
 # there 12 s, and a live `vllm serve` start (three such processes) 147 s against 87 s.
-# compileall writes .pyc files whatever that variable says. Redone only when what is installed
-# changed (the marker holds the list of site-packages, stepscope's own entries left out: the
-# tests install the wheel after setup, and a fresh machine's second setup, test-wheel's, then
-# walked every environment again); some packages ship templates that are not Python, so its
-# exit status is not a verdict.
-# Left out: the largest packages that no test process imports, in any environment (found from
-# the .pyc files' access times after a day of `make test` runs: 24,424 of the three
-# environments' 90,251 .pyc files were never read, these ten most of them). Compiling
-# SGLang's environment took 112 s instead of 131 s. A package a test starts to import is only
-# compiled at each import (slower, not wrong): take it out of the list.
-NEVER_IMPORTED='/site-packages/(anthropic|tilelang|modelscope|numba|pandas|sentry_sdk|quack|dns|timm|tokenspeed_triton)/'
-compile_env() {
-  local dir=$1 site mark listing
+# What is compiled is what the environment's entry points load (scripts/warm_bytecode.py imports
+# them with bytecode writing on), not the whole of site-packages: `compileall` of the three took
+# 4m50s of a fresh machine's setup on both cores, and the tests read 19,000 of the 69,000 files
+# it wrote (their .pyc files' access times after a fresh `make test`). The entry points below
+# load 86% of what the tests read under vLLM 0.32 (the live servers' API routers and a few
+# quantization modules are loaded later), 99% under vLLM 0.33 and 100% under SGLang; the pytest
+# processes write bytecode too (scripts/pytest_envs.sh), so what is left is compiled once, by the
+# first test that imports it. stepscope itself is installed by the tests, after this: its
+# import fails here (said, and skipped) on a fresh machine.
+# Redone only when what is installed, or the list of entry points, changed (the marker holds a
+# checksum of both, stepscope's own entries left out of the listing: the tests install the wheel
+# after setup). The three environments are warmed at once (each one process, on one core).
+ENTRIES_COMMON="torch torch.profiler pytest stepscope"
+ENTRIES_VLLM="vllm vllm.entrypoints.cli.main vllm.entrypoints.openai.api_server \
+  vllm.v1.engine.core vllm.v1.engine.async_llm vllm.v1.engine.llm_engine \
+  vllm.v1.core.sched.scheduler vllm.v1.executor.multiproc_executor \
+  vllm.model_executor.models.llama vllm.profiler.wrapper stepscope.vllm"
+# vLLM 0.32's CPU build: the live servers (their CLI, CPU worker and attention), the request-span
+# collector's protobufs, and what make test's other Python checks run (auditwheel, stubtest).
+ENTRIES_VENV="$ENTRIES_COMMON torch.distributed $ENTRIES_VLLM vllm.entrypoints.cli.serve \
+  vllm.entrypoints.cli.openai vllm.entrypoints.cli.benchmark.main vllm.entrypoints.cli.run_batch \
+  vllm.entrypoints.cli.collect_env vllm.entrypoints.cli.launch vllm.v1.worker.cpu_worker \
+  vllm.v1.worker.cpu_model_runner vllm.v1.attention.backends.cpu_attn vllm.v1.metrics.reader \
+  vllm.platforms.cpu compressed_tensors openai \
+  opentelemetry.proto.collector.trace.v1.trace_service_pb2 auditwheel.main mypy.stubtest"
+# vLLM 0.33's modules (no CPU build: its GPU worker's modules, imported on CPU).
+ENTRIES_VLLM033="$ENTRIES_COMMON $ENTRIES_VLLM vllm.v1.worker.gpu_worker \
+  vllm.v1.worker.gpu_model_runner vllm.v1.worker.worker_base"
+# SGLang's scheduler-side modules the plugin patches and the harness drives, and the
+# OpenTelemetry SDK and exporters SGLang's own tracing uses.
+ENTRIES_SGLANG="$ENTRIES_COMMON stepscope.sglang sglang sglang.srt.managers.scheduler \
+  sglang.srt.managers.scheduler_components.profiler_manager \
+  sglang.srt.managers.scheduler_components.internal_state sglang.srt.utils.profile_utils \
+  sglang.srt.managers.io_struct sglang.srt.model_executor.forward_batch_info \
+  sglang.srt.runtime_context sglang.srt.server_args sglang.srt.plugins \
+  sglang.srt.plugins.hook_registry sglang.srt.disaggregation.utils \
+  sglang.srt.managers.schedule_batch sglang.srt.sampling.sampling_params \
+  opentelemetry.sdk.trace opentelemetry.exporter.otlp.proto.grpc.trace_exporter \
+  opentelemetry.exporter.otlp.proto.http.trace_exporter \
+  opentelemetry.proto.collector.trace.v1.trace_service_pb2"
+# warm_env DIR ENTRIES: the bytecode of what ENTRIES load in DIR's environment, in the
+# background (its pid appended to warming) unless the marker says it is there.
+warming=()
+warm_env() {
+  local dir=$1 entries=$2 site mark listing
   site=$(site_of "$dir/bin/python")
   mark="$dir/.stepscope-bytecode"
-  listing=$(ls "$site" | grep -vxE '__pycache__|stepscope([-.].*)?' | cksum)
+  listing=$({ ls "$site" | grep -vxE '__pycache__|stepscope([-.].*)?'; echo "$entries"; } | cksum)
   [ -f "$mark" ] && [ "$(cat "$mark")" = "$listing" ] && return
-  say "compiling the bytecode of $dir (once; about a minute)"
-  "$dir/bin/python" -m compileall -q -j 0 -x "$NEVER_IMPORTED" "$site" >/dev/null 2>&1 || true
-  echo "$listing" >"$mark"
+  say "writing the bytecode of what the tests import in $dir (once; a minute or two)"
+  # vLLM's CPU platform for the CPU build's modules; humming (imported by vLLM) would start
+  # background builds of CUDA helpers at import (scripts/pytest_envs.sh says more).
+  # shellcheck disable=SC2086 # the entries are words
+  (
+    log="$dir/.stepscope-bytecode.log"
+    if env -u PYTHONDONTWRITEBYTECODE VLLM_TARGET_DEVICE=cpu HUMMING_DISABLE_PARALLEL_BUILD=1 \
+      "$dir/bin/python" scripts/warm_bytecode.py $entries >"$log" 2>&1; then
+      echo "$listing" >"$mark"
+      say "$dir: $(grep -h '^warm_bytecode: [0-9]' "$log" | cut -d' ' -f2-)"
+    else
+      say "writing the bytecode of $dir failed (see $log): the tests compile what they import"
+    fi
+  ) &
+  warming+=($!)
 }
-for dir in "$VENV" .venv-vllm033 .venv-sglang; do compile_env "$dir"; done
+warm_env "$VENV" "$ENTRIES_VENV"
+warm_env .venv-vllm033 "$ENTRIES_VLLM033"
+warm_env .venv-sglang "$ENTRIES_SGLANG"
+[ ${#warming[@]} -eq 0 ] || wait "${warming[@]}"
 
 # What the environments hold on disk, files shared through the cache counted once (after an
 # install only: du walks some 100,000 files).
