@@ -75,9 +75,13 @@ demo: setup python
 # Each phase timed (scripts/phases.sh prints a line per phase at the end, also on a failure).
 # `A|B` runs both at once: fmt-check beside clippy; test-sdist (its own target directory,
 # target/sdist) beside test-rust, whose test binaries run one after another on one core for
-# about 40 s of its 80 s warm (vmstat). test-python needs both cores throughout: alone.
+# about 40 s of its 80 s warm (vmstat), and the release wheel's build (the glues, the command,
+# the extension: its own target directories) with them, where it fills the cores the tests
+# leave; test-python, which needs both cores throughout, then takes that wheel as it is
+# (WHEEL_BUILT: no second pass over the builds, 18 s when nothing changed).
 test:
-	@scripts/phases.sh setup 'fmt-check|clippy' 'test-rust|test-sdist' test-python test-wheel
+	@WHEEL_BUILT=1 scripts/phases.sh setup 'fmt-check|clippy' 'test-rust|test-sdist|wheel' \
+		test-python test-wheel
 	@echo "make test: all checks passed"
 
 # Formatting, and no import circle among the modules of one crate or of the Python package
@@ -171,9 +175,10 @@ sdist: setup
 # and on vLLM 0.33's modules, the SGLang plugin on SGLang 0.5.23's modules (the built `stepscope`
 # command merges for it); ten pytest processes at once, each live server's file in its own
 # (scripts/pytest_envs.sh). ruff first: undefined names, unused imports, likely bugs; then
-# mypy's stubtest: _native.pyi against the extension the wheel installed.
+# mypy's stubtest: _native.pyi against the extension the wheel installed. Under `make test` the
+# wheel was built in the phase before (WHEEL_BUILT), alone it is built first.
 PY_SOURCES := python tests/python examples scripts/*.py
-test-python: wheel
+test-python: $(if $(WHEEL_BUILT),,wheel)
 	$(VENV)/bin/ruff check --quiet --select F,E9,B $(PY_SOURCES)
 	$(UV) pip install --quiet --python $(PYTHON) --no-deps --reinstall dist/stepscope-*.whl
 	$(UV) pip install --quiet --python $(VENV033)/bin/python --no-deps --reinstall dist/stepscope-*.whl
