@@ -136,7 +136,7 @@ uv_env .venv-torch215 "torch 2.15" "torch==2.15.0"
 # there 12 s, and a live `vllm serve` start (three such processes) 147 s against 87 s.
 # What is compiled is what the environment's entry points load (scripts/warm_bytecode.py imports
 # them with bytecode writing on), not the whole of site-packages: `compileall` of the three took
-# 4m50s of a fresh machine's setup on both cores, and the tests read 19,000 of the 69,000 files
+# 4m51s of a fresh machine's setup on both cores, and the tests read 19,000 of the 69,000 files
 # it wrote (their .pyc files' access times after a fresh `make test`). The entry points below
 # load 86% of what the tests read under vLLM 0.32 (the live servers' API routers and a few
 # quantization modules are loaded later), 99% under vLLM 0.33 and 100% under SGLang; the pytest

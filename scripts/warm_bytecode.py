@@ -5,7 +5,7 @@ scripts/setup.sh runs it once per test environment in place of compiling every f
 site-packages (`compileall`), of which the tests read about a third: each environment's entry
 points (the modules its test processes and the servers they start import) are named there.
 What an entry point does not load is compiled by the first test process that imports it, which
-writes it too (the Makefile lets Python write bytecode: machines of this kind set
+writes it too (scripts/pytest_envs.sh lets Python write bytecode: machines of this kind set
 PYTHONDONTWRITEBYTECODE). A module that fails to import is named on stderr and skipped: the
 tests will say what is wrong with it, and the others are still compiled.
 
@@ -29,7 +29,7 @@ def main(names: list[str]) -> int:
     for name in names:
         try:
             importlib.import_module(name)
-        except BaseException as e:  # an import may raise anything, SystemExit included
+        except (Exception, SystemExit) as e:  # an import may raise anything; ^C still stops
             first = str(e).splitlines()[0] if str(e) else ""
             failed.append(f"{name} ({type(e).__name__}: {first})")
     took = time.perf_counter() - began
