@@ -9,7 +9,8 @@
 # that round is run BENCH_HTA_ROUNDS times (default 5) in the same HTA process, and the
 # in-process ratio printed is the median of the rounds' ratios, with their range: on a VM whose
 # two vCPUs ran at different speeds (a thread took 2.7 ms on one and 6 ms on the other), one
-# round's ratio is a draw of where each side's threads landed.
+# round's ratio is a draw of where each side's threads landed. The time columns are the bests
+# over all rounds; a round in which every HTA run failed counts for no ratio.
 # HTA comes from the package registry in its own venv, .bench-venv/ (scripts/hta_venv.sh).
 # Usage: scripts/bench_hta.sh [TRACE.json.gz ...]   (default: every trace of ../shared/traces/hta
 # with over 1 MB of JSON, else those of cli/tests/data/hta). Not part of `make test`.
@@ -91,12 +92,16 @@ for _ in range(int(rounds)):
         line = hta.stdout.readline()
         theirs.append(float(line) if line.strip() else float("nan"))
     ours += run_ours(4)
-    bests.append((min(ours), min(theirs)))
+    bests.append((min(ours), min((t for t in theirs if t == t), default=float("nan"))))
 hta.stdin.close()
 hta.wait()
+ours_best = min(o for o, _ in bests)
+bests = [(o, h) for o, h in bests if h == h]  # NaN: HTA failed every run of that round
 ratios = [h / o for o, h in bests]
-print(min(o for o, _ in bests), min(h for _, h in bests), statistics.median(ratios),
-      min(ratios), max(ratios))
+if ratios:
+    print(ours_best, min(h for _, h in bests), statistics.median(ratios), min(ratios), max(ratios))
+else:
+    print(ours_best, "nan nan nan nan")
 PY
 )
   ours=${ours:-nan}

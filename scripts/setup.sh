@@ -138,8 +138,9 @@ uv_env .venv-torch215 "torch 2.15" "torch==2.15.0"
 # them with bytecode writing on), not the whole of site-packages: `compileall` of the three took
 # 4m51s of a fresh machine's setup on both cores, and the tests read 19,000 of the 69,000 files
 # it wrote (their .pyc files' access times after a fresh `make test`). The entry points below
-# load 86% of what the tests read under vLLM 0.32 (the live servers' API routers and a few
-# quantization modules are loaded later), 99% under vLLM 0.33 and 100% under SGLang; the pytest
+# load 93% of what the tests read under vLLM 0.32 (the live servers' API routers, torch's
+# inductor and a few quantization modules are loaded later; pip's files, read by this script's
+# own install of uv, left out), 99% under vLLM 0.33 and 100% under SGLang; the pytest
 # processes write bytecode too (scripts/pytest_envs.sh), so what is left is compiled once, by the
 # first test that imports it. stepscope itself is installed by the tests, after this: its
 # import fails here (said, and skipped) on a fresh machine.
