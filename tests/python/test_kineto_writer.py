@@ -27,7 +27,7 @@ ODD_SOURCE = "def odd(x, a):\n    return torch.mm(x, a)\n"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def capture(out: Path, serializer: str, *, gzip_trace: bool) -> dict:
+def capture(out: Path, serializer: str, *, gzip_trace: bool, loops: int = 20) -> dict:
     a = torch.ones(8, 8)
     scope: dict = {"torch": torch}
     exec(compile(ODD_SOURCE, ODD_FILE, "exec"), scope)
@@ -50,7 +50,7 @@ def capture(out: Path, serializer: str, *, gzip_trace: bool) -> dict:
     for i in range(3):
         p.step(stepscope.Iteration(1, 4, 0, 0, request_ids=[f"req-{i}"]))
         x = a
-        for _ in range(20):
+        for _ in range(loops):
             x = odd(layer(x), a) / 8
         # A backward pass: Kineto links forward ops to their backward with flow events.
         w = torch.ones(8, 8, requires_grad=True)
@@ -114,6 +114,16 @@ def test_stepscope_writes_the_capture_kineto_writes(tmp_path, gzip_trace):
     assert sorted(r for e in steps for r in e["args"]["requests"]) == ["req-0", "req-1", "req-2"]
     # No side file or temporary is left.
     assert sorted(f.name for f in tmp_path.iterdir() if f.name.startswith(".")) == []
+
+
+def test_a_capture_over_several_of_the_serializers_blocks_is_written_as_kinetos(tmp_path):
+    """The serializer keeps its events' text in blocks of 4 MiB (cpp/kineto_writer.h, Blocks),
+    each event whole in one: a capture of more than two blocks' worth, against Kineto's own
+    writer on the same save."""
+    manifest = capture(tmp_path, "compare", gzip_trace=False, loops=700)
+    assert manifest["json_bytes"] > 3 * (4 << 20), manifest["json_bytes"]
+    ours, kineto = load(tmp_path / manifest["trace_file"]), load(tmp_path / "w.kineto.json")
+    assert events(ours) == events(kineto)
 
 
 def test_kineto_alone_writes_what_it_always_wrote(tmp_path):
