@@ -25,6 +25,9 @@ import stepscope
 ODD_FILE = "odd\\dir/naïve.py"
 ODD_SOURCE = "def odd(x, a):\n    return torch.mm(x, a)\n"
 REPO = Path(__file__).resolve().parents[2]
+# How each line of stepscope's serializer begins (cpp/kineto_writer.h, kCat); Kineto's own
+# writer indents its objects.
+OURS_LINE = '{"ph": "X", "cat": "'
 
 
 def capture(out: Path, serializer: str, *, gzip_trace: bool, loops: int = 20) -> dict:
@@ -94,7 +97,7 @@ def test_stepscope_writes_the_capture_kineto_writes(tmp_path, gzip_trace):
     opener = gzip.open if gzip_trace else open
     with opener(ours_path, "rt") as f:
         text = f.read()
-    ours_lines = [ln for ln in text.splitlines() if ln.startswith('{"ph": "X", "cat": "')]
+    ours_lines = [ln for ln in text.splitlines() if ln.startswith(OURS_LINE)]
     cats = collections.Counter(json.loads(ln.rstrip(","))["cat"] for ln in ours_lines)
     assert cats["cpu_op"] > 100 and cats["python_function"] > 100, cats
     # The flows from forward ops to their backward, stepscope's too.
@@ -125,7 +128,7 @@ def test_a_capture_over_several_of_the_serializers_blocks_is_written_as_kinetos(
     manifest = capture(tmp_path, "compare", gzip_trace=False, loops=600)
     ours_path = tmp_path / manifest["trace_file"]
     with open(ours_path, "rb") as f:
-        held = sum(len(ln) for ln in f if ln.startswith(b'{"ph": "X", "cat": "'))
+        held = sum(len(ln) for ln in f if ln.startswith(OURS_LINE.encode()))
     assert held > 3 * (4 << 20), held
     ours, kineto = load(ours_path), load(tmp_path / "w.kineto.json")
     assert events(ours) == events(kineto)
@@ -134,7 +137,7 @@ def test_a_capture_over_several_of_the_serializers_blocks_is_written_as_kinetos(
 def test_kineto_alone_writes_what_it_always_wrote(tmp_path):
     manifest = capture(tmp_path, "kineto", gzip_trace=False)
     text = (tmp_path / manifest["trace_file"]).read_text()
-    assert '{"ph": "X", "cat": "' not in text  # no line of stepscope's serializer
+    assert OURS_LINE not in text  # no line of stepscope's serializer
     assert not (tmp_path / "w.kineto.json").exists()
     assert len(load(tmp_path / manifest["trace_file"])["traceEvents"]) > 100
 
