@@ -173,7 +173,7 @@ sdist: setup
 # The same wheel file installed (--no-deps) into the three environments: the Python API on the
 # stub driver and real Kineto, the vLLM plugin on vLLM 0.32 (with the live `vllm serve` tests)
 # and on vLLM 0.33's modules, the SGLang plugin on SGLang 0.5.23's modules (the built `stepscope`
-# command merges for it); ten pytest processes at once, each live server's file in its own
+# command merges for it); nine pytest processes at once, each live server's files in their own
 # (scripts/pytest_envs.sh). ruff first: undefined names, unused imports, likely bugs; then
 # mypy's stubtest: _native.pyi against the extension the wheel installed. Under `make test` the
 # wheel was built in the phase before (WHEEL_BUILT), alone it is built first.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Python tests in the three environments, as ten pytest processes at once: each live vLLM
-# server's test file in a process of its own (a server start is mostly three processes
+# The Python tests in the three environments, as nine pytest processes at once: each live vLLM
+# server's test files in a process of their own (a server start is mostly three processes
 # importing vLLM, and the three starts overlap), the vLLM plugin's tests under vLLM 0.32 and
 # under 0.33, the rest of each, SGLang's. On two cores one process after another leaves a core idle while a server imports;
 # at once, the run is as long as its longest process. Each process's output is printed whole as
@@ -47,8 +47,10 @@ run() {
 
 live=tests/python/test_vllm_live
 run "vLLM 0.32 / torch 2.13, live: windows, stops, the timeline ($py)" "$py" "$live.py"
-run "vLLM 0.32 / torch 2.13, live: the slow-step trigger, then diff ($py)" "$py" "${live}_trigger.py" \
-  "${live}_diff.py"
+# The slow-step trigger's test and the request-log ring's share one server (conftest's
+# slow_step_live).
+run "vLLM 0.32 / torch 2.13, live: the slow-step trigger, a request-log ring smaller than the requests, then diff ($py)" \
+  "$py" "${live}_trigger.py" "${live}_ring.py" "${live}_diff.py"
 # The request-log and request-span tests share one server (conftest's token_cost_live), the
 # spans' last (a silent collector).
 run "vLLM 0.32 / torch 2.13, live: a repeat series, then request lifecycles and spans ($py)" \
@@ -59,8 +61,6 @@ run "vLLM 0.32 / torch 2.13, live: verl's rollout server and its stops ($py)" "$
 # leave out processes their parents did not wait for; vmstat shows both cores busy), so a split
 # only evens out where the processes end.
 plugin=tests/python/test_vllm_plugin.py
-run "vLLM 0.32 / torch 2.13, live: a request-log ring smaller than the requests ($py)" "$py" \
-  "${live}_ring.py"
 run "vLLM 0.32 / torch 2.13, the plugin ($py)" "$py" "$plugin"
 run "vLLM 0.32 / torch 2.13 ($py)" "$py" tests/python \
   --ignore "$live.py" --ignore "${live}_trigger.py" --ignore "${live}_repeat.py" \

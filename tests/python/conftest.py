@@ -168,3 +168,16 @@ def token_cost_live(tmp_path_factory, otlp_collector):
     finally:
         otlp_collector.answer_again()
         srv.stop()
+
+
+@pytest.fixture(scope="session")
+def slow_step_live(tmp_path_factory):
+    """One live `vllm serve` of `SlowStepLlama` shared by the slow-step trigger's test and the
+    request-log ring's (test_vllm_live_trigger.shared_server)."""
+    from test_vllm_live_trigger import shared_server
+
+    srv = shared_server(tmp_path_factory.mktemp("vllm-live-trigger"))
+    try:
+        yield srv.start()
+    finally:
+        srv.stop()

@@ -1,7 +1,8 @@
 """The request log with a ring smaller than the requests in flight, in a live `vllm serve`
 (vLLM's CPU build): `{"requests": {"requests": 16, "steps": 16}}`, and 24 requests admitted at
 once (one completion of 24 prompts: vLLM adds them to its engine together), five times from
-concurrent clients. Every record `GET /stepscope/requests` returns either equals what its
+concurrent clients, on the slow-step trigger's server (no profile started here; what that
+module's test sent before is counted out). Every record `GET /stepscope/requests` returns either equals what its
 client asked and got (its prompt, the 8 tokens it was given, `length`), or is marked partial
 with what the log missed absent; `recorded` counts each of the 120 requests once; and
 `stepscope ctl requests` says how many records are partial.
@@ -9,42 +10,36 @@ with what the log missed absent; `recorded` counts each of the 120 requests once
 
 from __future__ import annotations
 
-import json
 import subprocess
 import threading
 
 import pytest
 
-from live_vllm import VllmServer, cpu_build_missing, slow_step_env
+from live_vllm import cpu_build_missing
 from test_vllm_live import stepscope_cli
 from test_vllm_live_requests import ctl_requests
 
 pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing()))
 
+#: The request log's room, for requests and for steps alike: fewer than AT_ONCE.
+RING = 16
 AT_ONCE = 24
 ROUNDS = 5
 OUTPUT = 8
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("vllm-live-ring")
-    srv = VllmServer(
-        workdir,
-        {"profiler": "torch", "torch_profiler_dir": str(workdir / "traces")},
-        # The endpoint plugin (VLLM_PLUGINS naming stepscope) serves /stepscope/requests.
-        env=slow_step_env(
-            STEPSCOPE_CONFIG=json.dumps({"stepscope": {"requests": {"requests": 16, "steps": 16}}})
-        ),
-        args=["--enforce-eager", "--max-num-seqs", str(AT_ONCE)],
-    )
-    try:
-        yield srv.start()
-    finally:
-        srv.stop()
+def server(slow_step_live):
+    """The slow-step trigger's server (test_vllm_live_trigger.shared_server), its request log
+    a ring of RING requests and RING steps, AT_ONCE requests admitted at once."""
+    return slow_step_live
 
 
 def test_a_ring_smaller_than_the_requests_in_flight_marks_what_it_lost(server):
+    # The server's counts so far (the trigger's test may have run on it first).
+    status, answer, _ = server.get("/stepscope/requests?since=0")
+    assert status == 200, answer
+    (before,) = answer["engines"]
     # Each request's prompt has its own length: the log's prompt names the request.
     lengths = {}
     errors = []
@@ -81,8 +76,9 @@ def test_a_ring_smaller_than_the_requests_in_flight_marks_what_it_lost(server):
     assert status == 200, answer
     (doc,) = answer["engines"]
     # 24 requests admitted together into a ring of 16: running ones were dropped.
-    assert doc["evicted_running"] > 0, doc["evicted_running"]
-    assert doc["recorded"]["requests"] == ROUNDS * AT_ONCE, doc["recorded"]
+    assert doc["evicted_running"] > before["evicted_running"], (doc, before)
+    assert doc["recorded"]["requests"] - before["recorded"]["requests"] == ROUNDS * AT_ONCE, (
+        doc["recorded"], before["recorded"])  # fmt: skip
     partial = 0
     for r in doc["requests"]:
         if r.get("partial"):

@@ -6,8 +6,9 @@ The slow step is made by the model, deterministically and in proportion to this 
 speed: the server runs `SlowStepLlama` (tests/python/vllm_slow_step, a vLLM general plugin
 registering vLLM's Llama with a forward pass that sleeps 100x its median period when a prompt
 begins with the marker token). The trigger is relative only (25x the running median), so the
-test holds on a CPU 100x faster or slower; nothing waits for a fixed time. Its own server: the
-trigger changes how every start of a server behaves.
+test holds on a CPU 100x faster or slower; nothing waits for a fixed time. The server is
+shared with the request-log ring's test only (`shared_server`), which starts no profile: the
+trigger changes how every start of a profile behaves.
 """
 
 from __future__ import annotations
@@ -31,28 +32,36 @@ FACTOR = 25
 MAX_ITERATIONS = 3
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("vllm-live-trigger")
+def shared_server(workdir: Path) -> VllmServer:
+    """The one server this module's test and the request-log ring's share (conftest's
+    `slow_step_live`; a server start is minutes of CPU on two cores): the slow-step trigger
+    armed by a /start_profile, and a request log smaller than the requests the ring's test
+    admits at once (test_vllm_live_ring.py, which starts no profile: the trigger, armed only by
+    a start, leaves it alone)."""
+    from test_vllm_live_ring import AT_ONCE, RING
+
     traces = workdir / "traces"
     srv = VllmServer(
         workdir,
         {"profiler": "torch", "torch_profiler_dir": str(traces), "max_iterations": MAX_ITERATIONS},
         env=slow_step_env(
             STEPSCOPE_CONFIG=json.dumps(
-                {"stepscope": {"slow_step_factor": FACTOR, "request_ids": True}}
+                {"stepscope": {"slow_step_factor": FACTOR, "request_ids": True,
+                               "requests": {"requests": RING, "steps": RING}}}
             )
-        ),
+        ),  # fmt: skip
         model_config={"architectures": ["SlowStepLlama"]},
         # The trigger reads step times, compiled or not; test_vllm_live.py's server runs
         # vLLM's default (compiled) model. Eager saves ~38 s of a core (the compile).
-        args=["--enforce-eager"],
+        args=["--enforce-eager", "--max-num-seqs", str(AT_ONCE)],
     )
     srv.traces = traces
-    try:
-        yield srv.start()
-    finally:
-        srv.stop()
+    return srv
+
+
+@pytest.fixture(scope="module")
+def server(slow_step_live):
+    return slow_step_live
 
 
 def worker_manifests(traces: Path) -> list[dict]:
