@@ -211,7 +211,7 @@ class OpenCompletion:
 #: A live server's KV cache, given in bytes (--kv-cache-memory-bytes; VLLM_CPU_KVCACHE_SPACE,
 #: in whole GiB, would win over it if set). The CPU worker allocates (and touches) all of it
 #: at start: 1 GiB, that variable's least, made each server's worker 2.0 GB resident,
-#: and make test runs five to seven servers at once on a machine of 24 GB. The tiny model
+#: and make test runs five or six servers at once on a machine of 24 GB. The tiny model
 #: keeps 1 KB a token (2 layers, K and V, 2 heads of 64, bf16): 64 MiB hold 65,536 tokens,
 #: 128 requests of the longest model length.
 KV_CACHE_BYTES = 64 << 20
