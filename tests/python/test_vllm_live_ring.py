@@ -2,10 +2,10 @@
 (vLLM's CPU build): `{"requests": {"requests": 16, "steps": 16}}`, and 24 requests admitted at
 once (one completion of 24 prompts: vLLM adds them to its engine together), five times from
 concurrent clients, on the slow-step trigger's server (no profile started here; what that
-module's test sent before is counted out). Every record `GET /stepscope/requests` returns either equals what its
-client asked and got (its prompt, the 8 tokens it was given, `length`), or is marked partial
-with what the log missed absent; `recorded` counts each of the 120 requests once; and
-`stepscope ctl requests` says how many records are partial.
+module's test sent before is counted out). Every record `GET /stepscope/requests` returns
+either equals what its client asked and got (its prompt, the 8 tokens it was given, `length`),
+or is marked partial with what the log missed absent; `recorded` counts each of the 120
+requests once; and `stepscope ctl requests` says how many records are partial.
 """
 
 from __future__ import annotations
