@@ -34,10 +34,10 @@ MAX_ITERATIONS = 3
 
 def shared_server(workdir: Path) -> VllmServer:
     """The one server this module's test and the request-log ring's share (conftest's
-    `slow_step_live`; a server start is minutes of CPU on two cores): the slow-step trigger
-    armed by a /start_profile, and a request log smaller than the requests the ring's test
-    admits at once (test_vllm_live_ring.py, which starts no profile: the trigger, armed only by
-    a start, leaves it alone)."""
+    `slow_step_live`; the ring's own server's start was 153 s of its 188 s in a warm make
+    test): the slow-step trigger armed by a /start_profile, and a request log smaller than the
+    requests the ring's test admits at once (test_vllm_live_ring.py, which starts no profile:
+    the trigger, armed only by a start, leaves it alone)."""
     from test_vllm_live_ring import AT_ONCE, RING
 
     traces = workdir / "traces"
