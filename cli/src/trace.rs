@@ -9,7 +9,9 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, ErrorKind, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
 
 use stepscope_format::manifest::MANIFEST_SUFFIX;
 pub use stepscope_format::trace::{DeviceProperties, Event, EventSink, Id, Meta, RawEvent};
@@ -45,10 +47,29 @@ fn err(path: &Path, message: impl Into<String>) -> TraceError {
 /// first time it is written: a 1.8 MB trace's 124 KB file touched 31 pages of a 256 KiB one).
 const FILE_BUFFER: usize = 64 << 10;
 
-/// A trace file opened: read as it is, or gunzipped on a thread of its own.
+/// A trace file opened: read as it is, or gunzipped (in chunks of the size given).
 enum Source {
     Plain(BufReader<File>),
-    Gzip(Prefetch),
+    Gzip(Gunzip, usize),
+}
+
+impl Source {
+    /// Read on a thread of its own where it is gunzipped ([`Prefetch`]).
+    fn prefetched(self) -> std::io::Result<Box<dyn Read + Send>> {
+        Ok(match self {
+            Source::Plain(input) => Box::new(input),
+            Source::Gzip(gunzip, chunk) => Box::new(Prefetch::spawn(gunzip, chunk)?),
+        })
+    }
+
+    /// The next chunk ([`fill_chunk`]): gunzipped here, or read from the plain file in chunks
+    /// as large as the gunzip's.
+    fn next_chunk(&mut self, reuse: Option<Vec<u8>>) -> (Vec<u8>, std::io::Result<()>) {
+        match self {
+            Source::Plain(input) => fill_chunk(input, reuse, PREFETCH_CHUNK),
+            Source::Gzip(gunzip, chunk) => fill_chunk(gunzip, reuse, *chunk),
+        }
+    }
 }
 
 /// A trace opened, with whether it is small: under [`SMALL_TRACE`] bytes of JSON (the file's
@@ -70,7 +91,7 @@ fn open_source(path: &Path) -> Result<Opened, TraceError> {
         let small = gzip_json_size(input.get_ref()).is_some_and(|n| n < SMALL_TRACE);
         let chunk = if small { SMALL_CHUNK } else { PREFETCH_CHUNK };
         Ok(Opened {
-            source: Source::Gzip(Prefetch::spawn(Gunzip::new(input), chunk)),
+            source: Source::Gzip(Gunzip::new(input), chunk),
             small,
         })
     } else {
@@ -98,10 +119,10 @@ fn gzip_json_size(file: &File) -> Option<u64> {
 
 /// Opens a trace for reading its JSON (gunzipped as [`read_events`] reads it).
 pub fn open(path: &Path) -> Result<Box<dyn Read + Send>, TraceError> {
-    Ok(match open_source(path)?.source {
-        Source::Plain(input) => Box::new(input),
-        Source::Gzip(prefetch) => Box::new(prefetch),
-    })
+    open_source(path)?
+        .source
+        .prefetched()
+        .map_err(|e| read_error(path, ReadError::Io(e)))
 }
 
 /// Decompressed bytes handed from the gunzip thread at a time. Small, and the same each time,
@@ -135,30 +156,34 @@ struct Prefetch {
 }
 
 impl Prefetch {
-    fn spawn(mut source: impl Fill + Send + 'static, chunk_size: usize) -> Self {
+    fn spawn(mut source: impl Fill + Send + 'static, chunk_size: usize) -> std::io::Result<Self> {
         let (tx, chunks) = sync_channel(PREFETCH_DEPTH);
-        // Room for every buffer in flight, those scanned ahead too ([`read_events_ahead`]): a
-        // buffer let go is freed, and the one made in its place faults its pages anew (the
-        // 15 MB ns_resolution trace scanned ahead: 2,200-2,500 page faults with 4 kept and 3
-        // batches waiting, 1,500-1,600 with 16 kept and 1 waiting).
+        // Room for every buffer in flight: a buffer let go is freed, and the one made in its
+        // place faults its pages anew (measured when this thread fed a scanning thread too:
+        // the 15 MB ns_resolution trace, 2,200-2,500 page faults with 4 kept and 3 batches
+        // waiting, 1,500-1,600 with 16 kept and 1 waiting).
         let (spent, back) = sync_channel::<Vec<u8>>(RECYCLED);
-        std::thread::spawn(move || loop {
-            let (chunk, result) = fill_chunk(&mut source, back.try_recv().ok(), chunk_size);
-            let end = ends_source(&chunk) || result.is_err();
-            let sent = match result {
-                Ok(()) => tx.send(Ok(chunk)),
-                Err(e) => tx.send(Err(e)),
-            };
-            if end || sent.is_err() {
-                return;
-            }
-        });
-        Prefetch {
+        std::thread::Builder::new()
+            .spawn(move || loop {
+                let (chunk, result) = fill_chunk(&mut source, back.try_recv().ok(), chunk_size);
+                let end = ends_source(&chunk) || result.is_err();
+                let sent = match result {
+                    Ok(()) => tx.send(Ok(chunk)),
+                    Err(e) => tx.send(Err(e)),
+                };
+                if end || sent.is_err() {
+                    return;
+                }
+            })
+            .map_err(|e| {
+                std::io::Error::other(format!("cannot start a thread to gunzip it: {e}"))
+            })?;
+        Ok(Prefetch {
             chunks,
             spent,
             current: Vec::new(),
             at: 0,
-        }
+        })
     }
 
     /// The next chunk, `None` after the last.
@@ -315,7 +340,9 @@ fn read_source<S: EventSink>(source: Source, sink: &mut S) -> Result<Meta, ReadE
     let stream = EventStream::new();
     match source {
         Source::Plain(input) => stream.read_all(input, sink),
-        Source::Gzip(prefetch) => prefetch.read_all(stream, sink),
+        Source::Gzip(gunzip, chunk) => Prefetch::spawn(gunzip, chunk)
+            .map_err(ReadError::Io)?
+            .read_all(stream, sink),
     }
 }
 
@@ -341,7 +368,8 @@ fn read_error(path: &Path, e: ReadError) -> TraceError {
 
 /// What the scanning thread of [`read_events_ahead`] hands over.
 enum Ahead {
-    Chunks(Vec<Scanned>),
+    /// Scanned chunks, and how many of them the reader gave (the rest the scanner read).
+    Chunks(Vec<Scanned>, usize),
     End(Vec<Scanned>, Box<Meta>),
     Failed(ReadError),
 }
@@ -352,15 +380,14 @@ enum Ahead {
 const HAND_OVER: usize = 256 << 10;
 
 /// [`read_events`] for a sink of [`Event`]s. A trace of [`SMALL_TRACE`] bytes of JSON or
-/// more, read while no other is, is read in three stages on threads of their own: gunzip (for a
-/// `.gz`), scanning ([`ScanAhead`]) and the sink on this thread, so that on a machine of two
-/// cores the cores share the work instead of the scan and the sink taking turns on one (HTA's
-/// 15 and 35 MB traces: the whole command 0.83x and 0.85x the time, with the faster reading of
-/// fractional times in `scan.rs`; medians of 40 runs taken in turn with the code before). A
-/// smaller one is read as [`read_events`] reads it: there the hand-overs cost more than they
-/// give (HTA's 1.7 MB rank-1 trace: 1.14-1.26x the time); so is a trace read while another is
-/// (`analyze` of several reads them a core each). The events, their order and the metadata
-/// each is given are those [`read_events`] gives (`stepscope_format`'s
+/// more, read while no other is, is scanned on a thread of its own and its events given to the
+/// sink on this one, the gunzip done by whichever of the two is free ([`read_ahead`]), so
+/// that on a machine of two cores the cores share the work instead of the scan and the sink
+/// taking turns on one. A smaller one is read as [`read_events`] reads it: there the
+/// hand-overs cost more than they give (HTA's 1.7 MB rank-1 trace: 1.14-1.26x the time with
+/// three threads); so is a trace read while another is (`analyze`
+/// of several reads them a core each). The events, their order and the metadata each is given
+/// are those [`read_events`] gives (`stepscope_format`'s
 /// `events_scanned_ahead_are_those_the_stream_gives`; here `scanned_ahead_or_not_a_sink_is_given_the_same`).
 pub fn read_events_ahead<S>(path: &Path, sink: &mut S) -> Result<Meta, TraceError>
 where
@@ -399,106 +426,239 @@ impl Drop for Reading {
     }
 }
 
-/// Streams `source`'s events into `sink` on this thread, scanned on a thread of its own
-/// ([`read_events_ahead`]).
+/// Chunks this thread hands to the scanning thread and has not had back at most.
+const SCAN_DEPTH: usize = 4;
+
+/// The source of [`read_ahead`], which either thread reads the next chunk of: this thread
+/// while it has room to hand one over, the scanning thread when it has none waiting.
+struct Feed {
+    source: Source,
+    /// The source has ended, or failed.
+    ended: bool,
+    /// Buffers the sink is done with, for the next chunks (their pages already faulted).
+    spare: Receiver<Vec<u8>>,
+}
+
+impl Feed {
+    /// The next chunk; `None` once the source has ended.
+    fn next(&mut self) -> Option<std::io::Result<Vec<u8>>> {
+        if self.ended {
+            return None;
+        }
+        let (chunk, result) = self.source.next_chunk(self.spare.try_recv().ok());
+        if result.is_err() || ends_source(&chunk) {
+            self.ended = true;
+        }
+        match result {
+            Err(e) => Some(Err(e)),
+            Ok(()) if ends_source(&chunk) => None,
+            Ok(()) => Some(Ok(chunk)),
+        }
+    }
+}
+
+/// How long a thread of [`read_ahead`] waits awake for the other before it sleeps: the other
+/// is about to hand it work (a chunk it is reading, a batch it is scanning), and on a VM a
+/// sleeping thread took 40 µs to run again once woken, tens of times per trace. Only where the
+/// process may run on two cores or more: on one, the other thread cannot run while this one
+/// waits awake (HTA's 9.8 MB nccl trace on one core: 1.14x the time with the wait awake).
+fn spin() -> Duration {
+    static SPIN: OnceLock<Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| match std::thread::available_parallelism() {
+        Ok(n) if n.get() >= 2 => Duration::from_micros(200),
+        _ => Duration::ZERO,
+    })
+}
+
+/// Streams `source`'s events into `sink` on this thread, scanned on one other
+/// ([`read_events_ahead`]). Two threads, on a machine of two cores: the scanning thread
+/// scans, this one replays the scanned events into the sink, and the gunzip (or the read of a
+/// plain file) is done by whichever is free: this thread while fewer than [`SCAN_DEPTH`]
+/// chunks are out, the scanner when it has no chunk waiting. Three threads (gunzip, scan,
+/// sink) left the scheduler to share two cores among three: HTA's 9.8 MB nccl trace, about
+/// 200 context switches where these two make 25. `analyze` of HTA's 9.8, 15, 26 and 35 MB
+/// traces, the whole command against the three threads, 40 pairs taken in turn, two series:
+/// median wall 0.97-0.99x, 0.92-0.94x, 0.91-0.95x and 0.93x, the same CPU time.
 fn read_ahead<S>(source: Source, sink: &mut S) -> Result<Meta, ReadError>
 where
     S: for<'de> EventSink<Event<'de> = Event<'de>>,
 {
+    let (spent, spare) = sync_channel::<Vec<u8>>(RECYCLED);
+    let feed = Mutex::new(Feed {
+        source,
+        ended: false,
+        spare,
+    });
     std::thread::scope(|scope| {
-        // One batch waits while the next is scanned: each more in flight is HAND_OVER bytes
-        // of buffers more, their pages faulted.
-        let (tx, scanned) = sync_channel::<Ahead>(1);
-        let (spent, back) = sync_channel::<Vec<u8>>(RECYCLED);
+        // Never full: at most SCAN_DEPTH chunks are out, and the scanner takes each at once.
+        let (to_scan, chunks) = sync_channel::<Vec<u8>>(SCAN_DEPTH);
+        let (tx, scanned) = sync_channel::<Ahead>(2 * SCAN_DEPTH);
+        let scanner_feed = &feed;
         std::thread::Builder::new()
-            .spawn_scoped(scope, move || scan_ahead(source, &tx, &back))
+            .spawn_scoped(scope, move || scan_ahead(&chunks, scanner_feed, &tx))
             .map_err(|e| {
                 ReadError::Io(std::io::Error::other(format!(
                     "cannot start a thread to read it: {e}"
                 )))
             })?;
+        let stopped = || {
+            // The scanning thread panicked (the scope re-raises it when this returns).
+            ReadError::Io(std::io::Error::other(
+                "internal error: the scanning thread stopped",
+            ))
+        };
+        let mut to_scan = Some(to_scan);
+        let mut out = 0;
+        let mut waiting_since: Option<Instant> = None;
         let mut meta = Meta::default();
         loop {
-            match scanned.recv() {
-                Ok(Ahead::Chunks(chunks)) => {
-                    for s in chunks {
+            if let Some(feeding) = to_scan.as_ref().filter(|_| out < SCAN_DEPTH) {
+                // Only if the scanner is not reading the source itself.
+                if let Some(mut f) = try_lock(&feed) {
+                    match f.next() {
+                        // Sent under the lock: the scanner, looking for a chunk waiting under
+                        // it, reads the source only where none is.
+                        Some(Ok(chunk)) => match feeding.send(chunk) {
+                            Ok(()) => out += 1,
+                            // The scanner has stopped: its failure is waiting below.
+                            Err(_) => to_scan = None,
+                        },
+                        Some(Err(e)) => return Err(ReadError::Io(e)),
+                        // The scanner, waiting for a chunk, finds the end in the feed.
+                        None => to_scan = None,
+                    }
+                }
+            }
+            let message = match scanned.try_recv() {
+                Ok(message) => message,
+                Err(TryRecvError::Disconnected) => return Err(stopped()),
+                // Nothing scanned yet: feed again if the scanner no longer holds the feed, or
+                // wait awake a while, then asleep.
+                Err(TryRecvError::Empty) => {
+                    if waiting_since.get_or_insert_with(Instant::now).elapsed() < spin() {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    scanned.recv().map_err(|_| stopped())?
+                }
+            };
+            waiting_since = None;
+            match message {
+                Ahead::Chunks(batch, given) => {
+                    out -= given;
+                    for s in batch {
                         s.replay(sink, &mut meta);
                         let _ = spent.try_send(s.into_bytes());
                     }
                 }
-                Ok(Ahead::End(chunks, meta_at_end)) => {
-                    for s in chunks {
+                Ahead::End(batch, meta_at_end) => {
+                    for s in batch {
                         s.replay(sink, &mut meta);
                     }
                     return Ok(*meta_at_end);
                 }
-                Ok(Ahead::Failed(e)) => return Err(e),
-                // The scanning thread panicked (the scope re-raises it when this returns).
-                Err(_) => {
-                    return Err(ReadError::Io(std::io::Error::other(
-                        "internal error: the scanning thread stopped",
-                    )))
-                }
+                Ahead::Failed(e) => return Err(e),
             }
         }
     })
 }
 
-/// The scanning thread of [`read_events_ahead`]: reads `source`'s chunks (gunzipped on the
-/// thread of [`Prefetch`], or read here from a plain file), scans them, hands the events over,
-/// and passes the buffers handed back on for reuse. Ends when the reader is done or gone.
-fn scan_ahead(mut source: Source, tx: &SyncSender<Ahead>, back: &Receiver<Vec<u8>>) {
+/// The feed, if no other thread holds it (a panic while one held it left it as it was).
+fn try_lock(feed: &Mutex<Feed>) -> Option<MutexGuard<'_, Feed>> {
+    match feed.try_lock() {
+        Ok(f) => Some(f),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+/// The scanning thread's next chunk, and whether the reader gave it (else this thread read it
+/// from the feed); `None` after the last.
+fn next_to_scan(
+    chunks: &Receiver<Vec<u8>>,
+    feed: &Mutex<Feed>,
+) -> Option<(std::io::Result<Vec<u8>>, bool)> {
+    let began = Instant::now();
+    loop {
+        if let Ok(chunk) = chunks.try_recv() {
+            return Some((Ok(chunk), true));
+        }
+        if let Some(mut f) = try_lock(feed) {
+            // One the reader sent before this took the feed comes first.
+            if let Ok(chunk) = chunks.try_recv() {
+                return Some((Ok(chunk), true));
+            }
+            return f.next().map(|chunk| (chunk, false));
+        }
+        // The reader holds the feed: it is reading a chunk for this thread. Wait for it awake
+        // a while, then asleep (the reader lets go of its sender once the source has ended).
+        if began.elapsed() < spin() {
+            std::hint::spin_loop();
+            continue;
+        }
+        match chunks.recv() {
+            Ok(chunk) => return Some((Ok(chunk), true)),
+            Err(_) => {
+                let mut f = feed.lock().unwrap_or_else(PoisonError::into_inner);
+                return f.next().map(|chunk| (chunk, false));
+            }
+        }
+    }
+}
+
+/// The scanning thread of [`read_ahead`]: scans the chunks it is given, and where none waits,
+/// reads the next from `feed` itself; hands the events back a batch at a time ([`HAND_OVER`]
+/// bytes, or what is scanned when no chunk waits), each with how many of its chunks were
+/// given. Ends after the last chunk, or when the reader is gone.
+fn scan_ahead(chunks: &Receiver<Vec<u8>>, feed: &Mutex<Feed>, tx: &SyncSender<Ahead>) {
     let mut ahead = ScanAhead::new();
     let mut batch: Vec<Scanned> = Vec::new();
-    let mut batched = 0;
+    let (mut batched, mut given) = (0, 0);
+    let mut waiting = None;
     loop {
-        let next = match &mut source {
-            Source::Gzip(prefetch) => {
-                while let Ok(buf) = back.try_recv() {
-                    let _ = prefetch.spent.try_send(buf);
-                }
-                prefetch.next_chunk()
-            }
-            Source::Plain(input) => {
-                // As large as the gunzip thread's chunks.
-                let (chunk, result) = fill_chunk(input, back.try_recv().ok(), PREFETCH_CHUNK);
-                match result {
-                    Ok(()) if ends_source(&chunk) => None,
-                    Ok(()) => Some(Ok(chunk)),
-                    Err(e) => Some(Err(e)),
-                }
-            }
+        let next = match waiting.take() {
+            Some(chunk) => Some((Ok(chunk), true)),
+            None => next_to_scan(chunks, feed),
         };
-        let message = match next {
-            Some(Ok(chunk)) => match ahead.feed_chunk(chunk) {
-                Ok(scanned) => {
-                    batched += scanned.byte_len();
-                    batch.push(scanned);
-                    if batched < HAND_OVER {
-                        continue;
-                    }
-                    batched = 0;
-                    Ahead::Chunks(std::mem::take(&mut batch))
-                }
-                Err(e) => Ahead::Failed(ReadError::Stream(e)),
-            },
-            Some(Err(e)) => Ahead::Failed(ReadError::Io(e)),
-            None => {
-                let _ = tx.send(match ahead.finish() {
-                    Ok((scanned, meta)) => {
-                        batch.push(scanned);
-                        Ahead::End(batch, Box::new(meta))
-                    }
-                    Err(e) => Ahead::Failed(ReadError::Stream(e)),
-                });
+        let Some((chunk, was_given)) = next else {
+            break;
+        };
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                let _ = tx.send(Ahead::Failed(ReadError::Io(e)));
                 return;
             }
         };
-        let failed = matches!(message, Ahead::Failed(_));
-        if tx.send(message).is_err() || failed {
-            return;
+        given += usize::from(was_given);
+        match ahead.feed_chunk(chunk) {
+            Ok(scanned) => {
+                batched += scanned.byte_len();
+                batch.push(scanned);
+            }
+            Err(e) => {
+                let _ = tx.send(Ahead::Failed(ReadError::Stream(e)));
+                return;
+            }
+        }
+        // With no chunk waiting, the reader may be waiting for what is scanned: hand it over
+        // before reading one.
+        waiting = chunks.try_recv().ok();
+        if batched >= HAND_OVER || waiting.is_none() {
+            let done = Ahead::Chunks(std::mem::take(&mut batch), given);
+            (batched, given) = (0, 0);
+            if tx.send(done).is_err() {
+                return;
+            }
         }
     }
+    let _ = tx.send(match ahead.finish() {
+        Ok((scanned, meta)) => {
+            batch.push(scanned);
+            Ahead::End(batch, Box::new(meta))
+        }
+        Err(e) => Ahead::Failed(ReadError::Stream(e)),
+    });
 }
 
 /// Whether a path looks like a trace file: `.json` or `.json.gz`, not a temporary still being
@@ -620,6 +780,25 @@ mod tests {
             );
             enc.write_all(&json).unwrap();
             enc.finish().unwrap();
+            // Cut inside the gzip stream: a read error in the middle of the trace, met by
+            // whichever thread gunzips that chunk.
+            let cut = dir.join(format!("cut{fault}.json.gz"));
+            let bytes = std::fs::read(&gz).unwrap();
+            std::fs::write(&cut, &bytes[..bytes.len() * 3 / 5]).unwrap();
+            {
+                let mut one = Record::default();
+                let want = read_source(open_source(&cut).unwrap().source, &mut one)
+                    .map_err(|e| read_error(&cut, e));
+                let mut ahead = Record::default();
+                let got = read_ahead(open_source(&cut).unwrap().source, &mut ahead)
+                    .map_err(|e| read_error(&cut, e));
+                let (got, want) = (got.unwrap_err(), want.unwrap_err());
+                assert_eq!(got, want);
+                assert!(got.message.contains("not a valid gzip file"), "{got}");
+                // What was read before the error is as the stream read it (the events still
+                // being scanned when it came are not given).
+                assert!(one.0.starts_with(&ahead.0));
+            }
             for path in [&plain, &gz] {
                 let opened = open_source(path).unwrap();
                 assert!(!opened.small, "{}", path.display());
