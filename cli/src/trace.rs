@@ -1,8 +1,8 @@
 //! Reading Kineto / Chrome traces: `.json` or `.json.gz`, streamed event by event.
 //!
 //! The file is gunzipped as it is read and its events parsed as their bytes come in
-//! ([`stepscope_format::trace::EventStream`]): memory is a few buffers of 144 KiB plus what the
-//! sink keeps, whatever the trace's size.
+//! ([`stepscope_format::trace::EventStream`]): memory is a bounded number of buffers of 144 KiB
+//! (about a dozen at most) plus what the sink keeps, whatever the trace's size.
 
 use std::fmt;
 use std::fs::File;
@@ -374,9 +374,10 @@ enum Ahead {
     Failed(ReadError),
 }
 
-/// Bytes of JSON scanned before they are handed over at once: each handing over wakes the
-/// sink's thread, and on a VM a wake-up is dear (HTA's 1.7 MB rank-1 trace in 32 KiB chunks,
-/// one each: 80 context switches against 20, the process's CPU 1.7x).
+/// Bytes of JSON scanned before they are handed over at once, where the next chunk is already
+/// waiting: each handing over may wake the sink's thread, and on a VM a wake-up is dear (HTA's
+/// 1.7 MB rank-1 trace in 32 KiB chunks, one each: 80 context switches against 20, the
+/// process's CPU 1.7x). Where none waits, what is scanned goes at once ([`scan_ahead`]).
 const HAND_OVER: usize = 256 << 10;
 
 /// [`read_events`] for a sink of [`Event`]s. A trace of [`SMALL_TRACE`] bytes of JSON or
@@ -476,9 +477,9 @@ fn spin() -> Duration {
 /// plain file) is done by whichever is free: this thread while fewer than [`SCAN_DEPTH`]
 /// chunks are out, the scanner when it has no chunk waiting. Three threads (gunzip, scan,
 /// sink) left the scheduler to share two cores among three: HTA's 9.8 MB nccl trace, about
-/// 200 context switches where these two make 25. `analyze` of HTA's 9.8, 15, 26 and 35 MB
+/// 200 context switches where these two make 21-25. `analyze` of HTA's 9.8, 15, 26 and 35 MB
 /// traces, the whole command against the three threads, 40 pairs taken in turn, two series:
-/// median wall 0.97-0.99x, 0.92-0.94x, 0.91-0.95x and 0.93x, the same CPU time.
+/// median wall 0.90-0.97x, 0.84-0.95x, 0.86-0.88x and 0.86x, the same CPU time.
 fn read_ahead<S>(source: Source, sink: &mut S) -> Result<Meta, ReadError>
 where
     S: for<'de> EventSink<Event<'de> = Event<'de>>,
@@ -490,8 +491,12 @@ where
         spare,
     });
     std::thread::scope(|scope| {
-        // Never full: at most SCAN_DEPTH chunks are out, and the scanner takes each at once.
-        let (to_scan, chunks) = sync_channel::<Vec<u8>>(SCAN_DEPTH);
+        // Never full at a send: at most SCAN_DEPTH chunks are out. A read's error goes the same
+        // way, after the chunks before it, so that an error in their JSON is the one reported,
+        // as the stream reading the file alone would.
+        let (to_scan, chunks) = sync_channel::<std::io::Result<Vec<u8>>>(SCAN_DEPTH);
+        // Batches scanned and not yet replayed, at most: with the chunks the scanner read
+        // itself, a slow sink holds the scanner there (memory stays bounded).
         let (tx, scanned) = sync_channel::<Ahead>(2 * SCAN_DEPTH);
         let scanner_feed = &feed;
         std::thread::Builder::new()
@@ -518,15 +523,22 @@ where
                     match f.next() {
                         // Sent under the lock: the scanner, looking for a chunk waiting under
                         // it, reads the source only where none is.
-                        Some(Ok(chunk)) => match feeding.send(chunk) {
+                        Some(Ok(chunk)) => match feeding.send(Ok(chunk)) {
                             Ok(()) => out += 1,
                             // The scanner has stopped: its failure is waiting below.
                             Err(_) => to_scan = None,
                         },
-                        Some(Err(e)) => return Err(ReadError::Io(e)),
+                        // The scanner reports it after the chunks before it (if it has
+                        // stopped, its own failure, earlier in the file, is waiting below).
+                        Some(Err(e)) => {
+                            let _ = feeding.send(Err(e));
+                            to_scan = None;
+                        }
                         // The scanner, waiting for a chunk, finds the end in the feed.
                         None => to_scan = None,
                     }
+                    // Awake for what is scanned from now: the read was not waiting.
+                    waiting_since = None;
                 }
             }
             let message = match scanned.try_recv() {
@@ -563,7 +575,8 @@ where
     })
 }
 
-/// The feed, if no other thread holds it (a panic while one held it left it as it was).
+/// The feed, if no other thread holds it (after a panic while one held it, the feed as that
+/// left it: the scope re-raises the panic once both threads are done).
 fn try_lock(feed: &Mutex<Feed>) -> Option<MutexGuard<'_, Feed>> {
     match feed.try_lock() {
         Ok(f) => Some(f),
@@ -575,18 +588,18 @@ fn try_lock(feed: &Mutex<Feed>) -> Option<MutexGuard<'_, Feed>> {
 /// The scanning thread's next chunk, and whether the reader gave it (else this thread read it
 /// from the feed); `None` after the last.
 fn next_to_scan(
-    chunks: &Receiver<Vec<u8>>,
+    chunks: &Receiver<std::io::Result<Vec<u8>>>,
     feed: &Mutex<Feed>,
 ) -> Option<(std::io::Result<Vec<u8>>, bool)> {
     let began = Instant::now();
     loop {
         if let Ok(chunk) = chunks.try_recv() {
-            return Some((Ok(chunk), true));
+            return Some((chunk, true));
         }
         if let Some(mut f) = try_lock(feed) {
             // One the reader sent before this took the feed comes first.
             if let Ok(chunk) = chunks.try_recv() {
-                return Some((Ok(chunk), true));
+                return Some((chunk, true));
             }
             return f.next().map(|chunk| (chunk, false));
         }
@@ -597,7 +610,7 @@ fn next_to_scan(
             continue;
         }
         match chunks.recv() {
-            Ok(chunk) => return Some((Ok(chunk), true)),
+            Ok(chunk) => return Some((chunk, true)),
             Err(_) => {
                 let mut f = feed.lock().unwrap_or_else(PoisonError::into_inner);
                 return f.next().map(|chunk| (chunk, false));
@@ -610,14 +623,18 @@ fn next_to_scan(
 /// reads the next from `feed` itself; hands the events back a batch at a time ([`HAND_OVER`]
 /// bytes, or what is scanned when no chunk waits), each with how many of its chunks were
 /// given. Ends after the last chunk, or when the reader is gone.
-fn scan_ahead(chunks: &Receiver<Vec<u8>>, feed: &Mutex<Feed>, tx: &SyncSender<Ahead>) {
+fn scan_ahead(
+    chunks: &Receiver<std::io::Result<Vec<u8>>>,
+    feed: &Mutex<Feed>,
+    tx: &SyncSender<Ahead>,
+) {
     let mut ahead = ScanAhead::new();
     let mut batch: Vec<Scanned> = Vec::new();
     let (mut batched, mut given) = (0, 0);
     let mut waiting = None;
     loop {
         let next = match waiting.take() {
-            Some(chunk) => Some((Ok(chunk), true)),
+            Some(chunk) => Some((chunk, true)),
             None => next_to_scan(chunks, feed),
         };
         let Some((chunk, was_given)) = next else {
@@ -798,6 +815,32 @@ mod tests {
                 // What was read before the error is as the stream read it (the events still
                 // being scanned when it came are not given).
                 assert!(one.0.starts_with(&ahead.0));
+            }
+            // The JSON at fault, the gzip cut after it: the JSON's error is the one given,
+            // as the stream reading the file alone gives it, whichever thread read the cut.
+            let mut early = json.clone();
+            // A chunk or two before the cut: where the reader, a few chunks ahead of the
+            // scanner, meets the cut before the scanner meets the fault.
+            let from = json.len() * 11 / 20;
+            let key = early[from..]
+                .windows(7)
+                .position(|w| w == b"\"name\":")
+                .unwrap()
+                + from;
+            early[key + 6] = b';';
+            let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            enc.write_all(&early).unwrap();
+            let bytes = enc.finish().unwrap();
+            let both = dir.join(format!("both{fault}.json.gz"));
+            std::fs::write(&both, &bytes[..bytes.len() * 3 / 5]).unwrap();
+            for _ in 0..5 {
+                let want = read_source(open_source(&both).unwrap().source, &mut Record::default())
+                    .map_err(|e| read_error(&both, e));
+                let got = read_ahead(open_source(&both).unwrap().source, &mut Record::default())
+                    .map_err(|e| read_error(&both, e));
+                let (got, want) = (got.unwrap_err(), want.unwrap_err());
+                assert_eq!(got, want);
+                assert!(got.message.contains("not valid trace JSON"), "{got}");
             }
             for path in [&plain, &gz] {
                 let opened = open_source(path).unwrap();
