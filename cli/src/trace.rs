@@ -2,7 +2,8 @@
 //!
 //! The file is gunzipped as it is read and its events parsed as their bytes come in
 //! ([`stepscope_format::trace::EventStream`]): memory is a bounded number of buffers of 144 KiB
-//! (about a dozen at most) plus what the sink keeps, whatever the trace's size.
+//! (a few; about two dozen at most while a slow sink holds the scanner back, as
+//! [`read_ahead`]'s channels bound them) plus what the sink keeps, whatever the trace's size.
 
 use std::fmt;
 use std::fs::File;
@@ -386,9 +387,9 @@ const HAND_OVER: usize = 256 << 10;
 /// that on a machine of two cores the cores share the work instead of the scan and the sink
 /// taking turns on one. A smaller one is read as [`read_events`] reads it: there the
 /// hand-overs cost more than they give (HTA's 1.7 MB rank-1 trace: 1.14-1.26x the time with
-/// three threads); so is a trace read while another is (`analyze`
-/// of several reads them a core each). The events, their order and the metadata each is given
-/// are those [`read_events`] gives (`stepscope_format`'s
+/// three threads); so is a trace read while another is (`analyze` of several reads them a core
+/// each). The events, their order and the metadata each is given are those [`read_events`]
+/// gives (`stepscope_format`'s
 /// `events_scanned_ahead_are_those_the_stream_gives`; here `scanned_ahead_or_not_a_sink_is_given_the_same`).
 pub fn read_events_ahead<S>(path: &Path, sink: &mut S) -> Result<Meta, TraceError>
 where
@@ -447,22 +448,22 @@ impl Feed {
             return None;
         }
         let (chunk, result) = self.source.next_chunk(self.spare.try_recv().ok());
-        if result.is_err() || ends_source(&chunk) {
-            self.ended = true;
-        }
-        match result {
+        let next = match result {
             Err(e) => Some(Err(e)),
             Ok(()) if ends_source(&chunk) => None,
             Ok(()) => Some(Ok(chunk)),
-        }
+        };
+        self.ended = !matches!(next, Some(Ok(_)));
+        next
     }
 }
 
 /// How long a thread of [`read_ahead`] waits awake for the other before it sleeps: the other
 /// is about to hand it work (a chunk it is reading, a batch it is scanning), and on a VM a
-/// sleeping thread took 40 µs to run again once woken, tens of times per trace. Only where the
-/// process may run on two cores or more: on one, the other thread cannot run while this one
-/// waits awake (HTA's 9.8 MB nccl trace on one core: 1.14x the time with the wait awake).
+/// sleeping thread took 30-50 µs to run again once woken (`perf sched`), tens of times per
+/// trace. Only where the process may run on two cores or more: on one, the other thread cannot
+/// run while this one waits awake (HTA's 9.8 MB nccl trace pinned to one core: 22.8 ms with the
+/// wait awake, 19.4-20.0 ms for the three threads, 19.0-19.6 ms with no wait).
 fn spin() -> Duration {
     static SPIN: OnceLock<Duration> = OnceLock::new();
     *SPIN.get_or_init(|| match std::thread::available_parallelism() {
@@ -803,12 +804,7 @@ mod tests {
             let bytes = std::fs::read(&gz).unwrap();
             std::fs::write(&cut, &bytes[..bytes.len() * 3 / 5]).unwrap();
             {
-                let mut one = Record::default();
-                let want = read_source(open_source(&cut).unwrap().source, &mut one)
-                    .map_err(|e| read_error(&cut, e));
-                let mut ahead = Record::default();
-                let got = read_ahead(open_source(&cut).unwrap().source, &mut ahead)
-                    .map_err(|e| read_error(&cut, e));
+                let ((got, ahead), (want, one)) = both_readers(&cut);
                 let (got, want) = (got.unwrap_err(), want.unwrap_err());
                 assert_eq!(got, want);
                 assert!(got.message.contains("not a valid gzip file"), "{got}");
@@ -828,28 +824,18 @@ mod tests {
                 .unwrap()
                 + from;
             early[key + 6] = b';';
-            let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-            enc.write_all(&early).unwrap();
-            let bytes = enc.finish().unwrap();
+            let bytes = gzip(&early, 1);
             let both = dir.join(format!("both{fault}.json.gz"));
             std::fs::write(&both, &bytes[..bytes.len() * 3 / 5]).unwrap();
             for _ in 0..5 {
-                let want = read_source(open_source(&both).unwrap().source, &mut Record::default())
-                    .map_err(|e| read_error(&both, e));
-                let got = read_ahead(open_source(&both).unwrap().source, &mut Record::default())
-                    .map_err(|e| read_error(&both, e));
+                let ((got, _), (want, _)) = both_readers(&both);
                 let (got, want) = (got.unwrap_err(), want.unwrap_err());
                 assert_eq!(got, want);
                 assert!(got.message.contains("not valid trace JSON"), "{got}");
             }
             for path in [&plain, &gz] {
-                let opened = open_source(path).unwrap();
-                assert!(!opened.small, "{}", path.display());
-                let mut one = Record::default();
-                let want = read_source(opened.source, &mut one).map_err(|e| read_error(path, e));
-                let mut ahead = Record::default();
-                let got = read_ahead(open_source(path).unwrap().source, &mut ahead)
-                    .map_err(|e| read_error(path, e));
+                assert!(!open_source(path).unwrap().small, "{}", path.display());
+                let ((got, ahead), (want, one)) = both_readers(path);
                 match (got, want) {
                     (Ok(got), Ok(want)) => {
                         assert!(!fault);
@@ -867,6 +853,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// One reader's outcome, with the events its sink was given.
+    type Outcome = (Result<Meta, TraceError>, Record);
+
+    /// A trace read by [`read_ahead`] and by [`read_source`], in that order.
+    fn both_readers(path: &Path) -> (Outcome, Outcome) {
+        let mut ahead = Record::default();
+        let got = read_ahead(open_source(path).unwrap().source, &mut ahead)
+            .map_err(|e| read_error(path, e));
+        let mut one = Record::default();
+        let want = read_source(open_source(path).unwrap().source, &mut one)
+            .map_err(|e| read_error(path, e));
+        ((got, ahead), (want, one))
     }
 
     /// Gzip of `bytes`, at `level`.
