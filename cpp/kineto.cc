@@ -160,6 +160,10 @@ const char* stepscope_kineto_torch_version(void) { return kTorchVersion; }
 
 int stepscope_kineto_has_trace_only(void) { return STEPSCOPE_HAS_TRACE_ONLY; }
 
+int stepscope_kineto_writes_python_parents(void) {
+  return stepscope_writer::kWritesPythonParents && STEPSCOPE_HAS_TRACE_ONLY;
+}
+
 int stepscope_kineto_cuda_available(void) {
   try {
     return torch::cuda::is_available() ? 1 : 0;

@@ -11,6 +11,9 @@
 // around the buffer: its header and first `"traceEvents": [`, then this logger's events, then
 // the rest. So what is not plain stays exactly Kineto's, and what is plain is written as
 // Kineto writes it (same fields and values; one event per line, without its indentation).
+// One addition, under torch 2.13: a capture finalized with torch's trace_only has no event tree,
+// and its Python frames no "Python parent id"; this logger gives each frame the parent that
+// tree would have given (PythonParents), so the trace is the one a full finalize writes.
 //
 // Reached through Kineto's logger registry (torch 2.14's public `registerLoggerFactory`, the
 // controller's exported `addLoggerFactory` before): a save to `stepscope://PATH` makes this
@@ -38,6 +41,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -169,10 +173,25 @@ template struct ExposeMember<MetadataMapTag, &kt::GenericTraceActivity::metadata
 inline const PairMap* pair_metadata_of(const kt::GenericTraceActivity& activity) {
   return as_pair_map(activity.*metadata_map(MetadataMapTag{}));
 }
+
+// Adds an unquoted value to an activity's metadata (a Python frame's parent, where Kineto's own
+// writer writes the frame), in the map of either torch's Kineto: without fmt, which the glue
+// does not link.
+inline void add_raw_metadata(kt::GenericTraceActivity& activity, const std::string& key,
+                             std::string value) {
+  if (const PairMap* map = pair_metadata_of(activity)) {
+    const_cast<PairMap*>(map)->emplace(key, std::make_pair(std::move(value), false));
+  }
+}
 #else
 // torch 2.14's Kineto keeps typed values, formatted by its out-of-line metadataJson(), which
 // the serializer calls: the map is not named here at all.
 inline const PairMap* pair_metadata_of(const kt::GenericTraceActivity&) { return nullptr; }
+
+inline void add_raw_metadata(kt::GenericTraceActivity& activity, const std::string& key,
+                             std::string value) {
+  activity.addTypedMetadata(key, kt::TypedValue{kt::RawJson{std::move(value)}});
+}
 #endif
 
 // The types written here, when the event is plain. Kineto writes these through its generic
@@ -199,6 +218,55 @@ inline bool ours(kt::ActivityType t) {
 inline bool own_id_written(kt::ActivityType t) {
   return t == kt::ActivityType::CPU_OP || t == kt::ActivityType::PYTHON_FUNCTION;
 }
+
+// The Python frame each Python frame was called from (its "Python parent id"), for a capture
+// whose finalize built no event tree (torch's trace_only, which leaves that key out and costs a
+// third less: see docs/engines.md). torch's tree replays the events of each thread in start
+// order: before an event begins, every event that ended strictly before that start is closed,
+// and with it whatever is still open above it on its thread; an event of no duration is never
+// open. A frame's Python parent is its nearest enclosing frame in that tree. Over the frames
+// alone that is: the innermost frame of its thread still open once every frame that ended
+// before its start is closed, each closing the frames above it. A frame enters in the order
+// torch hands frames over, their start order (torch numbers them in it: "Python id");
+// tests/python/test_python_parents.py holds these parents against torch's on the same capture.
+// Real frames nest and seldom tie: a frame that begins the nanosecond another ends (its child,
+// as torch closes only what ended before) and frames that cross are as torch's tree code reads,
+// held by that test on frames made up for it.
+class PythonParents {
+ public:
+  // The parent of frame `id` of `thread` over [start, end] (nanoseconds), or -1 for none.
+  int64_t enter(int64_t thread, int64_t start, int64_t end, int64_t id) {
+    std::vector<Open>& open = threads_[thread];
+    // An entry's `until` is the earliest end at or below it, so closing every frame that ended
+    // before `start`, and everything above each, pops exactly the entries whose `until` is.
+    while (!open.empty() && open.back().until < start) open.pop_back();
+    const int64_t parent = open.empty() ? -1 : open.back().id;
+    if (end > start) {
+      open.push_back(Open{id, open.empty() ? end : std::min(end, open.back().until)});
+    }
+    return parent;
+  }
+
+ private:
+  struct Open {
+    int64_t id;
+    int64_t until;
+  };
+  std::unordered_map<int64_t, std::vector<Open>> threads_;
+};
+
+// "Python parent id"'s value as torch writes it: the parent's id, or null.
+inline std::string parent_text(int64_t parent) {
+  return parent < 0 ? std::string("null") : std::to_string(parent);
+}
+
+constexpr const char* kPythonParent = "Python parent id";
+
+// Whether the serializer writes the parents a capture lacks: before torch 2.14, whose Kineto
+// writes a root frame's as null and whose trace_only leaves out nothing else of a frame. torch
+// 2.14's leaves out a root's altogether, and its trace_only each frame's "CallFrom" too, which
+// this file does not write: there every capture with Python stacks is finalized whole.
+constexpr bool kWritesPythonParents = !STEPSCOPE_KINETO_2_14;
 
 // One event of ours, formatted but for its time stamp: Kineto writes times relative to a
 // base it reads once per process and writes into the header, known here only at the end.
@@ -426,7 +494,14 @@ class Logger : public kt::ActivityLogger {
   }
   void handleGenericActivity(const kt::GenericTraceActivity& op) override {
     if (reference_) reference_->handleGenericActivity(op);
-    if (!write(op, &op)) kineto_->handleGenericActivity(op);
+    const std::string parent = missing_parent(op);
+    if (!write(op, &op, parent)) {
+      // Kineto's writer writes the frame: the parent goes into its metadata.
+      if (!parent.empty()) {
+        add_raw_metadata(const_cast<kt::GenericTraceActivity&>(op), kPythonParent, parent);
+      }
+      kineto_->handleGenericActivity(op);
+    }
   }
 
 #if STEPSCOPE_FINALIZE_METADATA
@@ -453,10 +528,28 @@ class Logger : public kt::ActivityLogger {
     return reinterpret_cast<kt::ChromeTraceLogger&>(logger);
   }
 
+  // A Python frame's "Python parent id" where its capture left it out (torch's trace_only),
+  // else "": the frames go through `parents_` in the order Kineto hands them over.
+  std::string missing_parent(const kt::ITraceActivity& op) {
+    if (!kWritesPythonParents || op.type() != kt::ActivityType::PYTHON_FUNCTION ||
+        !op.getMetadataValue(kPythonParent).empty()) {
+      return {};
+    }
+    const std::string id_text = op.getMetadataValue("Python id");
+    int64_t id = 0;
+    const char* end = id_text.data() + id_text.size();
+    const auto parsed = std::from_chars(id_text.data(), end, id);
+    if (id_text.empty() || parsed.ec != std::errc() || parsed.ptr != end) return {};
+    const int64_t start = op.timestamp();
+    return parent_text(parents_.enter(op.resourceId(), start, start + op.duration(), id));
+  }
+
   // Formats `op` into the buffer when it is ours and plain; false leaves it to Kineto.
   // `generic` is `op` when Kineto hands it over as a GenericTraceActivity (CPU ops, Python
-  // frames): its name and (torch 2.13) metadata are then read in place, not copied.
-  bool write(const kt::ITraceActivity& op, const kt::GenericTraceActivity* generic) {
+  // frames): its name and (torch 2.13) metadata are then read in place, not copied. `parent`,
+  // when not empty, is a Python frame's "Python parent id" to write first among its args.
+  bool write(const kt::ITraceActivity& op, const kt::GenericTraceActivity* generic,
+             std::string_view parent = {}) {
     const kt::ActivityType type = op.type();
     if (!ours(type)) return false;
     // Its flow (a CPU op to its backward, a launch to its kernel), written after it as Kineto
@@ -518,11 +611,15 @@ class Logger : public kt::ActivityLogger {
     } else if (own_id_written(type)) {
       external = static_cast<int>(op.correlationId());
     }
+    // The parent, `"Python parent id": N` and ", " before the other args.
+    const size_t parent_size =
+        parent.empty() ? 0 : std::strlen(kPythonParent) + parent.size() + 4 + (has_args ? 2 : 0);
+    const bool any_args = has_args || !parent.empty();
     // An event's text and its parts are indexed in 32 bits (Pending).
     if (name.size() > (1u << 30) || args_size > (1u << 30)) return false;
     const char* category = kt::toString(type);
     // The fixed text below is under 128 bytes, each number under 24.
-    text_.ensure(256 + std::strlen(category) + name.size() + args_size);
+    text_.ensure(256 + std::strlen(category) + name.size() + args_size + parent_size);
     constexpr std::string_view kCat = "{\"ph\": \"X\", \"cat\": \"";
     constexpr std::string_view kName = "\", \"name\": \"";
     constexpr std::string_view kPid = "\", \"pid\": ";
@@ -545,12 +642,19 @@ class Logger : public kt::ActivityLogger {
     text_.put(kDur);
     const int64_t dur = op.duration();
     text_.put_us(dur < 0 ? 0 : dur);
-    if (external != 0 || has_args) {
+    if (external != 0 || any_args) {
       text_.put(kArgs);
       if (external != 0) {
         text_.put(kExternal);
         text_.put_int(external);
-        if (has_args) text_.put(',');
+        if (any_args) text_.put(',');
+      }
+      if (!parent.empty()) {
+        text_.put('"');
+        text_.put(std::string_view(kPythonParent));
+        text_.put("\": ", 3);
+        text_.put(parent);
+        if (has_args) text_.put(", ", 2);
       }
       if (has_args) {
         if (map != nullptr) {
@@ -712,6 +816,7 @@ class Logger : public kt::ActivityLogger {
   std::unique_ptr<kt::ActivityLogger> reference_;
   Blocks text_;
   std::vector<Pending> pending_;
+  PythonParents parents_;
   bool finished_ = false;
 };
 

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define STEPSCOPE_KINETO_ABI 6
+#define STEPSCOPE_KINETO_ABI 7
 
 /* Exported from the shared glue even when built with -fvisibility=hidden. */
 #define STEPSCOPE_KINETO_API __attribute__((visibility("default")))
@@ -85,6 +85,11 @@ STEPSCOPE_KINETO_API int stepscope_kineto_cuda_available(void);
 /* 1 where this torch has ExperimentalConfig::trace_only (2.13 and later), else 0: the options'
  * trace_only is ignored there. */
 STEPSCOPE_KINETO_API int stepscope_kineto_has_trace_only(void);
+/* 1 where stepscope's serializer writes what trace_only leaves out of a Python frame, so that a
+ * capture with Python stacks it saves may be finalized trace_only: torch 2.13, whose trace_only
+ * leaves out only each frame's "Python parent id". 0 elsewhere: torch 2.14 on also leaves out
+ * each frame's "CallFrom", which the serializer does not write. */
+STEPSCOPE_KINETO_API int stepscope_kineto_writes_python_parents(void);
 
 /* prepareProfiler; refuses while any torch profiler runs on this thread. */
 STEPSCOPE_KINETO_API int stepscope_kineto_prepare(const stepscope_kineto_options* options, char* err, size_t err_len);

@@ -281,6 +281,7 @@ def _op_table(
 def _add_kineto_glue_dir(dir: str) -> None: ...
 def kineto_glue() -> dict[str, Any]:
     """The Kineto glue this process uses, loading it if needed: ``{"path", "built_for",
-    "has_trace_only"}`` (whether that torch has ``trace_only``, which stepscope asks for where
-    nothing reads torch's event list); raises ``BackendError`` when none matches the torch
-    loaded."""
+    "has_trace_only", "writes_python_parents"}`` (whether that torch has ``trace_only``, which
+    stepscope asks for where nothing reads torch's event list; whether stepscope's serializer
+    writes the Python parents it leaves out, so that captures with Python stacks take it too);
+    raises ``BackendError`` when none matches the torch loaded."""

@@ -35,7 +35,7 @@ fn _add_kineto_glue_dir(dir: std::path::PathBuf) {
 }
 
 /// The Kineto glue this process uses, loading it if needed: `{"path": ..., "built_for":
-/// "2.13.0", "has_trace_only": true}`. Raises `BackendError` when none matches the torch loaded (the message names the
+/// "2.13.0", "has_trace_only": true, "writes_python_parents": true}`. Raises `BackendError` when none matches the torch loaded (the message names the
 /// torch found and the versions there is glue for) or torch is not loaded.
 #[pyfunction]
 fn kineto_glue(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
@@ -46,6 +46,7 @@ fn kineto_glue(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("path", info.path.map(|p| p.display().to_string()))?;
     d.set_item("built_for", info.built_for)?;
     d.set_item("has_trace_only", info.has_trace_only)?;
+    d.set_item("writes_python_parents", info.writes_python_parents)?;
     Ok(d)
 }
 

@@ -352,8 +352,12 @@ impl Backend for TorchBackend {
         // under a second).
         self.writer.wait_finalized()?;
         let glue = self.glue()?;
-        self.recording
-            .resolve(glue.cuda_available(), glue.has_trace_only());
+        self.recording.resolve(
+            glue.cuda_available(),
+            glue.has_trace_only(),
+            glue.writes_python_parents(),
+            self.serializer,
+        );
         self.session = Some(Session {
             captured: Captured {
                 worker_name: capture.worker_name.to_string(),
@@ -514,8 +518,12 @@ impl Backend for TorchBackend {
         self.max_held_bytes = config.capture_budget().max_growth_bytes;
         self.annotate = self.recording.options.cpu;
         if let Some(glue) = self.glue {
-            self.recording
-                .resolve(glue.cuda_available(), glue.has_trace_only());
+            self.recording.resolve(
+                glue.cuda_available(),
+                glue.has_trace_only(),
+                glue.writes_python_parents(),
+                self.serializer,
+            );
         }
         Ok(())
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::kineto::Options;
 use super::op_table;
 use super::schedule::TorchSchedule;
-use crate::config::{ProfilerConfig, TorchActivity};
+use crate::config::{ProfilerConfig, Serializer, TorchActivity};
 use crate::schedule::{CutShort, SlowStepSeen};
 use crate::trace::{Captured, StepRequests};
 
@@ -78,15 +78,28 @@ impl SessionOptions {
 
     /// The options for a session, with the default activities resolved (CUDA when libtorch
     /// sees a device, as torch.profiler's default). torch's `trace_only` is asked for where the
-    /// torch has it and nothing reads what it leaves out: Python frames and modules need the
-    /// event tree, memory and flops args are added with the event list, and the op table reads
-    /// that list.
-    pub(super) fn resolve(&mut self, cuda_available: bool, has_trace_only: bool) {
+    /// torch has it and nothing reads what it leaves out: modules need the event tree, memory
+    /// and flops args are added with the event list, and the op table reads that list. Python
+    /// frames need the tree for their `"Python parent id"`, which stepscope's serializer writes
+    /// itself where the capture lacks it and the glue says it does (`writes_python_parents`:
+    /// torch 2.13; `cpp/kineto_writer.h`, `PythonParents`); Kineto's own writer does not, nor
+    /// the copy `Compare` writes with it.
+    pub(super) fn resolve(
+        &mut self,
+        cuda_available: bool,
+        has_trace_only: bool,
+        writes_python_parents: bool,
+        serializer: Serializer,
+    ) {
         if self.activities.is_none() {
             self.options.cuda = cuda_available;
         }
         let o = &self.options;
-        let needs_events = o.with_stack || o.with_modules || o.profile_memory || o.with_flops;
+        let parents_written = writes_python_parents && serializer == Serializer::Stepscope;
+        let needs_events = (o.with_stack && !parents_written)
+            || o.with_modules
+            || o.profile_memory
+            || o.with_flops;
         self.options.trace_only = has_trace_only && !needs_events && self.table().is_none();
     }
 
@@ -114,6 +127,11 @@ mod tests {
     /// machine with CUDA or without: a GPU capture without stacks and without the device dump,
     /// with `changes` over it.
     fn trace_only(changes: Value, cuda: bool, has: bool) -> bool {
+        trace_only_where(changes, cuda, has, true)
+    }
+
+    /// The same, where the glue writes Python parents or not (`parents`).
+    fn trace_only_where(changes: Value, cuda: bool, has: bool, parents: bool) -> bool {
         let mut config = json!({
             "profiler": "torch",
             "torch_profiler_dir": "/nonexistent",
@@ -125,7 +143,7 @@ mod tests {
         }
         let config = ProfilerConfig::from_json_str(&config.to_string()).expect("a valid config");
         let mut options = SessionOptions::from_config(&config);
-        options.resolve(cuda, has);
+        options.resolve(cuda, has, parents, config.stepscope.serializer);
         options.options.trace_only
     }
 
@@ -140,9 +158,22 @@ mod tests {
         // CUDA listed on a machine without it: the activities decide the table, not the device.
         let listed = json!({"torch_profiler_activities": ["CPU", "CUDA"]});
         assert!(trace_only(listed, false, true));
-        // Stacks and modules need the event tree; memory and flops args come with the list.
+        // Stacks need the event tree for their parents unless stepscope's serializer writes
+        // them (the default, where the glue's torch is 2.13); Kineto's own does not, nor the
+        // copy Compare writes with it.
+        let stacks = json!({"torch_profiler_with_stack": true});
+        assert!(trace_only(stacks.clone(), true, true));
+        assert!(!trace_only_where(stacks, true, true, false));
+        assert!(trace_only_where(json!({}), true, true, false));
+        for serializer in ["kineto", "compare"] {
+            let by = json!({"torch_profiler_with_stack": true,
+                            "stepscope": {"serializer": serializer}});
+            assert!(!trace_only(by, true, true), "{serializer}");
+            let without = json!({"stepscope": {"serializer": serializer}});
+            assert!(trace_only(without, true, true), "{serializer}");
+        }
+        // Modules need the event tree; memory and flops args come with the list.
         for needs in [
-            json!({"torch_profiler_with_stack": true}),
             json!({"stepscope": {"torch_with_modules": true}}),
             json!({"torch_profiler_with_memory": true}),
             json!({"torch_profiler_with_flops": true}),

@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_int, CStr};
 use crate::error::{Error, Result};
 
 /// The glue's C ABI version this crate speaks (`STEPSCOPE_KINETO_ABI`).
-pub(super) const ABI: u32 = 6;
+pub(super) const ABI: u32 = 7;
 
 /// `STEPSCOPE_KINETO_SERIALIZER_KINETO`: a save through Kineto's own writer.
 pub(super) const SERIALIZER_KINETO: c_int = 0;
@@ -113,6 +113,7 @@ glue! {
     torch_version = stepscope_kineto_torch_version() -> *const c_char;
     cuda_available = stepscope_kineto_cuda_available() -> c_int;
     has_trace_only = stepscope_kineto_has_trace_only() -> c_int;
+    writes_python_parents = stepscope_kineto_writes_python_parents() -> c_int;
     prepare = stepscope_kineto_prepare(o: *const Options, err: Err, err_len: usize) -> c_int;
     enable = stepscope_kineto_enable(o: *const Options, session: *mut usize, err: Err, err_len: usize) -> c_int;
     detach = stepscope_kineto_detach(session: usize, out: *mut *mut RawDetached, err: Err, err_len: usize) -> c_int;
@@ -167,12 +168,22 @@ pub struct GlueInfo {
     /// Whether that torch has `ExperimentalConfig::trace_only` (the glue says; 2.13 and later):
     /// where it has not, every capture takes torch's full finalize.
     pub has_trace_only: bool,
+    /// Whether stepscope's serializer writes the `"Python parent id"` a `trace_only` capture
+    /// leaves out of its Python frames (the glue says; torch 2.13): where it does, a capture
+    /// with Python stacks that serializer saves is finalized `trace_only` too.
+    pub writes_python_parents: bool,
 }
 
 /// The glue's answer (`stepscope_kineto_has_trace_only`), decided where it is compiled.
 pub(super) fn has_trace_only(api: &Api) -> bool {
     // SAFETY: a glue function without arguments that returns a constant.
     unsafe { (api.has_trace_only)() != 0 }
+}
+
+/// The glue's answer (`stepscope_kineto_writes_python_parents`), decided where it is compiled.
+pub(super) fn writes_python_parents(api: &Api) -> bool {
+    // SAFETY: a glue function without arguments that returns a constant.
+    unsafe { (api.writes_python_parents)() != 0 }
 }
 
 pub(super) fn built_for(api: &Api) -> String {

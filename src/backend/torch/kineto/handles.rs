@@ -55,6 +55,11 @@ impl Kineto {
         glue::has_trace_only(self.api)
     }
 
+    /// Whether stepscope's serializer writes the Python parents `trace_only` leaves out.
+    pub(crate) fn writes_python_parents(self) -> bool {
+        glue::writes_python_parents(self.api)
+    }
+
     pub(crate) fn prepare(self, o: &Options) -> Result<()> {
         // SAFETY: o outlives the call; the buffer is call()'s.
         call("prepareProfiler", |err, len| unsafe {

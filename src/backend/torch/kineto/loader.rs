@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 
-use super::glue::{built_for, has_trace_only, Api, GlueInfo, ABI};
+use super::glue::{built_for, has_trace_only, writes_python_parents, Api, GlueInfo, ABI};
 use crate::error::{Error, Result};
 
 /// The torch backend's error for a glue that cannot be found or loaded.
@@ -65,6 +65,7 @@ pub(super) fn load() -> Result<(Api, GlueInfo)> {
         path: Some(path),
         built_for: built,
         has_trace_only: has_trace_only(&api),
+        writes_python_parents: writes_python_parents(&api),
     };
     Ok((api, info))
 }

@@ -2,7 +2,7 @@
 //! once, at the first call; and the directories a loaded one is searched in.
 
 #[cfg(feature = "torch")]
-use super::glue::{built_for, has_trace_only, ABI, LINKED};
+use super::glue::{built_for, has_trace_only, writes_python_parents, ABI, LINKED};
 use super::glue::{Api, GlueInfo};
 #[cfg(not(feature = "torch"))]
 use super::loader;
@@ -23,6 +23,7 @@ pub(super) fn provider() -> Result<(&'static Api, &'static GlueInfo)> {
             path: None,
             built_for: built_for(&LINKED),
             has_trace_only: has_trace_only(&LINKED),
+            writes_python_parents: writes_python_parents(&LINKED),
         }
     });
     Ok((&LINKED, info))
