@@ -21,10 +21,12 @@ threads then share the core left to them).
 `--no-stack` captures without Python stacks (shapes recorded, CUDA listed beside CPU as a GPU
 capture lists it), alternating the op table on and off (`torch_profiler_dump_cuda_time_total`):
 with it off nothing reads torch's event list, and Kineto's finalize runs with torch's
-`trace_only` (the trace header says `"trace_only": 1`).
+`trace_only` (the trace header says `"trace_only": 1`). `--tables` does the same with Python
+stacks: with the table off, the finalize is `trace_only` too and stepscope's serializer writes
+each frame's `"Python parent id"` that torch's event tree would have given.
 
     .venv/bin/python scripts/bench_writer.py [--levels 6,1] [--serializers stepscope,kineto]
-        [--rounds 5] [--ops 20000] [--one-core] [--no-stack]
+        [--rounds 5] [--ops 20000] [--one-core] [--no-stack | --tables]
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def cpu_of_process() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def capture(level: int, serializer: str, table: str, ops: int) -> dict:
+def capture(level: int, serializer: str, table: str, ops: int, stack: bool = True) -> dict:
     import torch
 
     import stepscope
@@ -104,8 +106,8 @@ def capture(level: int, serializer: str, table: str, ops: int) -> dict:
         }
         if table != "default":
             cfg |= {
-                "torch_profiler_with_stack": False,
-                "torch_profiler_record_shapes": True,
+                "torch_profiler_with_stack": stack,
+                "torch_profiler_record_shapes": not stack,
                 "torch_profiler_activities": ["CPU", "CUDA"],
                 "torch_profiler_dump_cuda_time_total": table == "on",
             }
@@ -175,8 +177,10 @@ def main() -> None:
     ap.add_argument("--one-core", action="store_true", help="pin the process to one CPU first")
     ap.add_argument("--no-stack", action="store_true",
                     help="no Python stacks; the op table on and off (off: torch's trace_only)")  # fmt: skip
+    ap.add_argument("--tables", action="store_true",
+                    help="with Python stacks, the op table on and off (off: torch's trace_only)")  # fmt: skip
     args = ap.parse_args()
-    tables = ("on", "off") if args.no_stack else ("default",)
+    tables = ("on", "off") if args.no_stack or args.tables else ("default",)
     variants = [(int(lvl), ser, t) for lvl in args.levels.split(",")
                 for ser in args.serializers.split(",") for t in tables]  # fmt: skip
     if args.one_core:
@@ -184,7 +188,7 @@ def main() -> None:
     runs: dict[tuple[int, str, str], list[dict]] = {v: [] for v in variants}
     for r in range(args.rounds):
         for v in variants if r % 2 == 0 else reversed(variants):
-            row = capture(*v, args.ops)
+            row = capture(*v, args.ops, stack=not args.no_stack)
             runs[v].append(row)
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
                   file=sys.stderr, flush=True)  # fmt: skip
