@@ -60,6 +60,9 @@ struct stepscope_kineto_detached {
 
 struct stepscope_kineto_result {
   std::unique_ptr<tap::ProfilerResult> inner;
+  // The op table's rows, kept by a save that was asked to (written by the save until it calls
+  // rows_ready, only read after).
+  stepscope_writer::TableRows rows;
 };
 
 struct stepscope_kineto_range {
@@ -217,7 +220,7 @@ int stepscope_kineto_finalize(stepscope_kineto_detached* session, stepscope_kine
     std::shared_ptr<tpi::ProfilerStateBase> state = std::move(session->state);
     session->state.reset();
     tpi::ProfilerStateBase::push(std::move(state));
-    *out = new stepscope_kineto_result{tap::disableProfiler()};
+    *out = new stepscope_kineto_result{tap::disableProfiler(), {}};
   });
 }
 
@@ -255,8 +258,8 @@ int stepscope_kineto_add_metadata(const char* key, size_t key_len, const char* j
 }
 
 int stepscope_kineto_save(stepscope_kineto_result* result, const char* path, size_t path_len,
-                          int serializer, const char* reference, size_t reference_len, char* err,
-                          size_t err_len) {
+                          int serializer, const char* reference, size_t reference_len,
+                          void (*rows_ready)(void* user), void* user, char* err, size_t err_len) {
   return guarded(err, err_len, [&] {
     if (result == nullptr || !result->inner) {
       throw std::runtime_error("the profiler returned no result");
@@ -268,6 +271,12 @@ int stepscope_kineto_save(stepscope_kineto_result* result, const char* path, siz
         Reference(const char* p, size_t n) { stepscope_writer::next_reference.assign(p, n); }
         ~Reference() { stepscope_writer::next_reference.clear(); }
       } ref(reference == nullptr ? "" : reference, reference == nullptr ? 0 : reference_len);
+      struct Rows {
+        Rows(stepscope_writer::TableRows* rows, void (*ready)(void*), void* user) {
+          if (ready != nullptr) stepscope_writer::next_rows = {rows, ready, user};
+        }
+        ~Rows() { stepscope_writer::next_rows = {}; }
+      } rows(&result->rows, rows_ready, user);
       result->inner->save(std::string(stepscope_writer::kProtocol) + "://" + target);
     } else {
       result->inner->save(target);
@@ -310,6 +319,27 @@ int stepscope_kineto_event_at(const stepscope_kineto_result* result, size_t inde
     out->python_function = e.isPythonFunction();
     out->overhead = type == libkineto::ActivityType::OVERHEAD;
   });
+}
+
+const stepscope_kineto_row* stepscope_kineto_rows(const stepscope_kineto_result* result,
+                                                 size_t* count) {
+  *count = result == nullptr ? 0 : result->rows.rows.size();
+  return result == nullptr ? nullptr : result->rows.rows.data();
+}
+
+size_t stepscope_kineto_row_name_count(const stepscope_kineto_result* result) {
+  return result == nullptr ? 0 : result->rows.names.size();
+}
+
+const char* stepscope_kineto_row_name(const stepscope_kineto_result* result, size_t name,
+                                      size_t* len) {
+  if (result == nullptr || name >= result->rows.names.size()) {
+    *len = 0;
+    return nullptr;
+  }
+  const std::string& n = result->rows.names[name];
+  *len = n.size();
+  return n.data();
 }
 
 void stepscope_kineto_result_release_events(stepscope_kineto_result* result) {

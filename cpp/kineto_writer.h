@@ -32,6 +32,8 @@
 #include <torch/version.h>
 #endif
 
+#include "stepscope_kineto.h"  // stepscope_kineto_row
+
 #include <ActivityType.h>
 #include <libkineto.h>
 #include <GenericTraceActivity.h>
@@ -47,6 +49,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -268,6 +271,52 @@ constexpr const char* kPythonParent = "Python parent id";
 // this file does not write: there every capture with Python stacks is finalized whole.
 constexpr bool kWritesPythonParents = !STEPSCOPE_KINETO_2_14;
 
+// The CPU events the op table reads (what torch's event list holds of a capture of the CPU:
+// ops, user annotations, Python frames), kept from the activities a save writes, for a capture
+// whose finalize built no event list (torch's trace_only). tests/python/test_op_table.py holds
+// the table of a trace's events against torch's own of the same capture.
+struct TableRows {
+  using Row = stepscope_kineto_row;  // its name an index into names
+  std::vector<Row> rows;
+  std::vector<std::string> names;
+
+  static bool kept(kt::ActivityType t) {
+    return t == kt::ActivityType::CPU_OP || t == kt::ActivityType::USER_ANNOTATION ||
+           t == kt::ActivityType::PYTHON_FUNCTION;
+  }
+
+  void keep(const kt::ITraceActivity& op, std::string_view name) {
+    const kt::ActivityType type = op.type();
+    if (!kept(type)) return;
+    const int64_t duration = op.duration();
+    rows.push_back(Row{intern(name), type == kt::ActivityType::USER_ANNOTATION,
+                       type == kt::ActivityType::PYTHON_FUNCTION, op.resourceId(), op.timestamp(),
+                       duration < 0 ? 0 : duration, op.correlationId()});
+  }
+
+ private:
+  uint32_t intern(std::string_view name) {
+    auto it = ids_.find(name);
+    if (it != ids_.end()) return it->second;
+    const auto id = static_cast<uint32_t>(names.size());
+    names.emplace_back(name);
+    // Keyed by a copy that never moves (a deque's elements stay where they are).
+    keys_.emplace_back(name);
+    ids_.emplace(std::string_view(keys_.back()), id);
+    return id;
+  }
+  std::deque<std::string> keys_;
+  std::unordered_map<std::string_view, uint32_t> ids_;
+};
+
+// Where the next save keeps its table's rows and whom it tells once they are complete: set by
+// the save just before Kineto calls the factory, on the same thread (as next_reference).
+struct RowsSink {
+  TableRows* rows = nullptr;
+  void (*ready)(void*) = nullptr;
+  void* user = nullptr;
+};
+
 // One event of ours, formatted but for its time stamp: Kineto writes times relative to a
 // base it reads once per process and writes into the header, known here only at the end.
 struct Pending {
@@ -448,11 +497,12 @@ class Logger : public kt::ActivityLogger {
   // `kineto` writes the side file; `reference`, if any, writes the whole capture as Kineto
   // alone would (for comparison).
   Logger(std::string path, std::unique_ptr<kt::ActivityLogger> kineto, std::string side,
-         std::unique_ptr<kt::ActivityLogger> reference)
+         std::unique_ptr<kt::ActivityLogger> reference, RowsSink rows = {})
       : path_(std::move(path)),
         side_(std::move(side)),
         kineto_(std::move(kineto)),
-        reference_(std::move(reference)) {
+        reference_(std::move(reference)),
+        rows_(rows) {
   }
 
   ~Logger() override {
@@ -490,10 +540,12 @@ class Logger : public kt::ActivityLogger {
 
   void handleActivity(const kt::ITraceActivity& op) override {
     if (reference_) reference_->handleActivity(op);
+    if (rows_.rows != nullptr && TableRows::kept(op.type())) rows_.rows->keep(op, op.name());
     if (!write(op, nullptr)) kineto_->handleActivity(op);
   }
   void handleGenericActivity(const kt::GenericTraceActivity& op) override {
     if (reference_) reference_->handleGenericActivity(op);
+    if (rows_.rows != nullptr) rows_.rows->keep(op, op.activityName);
     const std::string parent = missing_parent(op);
     if (!write(op, &op, parent)) {
       // Kineto's writer writes the frame: the parent goes into its metadata.
@@ -508,6 +560,7 @@ class Logger : public kt::ActivityLogger {
   void finalizeTrace(const kt::Config&, std::unique_ptr<kt::ActivityBuffers> buffers, int64_t end,
                      std::unordered_map<std::string, std::vector<std::string>>& md) override {
     // The buffers (which hold the activities) stay alive until this returns.
+    rows_ready();
     if (reference_) chrome(*reference_).finalizeTrace(end, md);
     chrome(*kineto_).finalizeTrace(end, md);
     (void)buffers;
@@ -516,6 +569,7 @@ class Logger : public kt::ActivityLogger {
 #else
   void finalizeTrace(const kt::Config&, std::unique_ptr<kt::ActivityBuffers> buffers,
                      int64_t end) override {
+    rows_ready();
     if (reference_) chrome(*reference_).finalizeTrace(end);
     chrome(*kineto_).finalizeTrace(end);
     (void)buffers;
@@ -524,6 +578,17 @@ class Logger : public kt::ActivityLogger {
 #endif
 
  private:
+  // Every activity has been handed over: the table's rows are complete, and the op table may be
+  // made while the file is written.
+  void rows_ready() {
+    if (rows_.ready != nullptr) {
+      auto ready = rows_.ready;
+      rows_.ready = nullptr;
+      rows_.rows = nullptr;
+      ready(rows_.user);
+    }
+  }
+
   static kt::ChromeTraceLogger& chrome(kt::ActivityLogger& logger) {
     return reinterpret_cast<kt::ChromeTraceLogger&>(logger);
   }
@@ -817,6 +882,7 @@ class Logger : public kt::ActivityLogger {
   Blocks text_;
   std::vector<Pending> pending_;
   PythonParents parents_;
+  RowsSink rows_;
   bool finished_ = false;
 };
 
@@ -852,6 +918,8 @@ inline bool available() {
 // Where the next save's reference copy goes ("" for none): set by the save just before
 // Kineto calls the factory, on the same thread.
 inline thread_local std::string next_reference;
+// Where the next save keeps the op table's rows (none: rows is null).
+inline thread_local RowsSink next_rows;
 
 // Registers the "stepscope" protocol once; false when Kineto's registry has no file logger
 // to write the side file with (the save then goes through Kineto's own writer).
@@ -884,7 +952,8 @@ inline bool registered() {
             if (!own) throw std::runtime_error("Kineto has no file logger");
             return own;
           }
-          return std::make_unique<Logger>(path, std::move(kineto), side, std::move(reference));
+          return std::make_unique<Logger>(path, std::move(kineto), side, std::move(reference),
+                                          next_rows);
         });
     return true;
   }();

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define STEPSCOPE_KINETO_ABI 7
+#define STEPSCOPE_KINETO_ABI 8
 
 /* Exported from the shared glue even when built with -fvisibility=hidden. */
 #define STEPSCOPE_KINETO_API __attribute__((visibility("default")))
@@ -118,10 +118,35 @@ STEPSCOPE_KINETO_API int stepscope_kineto_add_metadata(const char* key, size_t k
 
 /* Writes the trace as JSON to `path` (through `{path}.tmp`, renamed when complete). With
  * stepscope's serializer and a non-empty `reference`, Kineto's own writer also writes the same
- * capture to `reference` (for comparison). */
+ * capture to `reference` (for comparison). With stepscope's serializer and a `rows_ready`, the
+ * save also keeps, of the activities it writes, the CPU events the op table reads (ops, user
+ * annotations, Python frames: a finalize under trace_only builds no event list), and calls
+ * `rows_ready(user)` once they are all kept, before the file is written;
+ * stepscope_kineto_rows and stepscope_kineto_row_name read them from then on, on any thread.
+ * Where the save ends without that call (an error, or Kineto's own writer writing), no rows
+ * are kept. */
 STEPSCOPE_KINETO_API int stepscope_kineto_save(stepscope_kineto_result* result, const char* path, size_t path_len,
-                          int serializer, const char* reference, size_t reference_len, char* err,
-                          size_t err_len);
+                          int serializer, const char* reference, size_t reference_len,
+                          void (*rows_ready)(void* user), void* user, char* err, size_t err_len);
+/* The rows a save kept (above): a CPU event each, on the thread the trace names (its system
+ * thread id), ending on it; its name an index into the rows' names. Read in place: valid until
+ * the result is freed, and only once the save has called rows_ready. */
+typedef struct stepscope_kineto_row {
+  uint32_t name;
+  uint8_t user_annotation;
+  uint8_t python_function;
+  int64_t thread;
+  int64_t start_ns;
+  int64_t duration_ns;
+  int64_t correlation;
+} stepscope_kineto_row;
+STEPSCOPE_KINETO_API const stepscope_kineto_row* stepscope_kineto_rows(const stepscope_kineto_result* result,
+                                                                       size_t* count);
+/* The rows' distinct names: their count, and one of them (bytes, not NUL terminated; NULL
+ * past the count). */
+STEPSCOPE_KINETO_API size_t stepscope_kineto_row_name_count(const stepscope_kineto_result* result);
+STEPSCOPE_KINETO_API const char* stepscope_kineto_row_name(const stepscope_kineto_result* result, size_t name,
+                                                           size_t* len);
 STEPSCOPE_KINETO_API size_t stepscope_kineto_event_count(const stepscope_kineto_result* result);
 STEPSCOPE_KINETO_API int stepscope_kineto_event_at(const stepscope_kineto_result* result, size_t index,
                               stepscope_kineto_event* out, char* name, size_t name_cap, char* err,

@@ -61,6 +61,11 @@ pub(crate) trait Trace: Send + Sync {
         Ok(None)
     }
 
+    /// Called once the writer will call `save` no more: it returned, or the trace failed
+    /// before it was called (its directory could not take the file, say). A `side_file` that
+    /// waits on something the save gives is let go here.
+    fn save_over(&self) {}
+
     /// Moves what the serializer left for later beside the trace once it is in place (Kineto's
     /// own JSON, for a comparison).
     fn write_extras(&mut self, _dir: &Path, _stem: &str) -> Result<()> {
@@ -547,7 +552,12 @@ fn write_job(
         let beside = thread::Builder::new()
             .name("stepscope-table".into())
             .spawn_scoped(scope, side_file);
-        let placed = place_trace(settings, shared, manifest, how);
+        let placed = {
+            // `save_over` when place_trace ends, whichever way (a panic included): the side
+            // file's thread is joined by the scope either way.
+            let _over = SaveOver(shared);
+            place_trace(settings, shared, manifest, how)
+        };
         let waiting = Instant::now();
         let side = match beside {
             Ok(handle) => handle.join().unwrap_or_else(|p| {
@@ -585,6 +595,15 @@ fn write_job(
         summary: placed.summary,
         renamed: placed.renamed,
     })
+}
+
+/// Tells the trace its save is over when dropped (`Trace::save_over`).
+struct SaveOver<'a>(&'a dyn Trace);
+
+impl Drop for SaveOver<'_> {
+    fn drop(&mut self) {
+        self.0.save_over();
+    }
 }
 
 /// A trace in place under its final name.
@@ -752,6 +771,72 @@ mod tests {
             let path = dir.join(crate::manifest::op_table_name(stem));
             crate::files::write_synced(&path, b"table").map(Some)
         }
+    }
+
+    /// A capture whose side file waits on its save's word (as the op table made from the rows
+    /// Kineto's save keeps: `backend::torch::flushed`), and says whether the wait ended only by
+    /// giving up.
+    struct WaitsOnSave {
+        word: Mutex<Option<crossbeam_channel::Sender<()>>>,
+        heard: Receiver<()>,
+        gave_up: Arc<AtomicBool>,
+    }
+
+    impl Capture for WaitsOnSave {
+        fn finalize(self: Box<Self>) -> Result<Box<dyn Trace>> {
+            Ok(self)
+        }
+    }
+
+    impl Trace for WaitsOnSave {
+        fn save(&self, path: &str) -> Result<()> {
+            if let Some(word) = self.word.lock().take() {
+                let _ = word.send(());
+            }
+            fs::write(path, br#"{"traceEvents": []}"#).map_err(|e| Error::io(path, "writing", e))
+        }
+
+        fn side_file(&self, _dir: &Path, _stem: &str) -> Result<Option<Synced>> {
+            // A deadlock's watchdog, not a speed: the wait ends at once when the save is over.
+            let waited = self.heard.recv_timeout(Duration::from_secs(60));
+            self.gave_up.store(
+                waited == Err(crossbeam_channel::RecvTimeoutError::Timeout),
+                SeqCst,
+            );
+            Ok(None)
+        }
+
+        fn save_over(&self) {
+            self.word.lock().take();
+        }
+    }
+
+    #[test]
+    fn a_side_file_waiting_on_a_save_that_never_runs_is_let_go() {
+        let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
+        let scratch = Scratch::empty("writer-never-saved");
+        // The directory is a file: the trace fails before its save is called.
+        let not_a_dir = scratch.join("traces");
+        fs::write(&not_a_dir, b"").expect("a file");
+        let mut writer = Writer::new(Settings {
+            dir: not_a_dir,
+            gzip: Some(1),
+            flush_timeout: Duration::from_secs(120),
+        });
+        let gave_up = Arc::new(AtomicBool::new(true));
+        let (word, heard) = crossbeam_channel::bounded(1);
+        let trace = WaitsOnSave {
+            word: Mutex::new(Some(word)),
+            heard,
+            gave_up: Arc::clone(&gave_up),
+        };
+        write_one(&mut writer, "w", Box::new(trace), 1);
+        assert!(
+            !gave_up.load(SeqCst),
+            "the side file waited for a save never made"
+        );
+        let written = writer.pending().traces_since(0);
+        assert_eq!(written.last().map(|t| t.status), Some(Status::Failed));
     }
 
     /// Submits one capture of `worker` to `writer` and waits until it is written.

@@ -11,14 +11,22 @@ need a GPU and are compared where torch sees one."""
 
 from __future__ import annotations
 
+import collections
+import decimal
+import glob
+import gzip
+import json
 import re
+import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+import stepscope
 from stepscope._native import _op_table
 
 
@@ -79,16 +87,72 @@ def rows_of(table: str) -> tuple[list[str], list[list[str]], list[str]]:
     return lines[:3], rows, lines[3 + len(rows) + 1 :]
 
 
+#: The trace's categories of the CPU events a table of CPU time reads: what stepscope's
+#: serializer keeps of the activities it writes where torch's finalize built no event list
+#: (cpp/kineto_writer.h, TableRows).
+KEPT = ("cpu_op", "user_annotation", "python_function")
+
+
+def ns(value) -> int:
+    """A trace's microseconds (three decimals, read exactly) in nanoseconds."""
+    return int(decimal.Decimal(value) * 1000)
+
+
+def as_rows_kept(trace: dict, stop_unix_ns: int | None = None) -> list[dict]:
+    """The CPU events of a trace as stepscope's serializer keeps them for the op table (its
+    thread the trace's, ending on it; times in nanoseconds from the trace's base), those that
+    began after `stop_unix_ns` left out as the writer leaves them out."""
+    base = int(trace["baseTimeNanoseconds"])
+    rows = []
+    for e in trace["traceEvents"]:
+        if e.get("ph") != "X" or e.get("cat") not in KEPT:
+            continue
+        start = base + ns(e["ts"])
+        if stop_unix_ns is not None and start > stop_unix_ns:
+            continue
+        rows.append({
+            "name": e["name"], "start_thread_id": e["tid"], "end_thread_id": e["tid"],
+            "start_ns": start, "duration_ns": ns(e["dur"]),
+            "correlation_id": 0, "linked_correlation_id": 0, "on_device": False,
+            "is_async": False, "is_hidden_event": False,
+            "is_user_annotation": e["cat"] == "user_annotation",
+            "is_python_function": e["cat"] == "python_function", "overhead": False,
+        })  # fmt: skip
+    return rows
+
+
+_TRACES: dict[int, tuple[profile, dict]] = {}
+
+
+def trace_of(prof: profile) -> dict:
+    """The capture's trace, as torch exports it (once: torch saves a capture once)."""
+    cached = _TRACES.get(id(prof))
+    if cached is None or cached[0] is not prof:
+        with tempfile.TemporaryDirectory() as d:
+            prof.export_chrome_trace(f"{d}/trace.json")
+            with open(f"{d}/trace.json") as f:
+                cached = _TRACES[id(prof)] = (prof, json.load(f, parse_float=decimal.Decimal))
+    return cached[1]
+
+
 def assert_same_table(
     prof: profile, sort_by: str, row_limit: int | None = None
 ) -> None:
-    """stepscope's table of the capture's events against torch's."""
+    """stepscope's table of the capture's events against torch's; and for a table of CPU time,
+    stepscope's table of the CPU events the capture's trace holds (what a save keeps where the
+    finalize built no event list) against torch's of the same capture."""
     theirs = prof.key_averages().table(
         sort_by=sort_by, **({} if row_limit is None else {"row_limit": row_limit})
     )
     events = [as_glue_reads(e) for e in prof.profiler.kineto_results.events()]
     ours = _op_table(events, sort_by, "CUDA", torch.__version__, row_limit)
     assert_same_text(ours, theirs, sort_by, row_limit)
+    if "cpu" in sort_by and not any(e["on_device"] for e in events):
+        kept = as_rows_kept(trace_of(prof))
+        # The same CPU events as torch's list, each as often.
+        assert collections.Counter(e["name"] for e in kept) == collections.Counter(e["name"] for e in events)
+        ours = _op_table(kept, sort_by, "CUDA", torch.__version__, row_limit)
+        assert_same_text(ours, theirs, sort_by, row_limit)
 
 
 def assert_same_text(
@@ -204,6 +268,48 @@ def test_profiler_steps_backward_and_threads() -> None:
     assert "ProfilerStep*" in names
     assert_same_table(prof, "self_cpu_time_total", 50)
     assert_same_table(prof, "self_cpu_time_total", 10_000)
+
+
+@pytest.mark.parametrize("with_stack", [True, False], ids=["stack", "no-stack"])
+def test_a_capture_finalized_without_torchs_list_has_the_table_of_its_trace(tmp_path, with_stack) -> None:
+    """Under torch's trace_only the finalize builds no event list: a table of CPU time (CPU the
+    only activity, as vLLM's CPU workers record) is made from the CPU events stepscope's
+    serializer keeps as it writes the trace, and is the table of the trace's own CPU events
+    (which the tests above hold against torch's table of the same capture)."""
+    config = {
+        "profiler": "torch",
+        "torch_profiler_dir": str(tmp_path),
+        "torch_profiler_activities": ["CPU"],
+        "torch_profiler_with_stack": with_stack,
+    }
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    p = stepscope.WorkerProfiler(config, "w")
+    p.start()
+    for _ in range(4):
+        p.step()
+        with record_function("inner"):
+            work(a, b)
+        torch.cat([a, b]).mean()
+        p.step_end()
+    p.stop()
+    assert p.flush(300)
+    p.shutdown()
+    (manifest,) = [json.loads(Path(m).read_text()) for m in glob.glob(f"{tmp_path}/*.stepscope.json")]
+    assert manifest["status"] == "complete", manifest.get("error")
+    with gzip.open(tmp_path / manifest["trace_file"], "rt") as f:  # gzip'd, vLLM's default
+        trace = json.load(f, parse_float=decimal.Decimal)
+    table = (tmp_path / manifest["summary_file"]).read_text()  # the op table (its old key)
+    if with_stack and not stepscope._native.kineto_glue()["writes_python_parents"]:
+        # torch 2.14 on: stacks keep the finalize whole, and the table torch's list's.
+        assert "trace_only" not in trace
+    else:
+        assert trace["trace_only"] == 1
+    stop = trace["stepscope"]["stop_unix_ns"]
+    kept = as_rows_kept(trace, stop)
+    assert (sum(e["is_python_function"] for e in kept) > 10) == with_stack
+    # vLLM's table of CPU time: 50 rows, then the newline print() adds.
+    ours = _op_table(kept, "self_cpu_time_total", "CUDA", torch.__version__, 50)
+    assert table == ours + "\n"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

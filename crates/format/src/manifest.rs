@@ -24,7 +24,7 @@
 //! | `trace_bytes`, `json_bytes` | 0 | its size on disk and as JSON |
 //! | `summary_file` | 0 | the op table written beside it (`{stem}.profiler_out.txt`), if any |
 //! | `writer_seconds`, `finalize_seconds`, `write_seconds` | 0 | the stop to the rename; of which finalizing in Kineto; of which serializing, compressing and renaming |
-//! | `op_table_seconds` | 1 | the seconds the op table took (torch's event list read and then freed with torch's event tree, its rows summed, the file written and fsynced), on a thread of its own while the trace was serialized, when one was written |
+//! | `op_table_seconds` | 1 | the seconds the op table took (torch's event list read and then freed with torch's event tree, or the events the trace's save kept read once it had kept them all; its rows summed, the file written and fsynced), on a thread of its own while the trace was serialized, when one was written |
 //! | `op_table_wait_seconds` | 1 | what the writer waited for the op table once the trace was in place (its own rename included) |
 //! | `free_seconds` | 1 | after the rename and the op table, the CPU time the writer's thread spent freeing what was left of the capture (Kineto's buffers; torch's event list and tree where the op table's thread had not freed them), before this manifest; torch's cost, counted apart as `finalize_seconds` is |
 //! | `trigger` | 0 | `{"slow_step": {...}}` when the slow-step trigger started the capture |

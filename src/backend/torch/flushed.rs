@@ -2,9 +2,11 @@
 //! finalize, its result to save, and the op table (`{stem}.profiler_out.txt`) beside the trace.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
-use super::kineto::{Detached, TraceResult};
+use crossbeam_channel::{Receiver, Sender};
+
+use super::kineto::{Detached, EventRows, TraceResult};
 use super::op_table::{self, SortBy};
 use crate::config::Serializer;
 use crate::error::{Error, Result};
@@ -15,6 +17,9 @@ use crate::flush::{self, Trace};
 pub(super) struct KinetoCapture {
     pub session: Detached,
     pub table: Option<SortBy>,
+    /// The op table is made from the rows stepscope's serializer keeps of the activities it
+    /// writes, not from torch's event list (the finalize built none: `SessionOptions`).
+    pub table_from_activities: bool,
     pub serializer: Serializer,
     /// When the capture stopped (the trace header's `stop_unix_ns`): the op table leaves out
     /// what began after it.
@@ -24,9 +29,17 @@ pub(super) struct KinetoCapture {
 impl flush::Capture for KinetoCapture {
     fn finalize(mut self: Box<Self>) -> Result<Box<dyn Trace>> {
         let result = self.session.finalize()?;
+        let rows = (self.table.is_some() && self.table_from_activities).then(|| {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            RowsHandOff {
+                tx: Mutex::new(Some(tx)),
+                rx,
+            }
+        });
         Ok(Box::new(KinetoTrace {
             result,
             table: self.table,
+            rows,
             serializer: self.serializer,
             reference: OnceLock::new(),
             stop_unix_ns: self.stop_unix_ns,
@@ -34,9 +47,20 @@ impl flush::Capture for KinetoCapture {
     }
 }
 
+/// The save's word that the op table's rows are kept: sent by the saver thread from within the
+/// save, awaited by the op table's thread. The sender is dropped when the save returns, or when
+/// the writer says there will be none (`save_over`), so a save that kept none (it failed, never
+/// ran, or Kineto's own writer wrote the trace) ends the wait.
+struct RowsHandOff {
+    tx: Mutex<Option<Sender<()>>>,
+    rx: Receiver<()>,
+}
+
 struct KinetoTrace {
     result: TraceResult,
     table: Option<SortBy>,
+    /// Where the table's events come from the save (`table_from_activities`).
+    rows: Option<RowsHandOff>,
     serializer: Serializer,
     /// Kineto's own JSON of the capture (`Serializer::Compare`), until moved beside the trace.
     reference: OnceLock<TempFile>,
@@ -45,22 +69,57 @@ struct KinetoTrace {
 
 impl Trace for KinetoTrace {
     fn save(&self, path: &str) -> Result<()> {
+        // Taken for the save and dropped after it, kept rows or not.
+        let tx = self.rows.as_ref().and_then(|r| {
+            r.tx.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take()
+        });
         match self.serializer {
-            Serializer::Kineto => self.result.save(path, false, None),
-            Serializer::Stepscope => self.result.save(path, true, None),
+            Serializer::Kineto => self.result.save(path, false, None, None),
+            Serializer::Stepscope => self.result.save(path, true, None, tx.as_ref()),
             Serializer::Compare => {
                 let reference = self
                     .reference
                     .get_or_init(|| TempFile::new(PathBuf::from(format!("{path}.kineto.json"))));
                 let at = reference.path().to_string_lossy().into_owned();
-                self.result.save(path, true, Some(&at))
+                self.result.save(path, true, Some(&at), None)
             }
+        }
+    }
+
+    fn save_over(&self) {
+        // A save that never ran keeps no rows: the op table's wait ends.
+        if let Some(r) = &self.rows {
+            r.tx.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
         }
     }
 
     fn side_file(&self, dir: &Path, stem: &str) -> Result<Option<Synced>> {
         match self.table {
-            Some(sort) => write_table(dir, &self.result, stem, sort, self.stop_unix_ns).map(Some),
+            Some(sort) => {
+                let rows = match &self.rows {
+                    None => self.result.take_events()?,
+                    Some(hand_off) => {
+                        if hand_off.rx.recv().is_err() {
+                            // The save kept no rows: it failed or never ran (its error is
+                            // the trace's), or a logger other than Kineto's file logger wrote
+                            // the trace.
+                            log::warn!(
+                                "stepscope: no {} for {stem}: the trace's save kept no events \
+                                 for it (it failed or never ran, or another logger than \
+                                 Kineto's file logger wrote the trace)",
+                                crate::manifest::op_table_name(stem)
+                            );
+                            return Ok(None);
+                        }
+                        self.result.take_rows()
+                    }
+                };
+                write_table(dir, &self.result, rows, stem, sort, self.stop_unix_ns).map(Some)
+            }
             None => {
                 // Nothing reads torch's event list: freed now, beside the save.
                 self.result.release_events();
@@ -96,7 +155,9 @@ impl Trace for KinetoTrace {
 /// the trace is in place.
 ///
 /// It runs while the trace is saved, on another thread: it reads torch's event list, which the
-/// save never touches (`TraceResult`'s `Sync`), then frees it with torch's event tree.
+/// save never touches (`TraceResult`'s `Sync`), then frees it with torch's event tree; or,
+/// where the finalize built no list, the rows the save kept of the activities it wrote, from the
+/// moment it has kept them all (before it writes the file).
 ///
 /// The engine thread only detaches the session at the stop (it never waits), and Kineto
 /// records until the writer's finalize stops it: the CPU events (ops, annotations, Python
@@ -108,11 +169,11 @@ impl Trace for KinetoTrace {
 fn write_table(
     dir: &Path,
     result: &TraceResult,
+    rows: EventRows,
     stem: &str,
     sort: SortBy,
     stop_unix_ns: Option<u64>,
 ) -> Result<Synced> {
-    let rows = result.take_events()?;
     let in_window =
         |e: &op_table::OpEvent<'_>| e.device || stop_unix_ns.is_none_or(|stop| e.start_ns <= stop);
     let events: Vec<op_table::OpEvent<'_>> = rows.events().filter(in_window).collect();

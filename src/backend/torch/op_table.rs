@@ -1,7 +1,9 @@
 //! The op table written to `{worker}.profiler_out.txt`: per name, calls, self and total CPU
 //! time and device time, sorted by self device time (self CPU time when only the CPU was
 //! recorded), as vLLM's `torch_profiler_dump_cuda_time_total` asks of torch's `key_averages()`.
-//! Computed on the writer thread from the session's events.
+//! Computed on the writer's table thread from the session's events: torch's event list, or,
+//! where Kineto's finalize built none (torch's `trace_only`), the CPU events stepscope's
+//! serializer kept as it wrote them (a table of CPU time only).
 //!
 //! The rules are torch's (`torch.autograd.profiler._parse_kineto_results`, `EventList`'s
 //! `_populate_cpu_children` and `key_averages()`, `profiler_util._build_table`), and

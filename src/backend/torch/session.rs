@@ -35,6 +35,9 @@ pub(super) struct SessionOptions {
     /// The options with the activities as configured (CUDA added at start when defaulted).
     pub(super) options: Options,
     dump_device_time_total: bool,
+    /// The op table is made from the rows stepscope's serializer keeps of the activities it
+    /// writes (decided in resolve(): the finalize then builds no event list).
+    pub(super) table_from_activities: bool,
     pub(super) schedule: Option<TorchSchedule>,
     /// The config as JSON, for the manifests (shared, never copied on the engine thread).
     pub(super) config: Arc<serde_json::Value>,
@@ -71,6 +74,7 @@ impl SessionOptions {
             activities,
             options,
             dump_device_time_total: config.torch_profiler_dump_cuda_time_total,
+            table_from_activities: false,
             schedule,
             config: Arc::new(serde_json::to_value(config).unwrap_or(serde_json::Value::Null)),
         }
@@ -83,7 +87,11 @@ impl SessionOptions {
     /// frames need the tree for their `"Python parent id"`, which stepscope's serializer writes
     /// itself where the capture lacks it and the glue says it does (`writes_python_parents`:
     /// torch 2.13; `cpp/kineto_writer.h`, `PythonParents`); Kineto's own writer does not, nor
-    /// the copy `Compare` writes with it.
+    /// the copy `Compare` writes with it. A table of CPU time (CPU the only activity) is made
+    /// from the CPU events stepscope's serializer keeps as it writes them (`TableRows`: what
+    /// torch's list holds of such a capture, held against torch's table by
+    /// `tests/python/test_op_table.py`); a table of device time still reads torch's list (its
+    /// device columns are held against torch's only where a GPU is).
     pub(super) fn resolve(
         &mut self,
         cuda_available: bool,
@@ -95,12 +103,17 @@ impl SessionOptions {
             self.options.cuda = cuda_available;
         }
         let o = &self.options;
-        let parents_written = writes_python_parents && serializer == Serializer::Stepscope;
+        let ours = serializer == Serializer::Stepscope;
+        let parents_written = writes_python_parents && ours;
+        let table = self.table();
+        let rows_kept = ours && table == Some(op_table::SortBy::SelfCpu);
         let needs_events = (o.with_stack && !parents_written)
             || o.with_modules
             || o.profile_memory
-            || o.with_flops;
-        self.options.trace_only = has_trace_only && !needs_events && self.table().is_none();
+            || o.with_flops
+            || (table.is_some() && !rows_kept);
+        self.options.trace_only = has_trace_only && !needs_events;
+        self.table_from_activities = self.options.trace_only && table.is_some();
     }
 
     /// vLLM's choice of table: device time when any device activity is recorded (and the dump
@@ -132,6 +145,19 @@ mod tests {
 
     /// The same, where the glue writes Python parents or not (`parents`).
     fn trace_only_where(changes: Value, cuda: bool, has: bool, parents: bool) -> bool {
+        let (trace_only, from_activities, table) = resolved(changes, cuda, has, parents);
+        // The table comes from the activities exactly where the finalize builds no list.
+        assert_eq!(from_activities, trace_only && table.is_some());
+        trace_only
+    }
+
+    /// `trace_only`, the table from the activities, and the table, as resolved.
+    fn resolved(
+        changes: Value,
+        cuda: bool,
+        has: bool,
+        parents: bool,
+    ) -> (bool, bool, Option<op_table::SortBy>) {
         let mut config = json!({
             "profiler": "torch",
             "torch_profiler_dir": "/nonexistent",
@@ -144,7 +170,11 @@ mod tests {
         let config = ProfilerConfig::from_json_str(&config.to_string()).expect("a valid config");
         let mut options = SessionOptions::from_config(&config);
         options.resolve(cuda, has, parents, config.stepscope.serializer);
-        options.options.trace_only
+        (
+            options.options.trace_only,
+            options.table_from_activities,
+            options.table(),
+        )
     }
 
     #[test]
@@ -180,17 +210,23 @@ mod tests {
         ] {
             assert!(!trace_only(needs.clone(), true, true), "{needs}");
         }
-        // The op table reads the list: the device dump on, or CPU the only activity (vLLM
-        // writes that table regardless).
+        // A table of device time (the device dump on) reads the list; one of CPU time (CPU the
+        // only activity: vLLM writes that table regardless) is made from the rows stepscope's
+        // serializer keeps, and Kineto's writer keeps none.
         let dump = json!({"torch_profiler_dump_cuda_time_total": true});
         assert!(!trace_only(dump, true, true));
-        assert!(!trace_only(json!({}), false, true));
+        assert!(trace_only(json!({}), false, true));
         let cpu = json!({"torch_profiler_activities": ["CPU"]});
-        assert!(!trace_only(cpu, true, true));
-        // vLLM's default: stacks, and the dump on.
+        assert!(trace_only(cpu.clone(), true, true));
+        let by_kineto = json!({"torch_profiler_activities": ["CPU"],
+                               "stepscope": {"serializer": "kineto"}});
+        assert!(!trace_only(by_kineto, true, true));
+        // vLLM's default: stacks, and the dump on; on a CPU, a table of CPU time.
         let default = json!({"torch_profiler_with_stack": true,
                              "torch_profiler_dump_cuda_time_total": true});
-        assert!(!trace_only(default, true, true));
+        assert!(!trace_only(default.clone(), true, true));
+        assert!(trace_only(default.clone(), false, true));
+        assert!(!trace_only_where(default, false, true, false));
         // A torch without the switch.
         assert!(!trace_only(json!({}), true, false));
     }

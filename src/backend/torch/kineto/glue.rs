@@ -2,12 +2,12 @@
 //! looked up by name in a loaded file), the call convention that turns its error buffer into
 //! an [`Error`], and what a glue says of itself ([`GlueInfo`]).
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 
 use crate::error::{Error, Result};
 
 /// The glue's C ABI version this crate speaks (`STEPSCOPE_KINETO_ABI`).
-pub(super) const ABI: u32 = 7;
+pub(super) const ABI: u32 = 8;
 
 /// `STEPSCOPE_KINETO_SERIALIZER_KINETO`: a save through Kineto's own writer.
 pub(super) const SERIALIZER_KINETO: c_int = 0;
@@ -51,6 +51,19 @@ pub(super) struct RawEvent {
     pub(super) overhead: u8,
 }
 
+/// `stepscope_kineto_row`: a CPU event a save kept for the op table.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct RawRow {
+    pub(super) name: u32,
+    pub(super) user_annotation: u8,
+    pub(super) python_function: u8,
+    pub(super) thread: i64,
+    pub(super) start_ns: i64,
+    pub(super) duration_ns: i64,
+    pub(super) correlation: i64,
+}
+
 #[repr(C)]
 pub(crate) struct RawDetached {
     _opaque: [u8; 0],
@@ -65,6 +78,9 @@ pub(crate) struct RawRange {
 }
 
 pub(super) type Err = *mut c_char;
+
+/// The save's call once the op table's rows are kept (`stepscope_kineto_save`'s `rows_ready`).
+pub(super) type RowsReady = unsafe extern "C" fn(user: *mut c_void);
 
 /// Declares the glue's functions once: the table [`Api`], the linked table (`torch`) and the
 /// loader (`dlsym` by the same names).
@@ -121,7 +137,10 @@ glue! {
     detached_free = stepscope_kineto_detached_free(d: *mut RawDetached);
     toggle = stepscope_kineto_toggle(enable: c_int, o: *const Options, err: Err, err_len: usize) -> c_int;
     add_metadata = stepscope_kineto_add_metadata(key: *const c_char, key_len: usize, json: *const c_char, json_len: usize, err: Err, err_len: usize) -> c_int;
-    save = stepscope_kineto_save(r: *mut RawResult, path: *const c_char, path_len: usize, serializer: c_int, reference: *const c_char, reference_len: usize, err: Err, err_len: usize) -> c_int;
+    save = stepscope_kineto_save(r: *mut RawResult, path: *const c_char, path_len: usize, serializer: c_int, reference: *const c_char, reference_len: usize, rows_ready: Option<RowsReady>, user: *mut c_void, err: Err, err_len: usize) -> c_int;
+    rows = stepscope_kineto_rows(r: *const RawResult, count: *mut usize) -> *const RawRow;
+    row_name_count = stepscope_kineto_row_name_count(r: *const RawResult) -> usize;
+    row_name = stepscope_kineto_row_name(r: *const RawResult, name: usize, len: *mut usize) -> *const c_char;
     event_count = stepscope_kineto_event_count(r: *const RawResult) -> usize;
     event_at = stepscope_kineto_event_at(r: *const RawResult, index: usize, out: *mut RawEvent, name: *mut c_char, name_cap: usize, err: Err, err_len: usize) -> c_int;
     release_events = stepscope_kineto_result_release_events(r: *mut RawResult);

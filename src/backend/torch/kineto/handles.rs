@@ -2,12 +2,14 @@
 //! off the engine thread ([`Detached`]), its result ([`TraceResult`]) and the iteration
 //! annotation ([`Range`]); each owned handle frees what it owns once.
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, c_void};
 use std::ptr::{self, NonNull};
 
+use crossbeam_channel::Sender;
+
 use super::glue::{
-    self, call, failed, Api, Options, RawDetached, RawEvent, RawRange, RawResult,
-    SERIALIZER_KINETO, SERIALIZER_STEPSCOPE,
+    self, call, failed, Api, Options, RawDetached, RawEvent, RawRange, RawResult, RawRow,
+    RowsReady, SERIALIZER_KINETO, SERIALIZER_STEPSCOPE,
 };
 use super::provider::provider;
 use crate::backend::torch::op_table::OpEvent;
@@ -181,16 +183,29 @@ unsafe impl Sync for TraceResult {}
 impl TraceResult {
     /// Writes the trace JSON (to `{path}.tmp`, then renamed to `path`): Kineto's own writer,
     /// or stepscope's (`cpp/kineto_writer.h`); with a `reference`, Kineto's own writer also
-    /// writes the same capture there.
-    /// Called once; `events` may run beside it on another thread.
-    pub(crate) fn save(&self, path: &str, ours: bool, reference: Option<&str>) -> Result<()> {
+    /// writes the same capture there. With `rows` (stepscope's writer), the save keeps the op
+    /// table's rows from the activities it writes and sends on `rows` once they are all kept,
+    /// before the file is written ([`TraceResult::take_rows`] reads them from then on).
+    /// Called once; `take_events` may run beside it on another thread.
+    pub(crate) fn save(
+        &self,
+        path: &str,
+        ours: bool,
+        reference: Option<&str>,
+        rows: Option<&Sender<()>>,
+    ) -> Result<()> {
         let serializer = if ours {
             SERIALIZER_STEPSCOPE
         } else {
             SERIALIZER_KINETO
         };
         let reference = reference.unwrap_or("");
-        // SAFETY: ptr is live; path and reference are live (pointer, length) pairs.
+        let (ready, user): (Option<RowsReady>, *mut c_void) = match rows {
+            Some(tx) => (Some(rows_ready), ptr::from_ref(tx).cast_mut().cast()),
+            None => (None, ptr::null_mut()),
+        };
+        // SAFETY: ptr is live; path and reference are live (pointer, length) pairs; `user`,
+        // when given, is the `&Sender` that outlives the call, which is all rows_ready needs.
         call(&format!("saving the trace to {path}"), |err, len| unsafe {
             (self.api.save)(
                 self.ptr.as_ptr(),
@@ -199,10 +214,64 @@ impl TraceResult {
                 serializer,
                 reference.as_ptr().cast(),
                 reference.len(),
+                ready,
+                user,
                 err,
                 len,
             )
         })
+    }
+
+    /// The op table's rows a save kept (`save`'s `rows`), read once it has said they are all
+    /// kept (never before: the save writes them until then); none where it kept none.
+    pub(crate) fn take_rows(&self) -> EventRows {
+        let mut count = 0usize;
+        // SAFETY: ptr is live; the rows are no longer written once the save said so, and live
+        // with the result.
+        let rows = unsafe { (self.api.rows)(self.ptr.as_ptr(), &mut count) };
+        let rows: &[RawRow] = if rows.is_null() || count == 0 {
+            &[]
+        } else {
+            // SAFETY: the glue's vector of `count` rows, unchanged from now on (above).
+            unsafe { std::slice::from_raw_parts(rows, count) }
+        };
+        // SAFETY: as above.
+        let n_names = unsafe { (self.api.row_name_count)(self.ptr.as_ptr()) };
+        let names = (0..n_names)
+            .map(|i| {
+                let mut len = 0usize;
+                // SAFETY: i is below the count; the name lives with the result.
+                let p = unsafe { (self.api.row_name)(self.ptr.as_ptr(), i, &mut len) };
+                if p.is_null() {
+                    return Box::from("");
+                }
+                // SAFETY: `len` bytes at `p`, alive with the result.
+                let bytes = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+                String::from_utf8_lossy(bytes).into_owned().into_boxed_str()
+            })
+            .collect();
+        let as_ns = |v: i64| u64::try_from(v).unwrap_or(0);
+        let rows = rows
+            .iter()
+            .map(|r| {
+                let thread = as_ns(r.thread);
+                (
+                    r.name,
+                    OpEvent {
+                        name: "",
+                        thread,
+                        end_thread: thread,
+                        start_ns: as_ns(r.start_ns),
+                        duration_ns: as_ns(r.duration_ns),
+                        correlation: as_ns(r.correlation),
+                        user_annotation: r.user_annotation != 0,
+                        python_function: r.python_function != 0,
+                        ..OpEvent::default()
+                    },
+                )
+            })
+            .collect();
+        EventRows { names, rows }
     }
 
     /// The version of the torch the glue was built for (`2.13.0`).
@@ -286,6 +355,14 @@ impl TraceResult {
         }
         Ok(read)
     }
+}
+
+/// `rows_ready` for `save`: `user` is the `&Sender<()>` the save was given.
+unsafe extern "C" fn rows_ready(user: *mut c_void) {
+    // SAFETY: save passes the `&Sender<()>` it was given, alive for the whole save.
+    let tx = unsafe { &*user.cast::<Sender<()>>() };
+    // The receiver may be gone (the table's thread ended): nothing to tell then.
+    let _ = tx.send(());
 }
 
 impl Drop for TraceResult {
@@ -416,7 +493,7 @@ mod tests {
         let dir = stepscope_test_doubles::Scratch::empty("kineto-taken");
         let path = dir.join("t.json");
         result
-            .save(path.to_str().expect("a UTF-8 path"), true, None)
+            .save(path.to_str().expect("a UTF-8 path"), true, None, None)
             .expect("save");
         let json = std::fs::read_to_string(&path).expect("the trace");
         assert_eq!(json.matches("\"stepscope_taken\"").count(), 3, "{json}");

@@ -24,5 +24,5 @@ mod provider;
 
 pub use glue::GlueInfo;
 pub(crate) use glue::Options;
-pub(crate) use handles::{Detached, Kineto, Range, TraceResult};
+pub(crate) use handles::{Detached, EventRows, Kineto, Range, TraceResult};
 pub use provider::{add_glue_dir, glue_info};
