@@ -278,7 +278,8 @@ constexpr bool kWritesPythonParents = !STEPSCOPE_KINETO_2_14;
 struct TableRows {
   using Row = stepscope_kineto_row;  // its name an index into names
   std::vector<Row> rows;
-  std::vector<std::string> names;
+  // A deque: its elements never move, so the index below keys them in place.
+  std::deque<std::string> names;
 
   static bool kept(kt::ActivityType t) {
     return t == kt::ActivityType::CPU_OP || t == kt::ActivityType::USER_ANNOTATION ||
@@ -300,12 +301,9 @@ struct TableRows {
     if (it != ids_.end()) return it->second;
     const auto id = static_cast<uint32_t>(names.size());
     names.emplace_back(name);
-    // Keyed by a copy that never moves (a deque's elements stay where they are).
-    keys_.emplace_back(name);
-    ids_.emplace(std::string_view(keys_.back()), id);
+    ids_.emplace(std::string_view(names.back()), id);
     return id;
   }
-  std::deque<std::string> keys_;
   std::unordered_map<std::string_view, uint32_t> ids_;
 };
 
@@ -540,6 +538,7 @@ class Logger : public kt::ActivityLogger {
 
   void handleActivity(const kt::ITraceActivity& op) override {
     if (reference_) reference_->handleActivity(op);
+    // The type first: name() returns a copy, not wanted of an activity the table does not keep.
     if (rows_.rows != nullptr && TableRows::kept(op.type())) rows_.rows->keep(op, op.name());
     if (!write(op, nullptr)) kineto_->handleActivity(op);
   }

@@ -258,7 +258,7 @@ impl TorchBackend {
             session: Box::new(KinetoCapture {
                 session: detached,
                 table: self.recording.table(),
-                table_from_activities: self.recording.table_from_activities,
+                table_from_activities: self.recording.table_from_activities(),
                 serializer: self.serializer,
                 stop_unix_ns: header.stop_unix_ns,
             }),

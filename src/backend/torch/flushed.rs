@@ -2,9 +2,10 @@
 //! finalize, its result to save, and the op table (`{stem}.profiler_out.txt`) beside the trace.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
 
 use super::kineto::{Detached, EventRows, TraceResult};
 use super::op_table::{self, SortBy};
@@ -17,8 +18,9 @@ use crate::flush::{self, Trace};
 pub(super) struct KinetoCapture {
     pub session: Detached,
     pub table: Option<SortBy>,
-    /// The op table is made from the rows stepscope's serializer keeps of the activities it
-    /// writes, not from torch's event list (the finalize built none: `SessionOptions`).
+    /// The op table (there is one) is made from the rows stepscope's serializer keeps of the
+    /// activities it writes, not from torch's event list (the finalize built none:
+    /// `SessionOptions::table_from_activities`).
     pub table_from_activities: bool,
     pub serializer: Serializer,
     /// When the capture stopped (the trace header's `stop_unix_ns`): the op table leaves out
@@ -29,7 +31,7 @@ pub(super) struct KinetoCapture {
 impl flush::Capture for KinetoCapture {
     fn finalize(mut self: Box<Self>) -> Result<Box<dyn Trace>> {
         let result = self.session.finalize()?;
-        let rows = (self.table.is_some() && self.table_from_activities).then(|| {
+        let rows = self.table_from_activities.then(|| {
             let (tx, rx) = crossbeam_channel::bounded(1);
             RowsHandOff {
                 tx: Mutex::new(Some(tx)),
@@ -56,6 +58,13 @@ struct RowsHandOff {
     rx: Receiver<()>,
 }
 
+impl RowsHandOff {
+    /// The sender, for the save (or to drop it: no save to come); `None` once taken.
+    fn take_sender(&self) -> Option<Sender<()>> {
+        self.tx.lock().take()
+    }
+}
+
 struct KinetoTrace {
     result: TraceResult,
     table: Option<SortBy>,
@@ -70,11 +79,7 @@ struct KinetoTrace {
 impl Trace for KinetoTrace {
     fn save(&self, path: &str) -> Result<()> {
         // Taken for the save and dropped after it, kept rows or not.
-        let tx = self.rows.as_ref().and_then(|r| {
-            r.tx.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take()
-        });
+        let tx = self.rows.as_ref().and_then(RowsHandOff::take_sender);
         match self.serializer {
             Serializer::Kineto => self.result.save(path, false, None, None),
             Serializer::Stepscope => self.result.save(path, true, None, tx.as_ref()),
@@ -90,36 +95,17 @@ impl Trace for KinetoTrace {
 
     fn save_over(&self) {
         // A save that never ran keeps no rows: the op table's wait ends.
-        if let Some(r) = &self.rows {
-            r.tx.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take();
-        }
+        drop(self.rows.as_ref().and_then(RowsHandOff::take_sender));
     }
 
     fn side_file(&self, dir: &Path, stem: &str) -> Result<Option<Synced>> {
         match self.table {
-            Some(sort) => {
-                let rows = match &self.rows {
-                    None => self.result.take_events()?,
-                    Some(hand_off) => {
-                        if hand_off.rx.recv().is_err() {
-                            // The save kept no rows: it failed or never ran (its error is
-                            // the trace's), or a logger other than Kineto's file logger wrote
-                            // the trace.
-                            log::warn!(
-                                "stepscope: no {} for {stem}: the trace's save kept no events \
-                                 for it (it failed or never ran, or another logger than \
-                                 Kineto's file logger wrote the trace)",
-                                crate::manifest::op_table_name(stem)
-                            );
-                            return Ok(None);
-                        }
-                        self.result.take_rows()
-                    }
-                };
-                write_table(dir, &self.result, rows, stem, sort, self.stop_unix_ns).map(Some)
-            }
+            Some(sort) => match self.table_events(stem)? {
+                Some(rows) => {
+                    write_table(dir, &self.result, rows, stem, sort, self.stop_unix_ns).map(Some)
+                }
+                None => Ok(None),
+            },
             None => {
                 // Nothing reads torch's event list: freed now, beside the save.
                 self.result.release_events();
@@ -147,6 +133,27 @@ impl Trace for KinetoTrace {
             }
         }
         Ok(())
+    }
+}
+
+impl KinetoTrace {
+    /// The op table's events: torch's event list, or the rows the save kept once it says it
+    /// has kept them all; `None` where it kept none.
+    fn table_events(&self, stem: &str) -> Result<Option<EventRows>> {
+        let Some(hand_off) = &self.rows else {
+            return self.result.take_events().map(Some);
+        };
+        if hand_off.rx.recv().is_ok() {
+            return Ok(Some(self.result.take_rows()));
+        }
+        // The save kept no rows: it failed or never ran (its error is the trace's), or a
+        // logger other than Kineto's file logger wrote the trace.
+        log::warn!(
+            "stepscope: no {} for {stem}: the trace's save kept no events for it (it failed \
+             or never ran, or another logger than Kineto's file logger wrote the trace)",
+            crate::manifest::op_table_name(stem)
+        );
+        Ok(None)
     }
 }
 

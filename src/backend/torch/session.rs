@@ -35,9 +35,6 @@ pub(super) struct SessionOptions {
     /// The options with the activities as configured (CUDA added at start when defaulted).
     pub(super) options: Options,
     dump_device_time_total: bool,
-    /// The op table is made from the rows stepscope's serializer keeps of the activities it
-    /// writes (decided in resolve(): the finalize then builds no event list).
-    pub(super) table_from_activities: bool,
     pub(super) schedule: Option<TorchSchedule>,
     /// The config as JSON, for the manifests (shared, never copied on the engine thread).
     pub(super) config: Arc<serde_json::Value>,
@@ -74,7 +71,6 @@ impl SessionOptions {
             activities,
             options,
             dump_device_time_total: config.torch_profiler_dump_cuda_time_total,
-            table_from_activities: false,
             schedule,
             config: Arc::new(serde_json::to_value(config).unwrap_or(serde_json::Value::Null)),
         }
@@ -113,7 +109,13 @@ impl SessionOptions {
             || o.with_flops
             || (table.is_some() && !rows_kept);
         self.options.trace_only = has_trace_only && !needs_events;
-        self.table_from_activities = self.options.trace_only && table.is_some();
+    }
+
+    /// Whether the op table is made from the rows stepscope's serializer keeps of the
+    /// activities it writes: where there is a table and the finalize builds no event list
+    /// (`resolve`).
+    pub(super) fn table_from_activities(&self) -> bool {
+        self.options.trace_only && self.table().is_some()
     }
 
     /// vLLM's choice of table: device time when any device activity is recorded (and the dump
@@ -145,19 +147,6 @@ mod tests {
 
     /// The same, where the glue writes Python parents or not (`parents`).
     fn trace_only_where(changes: Value, cuda: bool, has: bool, parents: bool) -> bool {
-        let (trace_only, from_activities, table) = resolved(changes, cuda, has, parents);
-        // The table comes from the activities exactly where the finalize builds no list.
-        assert_eq!(from_activities, trace_only && table.is_some());
-        trace_only
-    }
-
-    /// `trace_only`, the table from the activities, and the table, as resolved.
-    fn resolved(
-        changes: Value,
-        cuda: bool,
-        has: bool,
-        parents: bool,
-    ) -> (bool, bool, Option<op_table::SortBy>) {
         let mut config = json!({
             "profiler": "torch",
             "torch_profiler_dir": "/nonexistent",
@@ -170,11 +159,7 @@ mod tests {
         let config = ProfilerConfig::from_json_str(&config.to_string()).expect("a valid config");
         let mut options = SessionOptions::from_config(&config);
         options.resolve(cuda, has, parents, config.stepscope.serializer);
-        (
-            options.options.trace_only,
-            options.table_from_activities,
-            options.table(),
-        )
+        options.options.trace_only
     }
 
     #[test]
