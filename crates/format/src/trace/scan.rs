@@ -208,6 +208,56 @@ fn quotes_or_backslashes(chunk: &[u8]) -> (u32, u32) {
         })
 }
 
+/// Where the array or object opened at `at` ends (after its closing bracket), when that
+/// bracket is among the 15 bytes after the opening one with no bracket, quote or backslash
+/// before it: a flat value such as a kernel's `"grid": [2400, 1, 1]`, told by one 16-byte
+/// compare instead of [`Scanner::skip_nested`]'s 64-byte masks. `None` for any other.
+#[inline(always)]
+fn flat_end(b: &[u8], at: usize) -> Option<usize> {
+    let bytes = b.get(at..at + 16)?;
+    // Bit `i` for byte `i` that is a bracket, a quote or a backslash: the opening one is bit 0.
+    let marks = structural_marks(bytes) & !1;
+    if marks == 0 {
+        return None;
+    }
+    let j = marks.trailing_zeros() as usize;
+    (bytes[j] == bytes[0] + 2).then_some(at + j + 1)
+}
+
+/// Bit `i` set where byte `i` of 16 is one of `[]{}"\`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn structural_marks(chunk: &[u8]) -> u32 {
+    use std::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
+    };
+    debug_assert!(chunk.len() >= 16);
+    // SAFETY: SSE2 is part of every x86_64; the 16 bytes loaded (unaligned) are `chunk`'s.
+    let m = unsafe {
+        let v = _mm_loadu_si128(chunk.as_ptr().cast::<__m128i>());
+        let folded = _mm_or_si128(v, _mm_set1_epi8(0x20));
+        _mm_movemask_epi8(_mm_or_si128(
+            _mm_or_si128(
+                _mm_cmpeq_epi8(folded, _mm_set1_epi8(b'{' as i8)),
+                _mm_cmpeq_epi8(folded, _mm_set1_epi8(b'}' as i8)),
+            ),
+            _mm_or_si128(
+                _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8)),
+                _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8)),
+            ),
+        ))
+    };
+    m as u32 & 0xFFFF
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+fn structural_marks(chunk: &[u8]) -> u32 {
+    chunk[..16].iter().enumerate().fold(0, |m, (i, &c)| {
+        m | u32::from(matches!(c, b'[' | b']' | b'{' | b'}' | b'"' | b'\\')) << i
+    })
+}
+
 /// One block of 64 bytes as bit masks, bit `i` for byte `i`.
 #[derive(Default)]
 struct Block {
@@ -441,6 +491,13 @@ impl<'a> Scanner<'a> {
     /// The next byte that is not whitespace, not consumed.
     #[inline(always)]
     fn next(&mut self) -> Scan<u8> {
+        // Every byte JSON's whitespace is made of is at most b' ', every other a value or a
+        // separator may start with is above it: one compare for the byte most calls meet.
+        if let Some(&b) = self.buf.get(self.pos) {
+            if b > b' ' {
+                return Ok(b);
+            }
+        }
         while let Some(&b) = self.buf.get(self.pos) {
             if !matches!(b, b' ' | b'\n' | b'\r' | b'\t') {
                 return Ok(b);
@@ -546,8 +603,60 @@ impl<'a> Scanner<'a> {
         Ok(key)
     }
 
-    /// The number at `pos`, checked against JSON's grammar.
+    /// The number at `pos`, checked against JSON's grammar: the shape most numbers of a trace
+    /// have (no sign, no exponent, at most 19 digits, not the buffer's last bytes) read inline
+    /// into what [`Scanner::number_any`] would give, every other by it.
+    #[inline(always)]
     fn number(&mut self) -> Scan<Number<'a>> {
+        match self.plain_number() {
+            Some(n) => Ok(n),
+            None => self.number_any(),
+        }
+    }
+
+    /// [`Scanner::number`]'s inline part: `None`, nothing consumed, for a number of another
+    /// shape, or one a digit or the buffer's end may continue.
+    #[inline(always)]
+    fn plain_number(&mut self) -> Option<Number<'a>> {
+        let b = self.buf;
+        let start = self.pos;
+        let mut i = start;
+        let mut m = 0u64;
+        let mut digits = match b.get(i)? {
+            b'0' => {
+                i += 1;
+                1
+            }
+            b'1'..=b'9' => take_digits(b, &mut i, &mut m),
+            _ => return None,
+        };
+        let mut decimals = 0;
+        let float = b.get(i) == Some(&b'.');
+        if float {
+            i += 1;
+            decimals = take_digits(b, &mut i, &mut m);
+            if decimals == 0 {
+                return None;
+            }
+            digits += decimals;
+        }
+        if digits > 19 || matches!(b.get(i), None | Some(b'0'..=b'9' | b'e' | b'E')) {
+            return None;
+        }
+        self.pos = i;
+        Some(Number {
+            text: &b[start..i],
+            negative: false,
+            mantissa: Some(m),
+            decimals,
+            float,
+            exponent: false,
+        })
+    }
+
+    /// Any number at `pos`, checked against JSON's grammar.
+    #[inline(never)]
+    fn number_any(&mut self) -> Scan<Number<'a>> {
         let b = self.buf;
         let start = self.pos;
         let mut i = start;
@@ -660,7 +769,13 @@ impl<'a> Scanner<'a> {
     fn skip(&mut self) -> Scan<()> {
         match self.next()? {
             b'"' => self.raw_string().map(drop),
-            b'{' | b'[' => self.skip_nested(),
+            b'{' | b'[' => {
+                if let Some(end) = flat_end(self.buf, self.pos) {
+                    self.pos = end;
+                    return Ok(());
+                }
+                self.skip_nested()
+            }
             b'1'..=b'9' => self.skip_number(),
             b'-' | b'0' => self.number().map(drop),
             b't' => self.literal(b"true"),
@@ -931,15 +1046,7 @@ impl<'a> Scanner<'a> {
         let mut ok = true;
         let mut seen = 0u8;
         loop {
-            let key = self.key()?;
-            let field = match &*key {
-                b"correlation" => 0,
-                b"device" => 1,
-                b"Record function id" => 2,
-                b"requests" => 3,
-                b"stream" => 4,
-                _ => 5,
-            };
+            let field = self.args_key()?;
             if field < 5 {
                 ok &= seen & (1 << field) == 0;
                 seen |= 1 << field;
@@ -956,6 +1063,57 @@ impl<'a> Scanner<'a> {
                 return Ok(if ok { args } else { Args::default() });
             }
         }
+    }
+
+    /// The key of an `args` member at `pos` (after whitespace) and its `:`, as the index of
+    /// the field [`Scanner::args`] reads (5 for any other): a key without escapes is told by
+    /// its length and one word compare, as most keys there are none of the five.
+    #[inline(always)]
+    fn args_key(&mut self) -> Scan<usize> {
+        const fn low(key: &[u8]) -> u64 {
+            let mut w = 0u64;
+            let mut i = 0;
+            while i < key.len() && i < 8 {
+                w |= (key[i] as u64) << (8 * i);
+                i += 1;
+            }
+            w
+        }
+        const DEVICE: u64 = low(b"device");
+        const STREAM: u64 = low(b"stream");
+        const REQUESTS: u64 = low(b"requests");
+        const CORRELAT: u64 = low(b"correlation");
+        let b = self.buf;
+        let plain = self.next()? == b'"' && self.pos + 9 <= b.len();
+        let at = self.pos + 1;
+        let Some(end) = plain
+            .then(|| find_quote_or_backslash(b, at, &mut true))
+            .flatten()
+            .filter(|&end| b[end] == b'"')
+        else {
+            let key = self.key()?;
+            return Ok(match &*key {
+                b"correlation" => 0,
+                b"device" => 1,
+                b"Record function id" => 2,
+                b"requests" => 3,
+                b"stream" => 4,
+                _ => 5,
+            });
+        };
+        let w = word(b, at);
+        let six = w & ((1 << 48) - 1);
+        let field = match end - at {
+            6 if six == DEVICE => 1,
+            6 if six == STREAM => 4,
+            8 if w == REQUESTS => 3,
+            11 if w == CORRELAT && &b[at + 8..end] == b"ion" => 0,
+            18 if &b[at..end] == b"Record function id" => 2,
+            _ => 5,
+        };
+        self.pos = end + 1;
+        self.eat(b':', "':'")?;
+        Ok(field)
     }
 
     /// Skips an event: its own members (or elements) checked against the grammar, their
@@ -1525,5 +1683,167 @@ mod tests {
         let mut s = Scanner::new(json.as_bytes());
         let Serde(v) = Serde::<serde_json::Value>::scan(&mut s).unwrap();
         assert_eq!(v["args"]["a"][1], "]");
+    }
+
+    /// The inline path of [`Scanner::number`] gives what [`Scanner::number_any`] gives, or
+    /// leaves the number to it: every shape of number, each followed by every kind of byte
+    /// that may end it, and cut by the buffer's end.
+    #[test]
+    fn plain_numbers_read_inline_are_those_the_full_reader_gives() {
+        let mut texts: Vec<String> = [
+            "0",
+            "7",
+            "10",
+            "01",
+            "0.5",
+            "00",
+            "1.",
+            "1.0",
+            "12.25",
+            "-3",
+            "-0.5",
+            "1e3",
+            "2E-2",
+            "1.5e+7",
+            "0.0001",
+            "9007199254740993",
+            "1682725898082381",
+            "1712195495505582.988",
+            "1234567890123456789",
+            "12345678901234567890",
+            "1234567890.123456789",
+            "123456789012.3456789",
+            "99999999999999999999.5",
+        ]
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let whole = x % 10u64.pow((x >> 60) as u32 % 19 + 1);
+            texts.push(match (x >> 56) % 4 {
+                0 => whole.to_string(),
+                1 => format!("{whole}.{}", x % 1000),
+                2 => format!("{whole}.{:07}", (x >> 8) % 10_000_000),
+                _ => format!("{}.{}", whole % 1000, x >> 40),
+            });
+        }
+        let fields = |s: &Scanner<'_>, n: &Number<'_>| {
+            (
+                n.text.to_vec(),
+                n.negative,
+                n.mantissa,
+                n.decimals,
+                n.float,
+                n.exponent,
+                s.pos(),
+            )
+        };
+        let mut inline = 0;
+        for text in &texts {
+            for end in ["", ",", "}", " ", "]", "\n", "x", "e", "."] {
+                let doc = format!("{text}{end}");
+                let mut any = Scanner::new(doc.as_bytes());
+                let want = any.number_any().map(|n| fields(&any, &n));
+                let mut ours = Scanner::new(doc.as_bytes());
+                match ours.plain_number() {
+                    Some(n) => {
+                        inline += 1;
+                        assert_eq!(Ok(fields(&ours, &n)), want, "{doc:?}");
+                    }
+                    None => assert_eq!(ours.pos(), 0, "{doc:?}: consumed without reading"),
+                }
+                let mut via = Scanner::new(doc.as_bytes());
+                let got = via.number().map(|n| fields(&via, &n));
+                assert_eq!(got, want, "{doc:?}");
+            }
+        }
+        assert!(inline > 8000, "{inline} read inline");
+    }
+
+    /// `args` keys told by their length and a word compare are read as the key reader reads
+    /// them: the five fields, keys that begin or end like one of them, escapes, and keys too
+    /// near the buffer's end for the word.
+    #[test]
+    fn args_keys_told_by_a_word_compare_are_those_serde_reads() {
+        let keys = [
+            "correlation",
+            "device",
+            "Record function id",
+            "requests",
+            "stream",
+            "devices",
+            "devic",
+            "stream2",
+            "streams",
+            "correlatio",
+            "correlationX",
+            "correlatiom",
+            "Record function ids",
+            "record function id",
+            "request",
+            "requestsX",
+            "d\\u0065vice",
+            "stre\\u0061m",
+            "",
+            "x",
+        ];
+        for key in keys {
+            let value = if key.starts_with("req") {
+                r#"["r1"]"#
+            } else {
+                "3"
+            };
+            for json in [
+                format!(r#"{{"{key}": {value}}}"#),
+                format!(r#"{{"a": [1, 2], "{key}": {value}, "z": 0}}"#),
+                format!(r#"{{"{key}":{value},"correlation":9}}"#),
+            ] {
+                let ours = Scanner::new(json.as_bytes()).args().unwrap_or_default();
+                let theirs = serde_json::from_str::<Args>(&json).unwrap_or_default();
+                assert_eq!(ours, theirs, "{json}");
+            }
+        }
+    }
+
+    /// A flat array or object told by one 16-byte compare ends where the 64-byte walk ends it,
+    /// and a value that is not flat, or is malformed, is left to the walk.
+    #[test]
+    fn flat_values_end_where_the_walk_ends_them() {
+        let mut flat = 0;
+        for value in [
+            "[]",
+            "{}",
+            "[2400, 1, 1]",
+            "[1,2,3,4,5,6,7,8]",
+            "[1, 2, 3, 4, 5, 66]",
+            "[[]]",
+            "[\"a\"]",
+            "[1, {\"a\": 2}]",
+            "{\"a\": 1}",
+            "[1, 2}",
+            "{1]",
+            "[1, 2, 3, 4, 5, 6, 7, 8]",
+            "[1]]",
+            "[  ]",
+        ] {
+            for pad in 0..20 {
+                let doc = format!("{value}{}", " ".repeat(pad));
+                let mut walk = Scanner::new(doc.as_bytes());
+                let want = walk.skip_nested().map(|()| walk.pos());
+                if let Some(end) = flat_end(doc.as_bytes(), 0) {
+                    assert_eq!(Ok(end), want, "{doc:?}");
+                    flat += 1;
+                }
+                let mut s = Scanner::new(doc.as_bytes());
+                assert_eq!(s.skip().map(|()| s.pos()), want, "{doc:?}");
+            }
+        }
+        // `[]`, `{}`, `[2400, 1, 1]`, `[1]]` and `[  ]`, each wherever 16 bytes follow its
+        // opening bracket: 6 + 6 + 16 + 8 + 8 paddings.
+        assert_eq!(flat, 44);
     }
 }
