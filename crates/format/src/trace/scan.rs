@@ -1046,7 +1046,15 @@ impl<'a> Scanner<'a> {
         let mut ok = true;
         let mut seen = 0u8;
         loop {
-            let field = self.args_key()?;
+            let key = self.key()?;
+            let field = match &*key {
+                b"correlation" => 0,
+                b"device" => 1,
+                b"Record function id" => 2,
+                b"requests" => 3,
+                b"stream" => 4,
+                _ => 5,
+            };
             if field < 5 {
                 ok &= seen & (1 << field) == 0;
                 seen |= 1 << field;
@@ -1063,57 +1071,6 @@ impl<'a> Scanner<'a> {
                 return Ok(if ok { args } else { Args::default() });
             }
         }
-    }
-
-    /// The key of an `args` member at `pos` (after whitespace) and its `:`, as the index of
-    /// the field [`Scanner::args`] reads (5 for any other): a key without escapes is told by
-    /// its length and one word compare, as most keys there are none of the five.
-    #[inline(always)]
-    fn args_key(&mut self) -> Scan<usize> {
-        const fn low(key: &[u8]) -> u64 {
-            let mut w = 0u64;
-            let mut i = 0;
-            while i < key.len() && i < 8 {
-                w |= (key[i] as u64) << (8 * i);
-                i += 1;
-            }
-            w
-        }
-        const DEVICE: u64 = low(b"device");
-        const STREAM: u64 = low(b"stream");
-        const REQUESTS: u64 = low(b"requests");
-        const CORRELAT: u64 = low(b"correlation");
-        let b = self.buf;
-        let plain = self.next()? == b'"' && self.pos + 9 <= b.len();
-        let at = self.pos + 1;
-        let Some(end) = plain
-            .then(|| find_quote_or_backslash(b, at, &mut true))
-            .flatten()
-            .filter(|&end| b[end] == b'"')
-        else {
-            let key = self.key()?;
-            return Ok(match &*key {
-                b"correlation" => 0,
-                b"device" => 1,
-                b"Record function id" => 2,
-                b"requests" => 3,
-                b"stream" => 4,
-                _ => 5,
-            });
-        };
-        let w = word(b, at);
-        let six = w & ((1 << 48) - 1);
-        let field = match end - at {
-            6 if six == DEVICE => 1,
-            6 if six == STREAM => 4,
-            8 if w == REQUESTS => 3,
-            11 if w == CORRELAT && &b[at + 8..end] == b"ion" => 0,
-            18 if &b[at..end] == b"Record function id" => 2,
-            _ => 5,
-        };
-        self.pos = end + 1;
-        self.eat(b':', "':'")?;
-        Ok(field)
     }
 
     /// Skips an event: its own members (or elements) checked against the grammar, their
@@ -1764,11 +1721,10 @@ mod tests {
         assert!(inline > 8000, "{inline} read inline");
     }
 
-    /// `args` keys told by their length and a word compare are read as the key reader reads
-    /// them: the five fields, keys that begin or end like one of them, escapes, and keys too
-    /// near the buffer's end for the word.
+    /// `args` keys are read as serde reads them: the five fields, keys that begin or end like
+    /// one of them, escapes, and keys near the buffer's end.
     #[test]
-    fn args_keys_told_by_a_word_compare_are_those_serde_reads() {
+    fn args_keys_are_those_serde_reads() {
         let keys = [
             "correlation",
             "device",
