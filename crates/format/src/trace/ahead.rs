@@ -17,7 +17,7 @@
 
 use std::borrow::Cow;
 
-use super::event::{Event, Id, Meta, RawArgs};
+use super::event::{ArgsAt, Event, Id, Meta, RawArgs};
 use super::stream::{EventSink, EventStream, StreamError};
 use super::CHUNK_HEADROOM;
 
@@ -47,6 +47,8 @@ struct Spanned {
     ts_split: Option<(i64, f64)>,
     dur: Option<f64>,
     raw_args: Option<Span>,
+    /// Where the scanner found the fields of `raw_args` (offsets within them).
+    args_at: ArgsAt,
 }
 
 /// Events scanned, in order, with the bytes they lie in (one chunk's); see the module docs.
@@ -134,6 +136,7 @@ impl Scanned {
             dur: e.dur,
             raw_args: e.raw_args.as_ref().map(|s| RawArgs {
                 bytes: self.bytes(s),
+                at: e.args_at,
             }),
         }
     }
@@ -209,6 +212,7 @@ impl EventSink for Batcher<'_> {
             ts: e.ts,
             ts_split: e.ts_split,
             dur: e.dur,
+            args_at: e.raw_args.map(|r| r.at).unwrap_or_default(),
             raw_args: e.raw_args.map(|r| self.span(r.bytes)),
         };
         self.out.events.push(spanned);
