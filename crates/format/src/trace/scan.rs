@@ -332,6 +332,12 @@ fn prefix_xor(mut x: u64) -> u64 {
     x
 }
 
+/// JSON's whitespace.
+#[inline(always)]
+fn blank(c: u8) -> bool {
+    matches!(c, b' ' | b'\n' | b'\r' | b'\t')
+}
+
 impl ArgsAt {
     /// The string opened at `j`, at the object's own level, of an object at `start`: where it
     /// is one of [`ARGS_KEYS`] (those bytes, its closing quote, then a `:`), its value's offset.
@@ -350,12 +356,12 @@ impl ArgsAt {
             return;
         }
         let mut v = end + 1;
-        while matches!(b.get(v), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+        while b.get(v).is_some_and(|&c| blank(c)) {
             v += 1;
         }
         // A string that no `:` follows, or that a `:` precedes, is a value.
         let mut p = j;
-        while p > start && matches!(b[p - 1], b' ' | b'\n' | b'\r' | b'\t') {
+        while p > start && blank(b[p - 1]) {
             p -= 1;
         }
         if b.get(v) != Some(&b':') || !matches!(b[p - 1], b'{' | b',') {
@@ -540,7 +546,7 @@ impl<'a> Scanner<'a> {
             }
         }
         while let Some(&b) = self.buf.get(self.pos) {
-            if !matches!(b, b' ' | b'\n' | b'\r' | b'\t') {
+            if !blank(b) {
                 return Ok(b);
             }
             self.pos += 1;
@@ -830,43 +836,7 @@ impl<'a> Scanner<'a> {
     /// masks, the strings found by the parity of their quotes; a block with a backslash, and
     /// the last bytes, byte by byte.
     fn skip_nested(&mut self) -> Scan<()> {
-        let b = self.buf;
-        let mut w = Walk::default();
-        let mut i = self.pos;
-        while let Some(bytes) = b.get(i..i + 64) {
-            let Ok(bytes) = <&[u8; 64]>::try_from(bytes) else {
-                break;
-            };
-            let m = block(bytes);
-            if m.backslashes != 0 || w.escaped {
-                if let Some(end) = self.walk_bytes(&mut w, i, i + 64)? {
-                    self.pos = end;
-                    return Ok(());
-                }
-                i += 64;
-                continue;
-            }
-            let carry = if w.in_string { !0 } else { 0 };
-            let inside = prefix_xor(m.quotes) ^ carry;
-            w.in_string = inside >> 63 == 1;
-            let mut brackets = (m.opens | m.closes) & !inside;
-            while brackets != 0 {
-                let j = i + brackets.trailing_zeros() as usize;
-                if self.bracket(&mut w, j)? {
-                    self.pos = j + 1;
-                    return Ok(());
-                }
-                brackets &= brackets - 1;
-            }
-            i += 64;
-        }
-        match self.walk_bytes(&mut w, i, b.len())? {
-            Some(end) => {
-                self.pos = end;
-                Ok(())
-            }
-            None => Err(Fault::Cut),
-        }
+        self.walk_nested::<false>().map(drop)
     }
 
     /// [`Scanner::skip`] for an event's `args`: where it is an object, skipped as
@@ -884,6 +854,14 @@ impl<'a> Scanner<'a> {
                 ..ArgsAt::default()
             });
         }
+        self.walk_nested::<true>()
+    }
+
+    /// The walk of [`Scanner::skip_nested`], to the array's or object's matching bracket; with
+    /// `KEYS`, the strings opened at its own level are looked at too, for where the values of
+    /// [`ARGS_KEYS`] lie (else what it returns says nothing).
+    #[inline(always)]
+    fn walk_nested<const KEYS: bool>(&mut self) -> Scan<ArgsAt> {
         let b = self.buf;
         let start = self.pos;
         let mut found = ArgsAt {
@@ -910,12 +888,16 @@ impl<'a> Scanner<'a> {
             let inside = prefix_xor(m.quotes) ^ carry;
             w.in_string = inside >> 63 == 1;
             let brackets = (m.opens | m.closes) & !inside;
-            // Brackets, and the quotes that open a string, in the order they stand.
-            let mut marks = brackets | (m.quotes & inside);
+            // Brackets, and (with `KEYS`) the quotes that open a string, in the order they stand.
+            let mut marks = if KEYS {
+                brackets | (m.quotes & inside)
+            } else {
+                brackets
+            };
             while marks != 0 {
                 let k = marks.trailing_zeros();
                 let j = i + k as usize;
-                if brackets >> k & 1 == 1 {
+                if !KEYS || brackets >> k & 1 == 1 {
                     if self.bracket(&mut w, j)? {
                         self.pos = j + 1;
                         return Ok(found);

@@ -233,6 +233,8 @@ impl EventSink for Summarizer {
         }
         let cat = e.cat.as_deref().unwrap_or("");
         let name = e.name.as_deref().unwrap_or("");
+        // The events whose `args` are read below (device events, launches, step annotations)
+        // are those `args_read` names, for which the scanner finds the keys as it skips them.
         if let Some(device) = device_category(cat) {
             self.device_event(&e, device, name, ts, dur);
         } else if is_launch_category(cat) {
