@@ -186,10 +186,10 @@ pub fn command(a: &ExportArgs) -> Result<std::process::ExitCode, Error> {
         .clone()
         .or_else(|| a.otlp_json.as_ref().map(|p| p.display().to_string()))
         .unwrap_or_default();
-    println!(
+    crate::outln!(
         "exported {requests} requests ({spans_sent} spans, {messages} OTLP messages) from {} \
          request log(s) to {to}",
         docs.len()
-    );
+    )?;
     Ok(std::process::ExitCode::SUCCESS)
 }

@@ -10,6 +10,7 @@ pub mod flags;
 pub mod floor;
 pub mod load;
 pub mod merge;
+pub mod out;
 pub mod par;
 pub mod report;
 pub mod requests;

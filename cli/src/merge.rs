@@ -346,12 +346,12 @@ pub fn command(m: &crate::flags::MergeArgs) -> Result<std::process::ExitCode, cr
     });
     match result {
         Ok(done) => {
-            println!(
+            crate::outln!(
                 "merged {} trace(s), {} events, into {}",
                 done.ranks.len(),
                 done.events_written,
                 m.output.display()
-            );
+            )?;
             Ok(crate::error::partial(false))
         }
         Err(e) => {

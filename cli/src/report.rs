@@ -464,11 +464,11 @@ pub fn command(r: &crate::flags::ReportArgs) -> Result<std::process::ExitCode, c
         path: r.output.clone(),
         message: e.to_string(),
     })?;
-    println!(
+    crate::outln!(
         "wrote {} ({} trace(s))",
         r.output.display(),
         loaded.reports.len()
-    );
+    )?;
     Ok(crate::error::partial(!loaded.errors.is_empty()))
 }
 

@@ -128,7 +128,7 @@ pub fn command(a: &WaitArgs) -> Result<ExitCode, Error> {
         if word != "complete" {
             failed += 1;
         }
-        println!("{word:<10} {}  {detail}", s.manifest.display());
+        crate::outln!("{word:<10} {}  {detail}", s.manifest.display())?;
     }
     if seen.len() < a.expect {
         eprintln!(

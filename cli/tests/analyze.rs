@@ -915,3 +915,36 @@ fn a_captures_requests_are_joined_to_the_latest_request_log_beside_it() {
     );
     assert_eq!(log["queue"]["ms"], 1000.0);
 }
+
+/// A reader that stops reading (`stepscope analyze … | head -1`) is no failure: the command
+/// ends quietly with the status of what it did. `println!` panicked there (exit 101, a
+/// backtrace on stderr). The output is a socket whose other end is closed before the command
+/// starts, so its first write fails, every time.
+#[test]
+fn a_closed_output_ends_the_command_quietly() {
+    use std::os::unix::net::UnixStream;
+    use std::process::{Command, Stdio};
+    let trace = data("trace_filter__sampled_rank-0.json.gz");
+    for json in [false, true] {
+        let (out, reader) = UnixStream::pair().unwrap();
+        drop(reader);
+        let mut args = vec!["analyze"];
+        if json {
+            args.push("--json");
+        }
+        let run = Command::new(env!("CARGO_BIN_EXE_stepscope"))
+            .args(&args)
+            .arg(&trace)
+            .stdout(Stdio::from(std::os::fd::OwnedFd::from(out)))
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(
+            run.status.success(),
+            "--json {json}: {:?} {stderr}",
+            run.status
+        );
+        assert!(stderr.is_empty(), "--json {json}: {stderr}");
+    }
+}

@@ -494,7 +494,7 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
                 .collect();
             doc["requests"] = serde_json::Value::Array(by_trace);
         }
-        println!("{doc}");
+        crate::out::json(&doc, false)?;
     } else {
         for ((r, reqs), g) in reports.iter().zip(&per_trace).zip(&graph_ops) {
             // After the trace's tables, its time inside graph replays (--graph-capture).
@@ -506,19 +506,20 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
                 // One request: its iterations, not the whole trace's tables.
                 (Some(_), _) => {
                     if !reqs.is_empty() {
-                        println!("== {}", r.file);
+                        crate::outln!("== {}", r.file)?;
                     }
-                    reqs.iter()
-                        .for_each(|q| println!("{}", requests::render_one(q)));
+                    for q in reqs {
+                        crate::outln!("{}", requests::render_one(q))?;
+                    }
                 }
                 (None, Some(top)) => {
-                    println!("{}{graph}{}", render(r), requests::render(reqs, top))
+                    crate::outln!("{}{graph}{}", render(r), requests::render(reqs, top))?
                 }
-                (None, None) => println!("{}{graph}", render(r)),
+                (None, None) => crate::outln!("{}{graph}", render(r))?,
             }
         }
         if reports.len() > 1 {
-            println!("{}", render_ranks(&rows));
+            crate::outln!("{}", render_ranks(&rows))?;
         }
     }
     if reports.is_empty() && !errors.is_empty() {

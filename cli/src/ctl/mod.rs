@@ -83,9 +83,9 @@ pub fn run(action: Action, c: &Common, body: Option<Value>) -> Result<ExitCode, 
     outcomes.sort_by_key(|o| workers.iter().position(|w| w.url == o.url));
 
     if c.json {
-        println!("{}", render_json(&outcomes));
+        crate::outln!("{}", render_json(&outcomes))?;
     } else {
-        print!("{}", render_table(action, &outcomes, started.elapsed()));
+        crate::out!("{}", render_table(action, &outcomes, started.elapsed()))?;
     }
     Ok(partial(!outcomes.iter().all(|o| o.ok)))
 }

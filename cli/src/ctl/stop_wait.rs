@@ -122,10 +122,10 @@ pub fn command(a: &StopArgs) -> Result<ExitCode, Error> {
         c.retries,
     );
     if !c.json {
-        print!(
+        crate::out!(
             "{}",
             render_table(Action::Stop, &stopped, started.elapsed())
-        );
+        )?;
     }
     let deadline = Instant::now() + Duration::from_secs_f64(a.wait_timeout);
     let mut announced = false;
@@ -176,29 +176,32 @@ pub fn command(a: &StopArgs) -> Result<ExitCode, Error> {
         || traces.iter().any(|t| t.status != "complete");
     if c.json {
         stopped.extend(unreadable);
-        println!(
+        crate::outln!(
             "{}",
             serde_json::json!({"workers": stopped, "traces": traces, "still_writing": unsettled})
-        );
+        )?;
     } else {
         for o in &unreadable {
-            println!("{}  {}", o.url, o.error.as_deref().unwrap_or(""));
+            crate::outln!("{}  {}", o.url, o.error.as_deref().unwrap_or(""))?;
         }
         if traces.is_empty() {
-            println!("no trace was written by this stop (nothing was being captured)");
+            crate::outln!("no trace was written by this stop (nothing was being captured)")?;
         }
         for t in &traces {
             let why = t
                 .error
                 .as_deref()
                 .map_or(String::new(), |e| format!("  ({e})"));
-            println!(
+            crate::outln!(
                 "{:<10} {} {}  {}{why}",
-                t.status, t.url, t.worker_name, t.trace_file
-            );
+                t.status,
+                t.url,
+                t.worker_name,
+                t.trace_file
+            )?;
         }
         for w in &unsettled {
-            println!("still writing after {:.0} s: {w}", a.wait_timeout);
+            crate::outln!("still writing after {:.0} s: {w}", a.wait_timeout)?;
         }
     }
     Ok(partial(failed))

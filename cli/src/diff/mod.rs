@@ -239,9 +239,9 @@ pub fn command(d: &DiffArgs) -> Result<std::process::ExitCode, Error> {
         if let Some(o) = doc.as_object_mut() {
             o.insert("errors".into(), errs.into());
         }
-        println!("{doc}");
+        crate::out::json(&doc, false)?;
     } else {
-        print!("{}", render::render(&report));
+        crate::out!("{}", render::render(&report))?;
     }
     Ok(crate::error::partial(!errors.is_empty()))
 }

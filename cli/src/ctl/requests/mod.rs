@@ -90,16 +90,12 @@ pub fn command(a: &RequestsArgs) -> Result<ExitCode, Error> {
             requests: &ranked,
             errors: &failures,
         };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc)
-                .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
-        );
+        crate::out::json(&doc, true)?;
     } else {
-        print!(
+        crate::out!(
             "{}",
             render::render(&ranked, total, &logs, off, &failures, a)
-        );
+        )?;
     }
     let none = logs.is_empty();
     if a.request.is_some() && ranked.is_empty() && !none {

@@ -52,9 +52,9 @@ pub fn top(a: &TopArgs) -> Result<ExitCode, Error> {
                     "workers": rows,
                     "errors": g.failures,
                 });
-                println!("{doc:#}");
+                crate::out::json(&doc, true)?;
             } else {
-                print!("{}", render_top(&rows, &g.failures, span));
+                crate::out!("{}", render_top(&rows, &g.failures, span))?;
             }
             let none = rows.iter().all(|r| !r.timeline);
             return Ok(partial(!g.failures.is_empty() || none));
