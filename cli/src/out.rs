@@ -14,11 +14,17 @@ use crate::Error;
 /// Standard output's reader has closed it.
 static CLOSED: AtomicBool = AtomicBool::new(false);
 
+/// Whether standard output's reader has closed it (a command that would keep printing, as
+/// `ctl top` does, stops there).
+pub fn closed() -> bool {
+    CLOSED.load(Ordering::Relaxed)
+}
+
 /// Writes what `write` writes to standard output, unless its reader has gone.
 fn write_out(
     write: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>,
 ) -> Result<(), Error> {
-    if CLOSED.load(Ordering::Relaxed) {
+    if closed() {
         return Ok(());
     }
     let mut out = std::io::stdout().lock();

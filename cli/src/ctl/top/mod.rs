@@ -6,7 +6,6 @@
 //! - `summary`: per worker over the last window or since a step;
 //! - `render`: the table; this module: the command (the table, `--json`, the live view).
 
-use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -59,18 +58,12 @@ pub fn top(a: &TopArgs) -> Result<ExitCode, Error> {
             let none = rows.iter().all(|r| !r.timeline);
             return Ok(partial(!g.failures.is_empty() || none));
         }
-        let mut out = std::io::stdout().lock();
         // Home and clear, then the table: one frame per poll.
-        let frame = format!("\x1b[H\x1b[2J{}", render_top(&rows, &g.failures, span));
-        if out
-            .write_all(frame.as_bytes())
-            .and_then(|()| out.flush())
-            .is_err()
-        {
-            // The reader went away (a pipe closed): nothing failed.
+        let shown = crate::out!("\x1b[H\x1b[2J{}", render_top(&rows, &g.failures, span));
+        if shown.is_err() || crate::out::closed() {
+            // The reader went away (a pipe closed), or the output failed: nothing failed here.
             return Ok(partial(false));
         }
-        drop(out);
         std::thread::sleep(Duration::from_secs_f64(a.interval));
     }
 }
