@@ -82,7 +82,7 @@ fn logs(inputs: &[PathBuf]) -> Result<Vec<(String, RequestsDocument)>, Error> {
         if input.is_dir() {
             let found = crate::analyze::request_logs(input);
             if found.is_empty() {
-                eprintln!(
+                crate::errln!(
                     "stepscope: {}: no request log (*.requests.json) in it",
                     input.display()
                 );
@@ -164,7 +164,7 @@ pub fn command(a: &ExportArgs) -> Result<std::process::ExitCode, Error> {
             spans_sent += spans.len();
             sent(&mut sink, &spans, &mut messages)?;
             requests += chunk.len();
-            eprintln!("stepscope: export: {requests}/{total} requests ({file})");
+            crate::errln!("stepscope: export: {requests}/{total} requests ({file})");
         }
         if a.steps {
             let steps: Vec<_> = doc

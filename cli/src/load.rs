@@ -165,7 +165,7 @@ pub(crate) fn read_files<P: AsRef<Path> + Sync, R: Send>(
         .sum();
     let show_progress = std::io::stderr().is_terminal() && bytes > 20 << 20;
     if show_progress {
-        eprintln!(
+        crate::errln!(
             "stepscope: reading {} trace(s), {:.0} MB on disk…",
             files.len(),
             bytes as f64 / 1e6
@@ -198,7 +198,7 @@ pub(crate) fn read_files<P: AsRef<Path> + Sync, R: Send>(
         })
         .collect();
     if show_progress {
-        eprintln!(
+        crate::errln!(
             "stepscope: done in {:.1} s",
             started.elapsed().as_secs_f64()
         );
@@ -221,7 +221,7 @@ pub fn load(inputs: &Inputs, top: usize) -> Result<Loaded, Error> {
         .filter(|s| matches!(s, Slot::Summarized(_)))
         .count();
     if from_manifests > 0 {
-        eprintln!(
+        crate::errln!(
             "stepscope: {from_manifests} trace(s) summarized from their manifests \
              (--from-traces reads the traces)"
         );
@@ -244,7 +244,7 @@ pub fn load(inputs: &Inputs, top: usize) -> Result<Loaded, Error> {
         match report {
             Ok(r) => reports.push(r),
             Err(e) => {
-                eprintln!("stepscope: error: {e}");
+                crate::errln!("stepscope: error: {e}");
                 errors.push(e);
             }
         }

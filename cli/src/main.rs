@@ -16,7 +16,7 @@ fn main() -> ExitCode {
             match &e {
                 // Each input's failure was reported as it happened.
                 Error::NothingRead => {}
-                e => eprintln!("stepscope: error: {e}"),
+                e => stepscope_cli::errln!("stepscope: error: {e}"),
             }
             e.exit_code()
         }

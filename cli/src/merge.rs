@@ -338,7 +338,7 @@ pub fn command(m: &crate::flags::MergeArgs) -> Result<std::process::ExitCode, cr
     let verbose = std::io::stderr().is_terminal();
     let result = merge(&m.paths, &m.output, |path: &Path, rank, n| {
         if verbose {
-            eprintln!(
+            crate::errln!(
                 "stepscope: merged rank {rank} ({n} events) from {}",
                 path.display()
             );

@@ -3,6 +3,11 @@
 //! (`stepscope analyze … | head -1`) is no failure of the command's: what is left to print is
 //! dropped, and the command finishes and exits with the status of what it did (a `ctl stop
 //! --wait` still waits for its traces). Any other failed write is an error naming stdout.
+//!
+//! Its messages (progress, warnings, errors) go to standard error through [`message`]
+//! (`errln!`), which `eprintln!` would make a panic, exit 101, where that reader has gone
+//! (`stepscope analyze … 2>&1 | head -1`): a message that cannot be written is dropped, as
+//! there is nowhere left to say so, and the exit status still says how the command ended.
 
 use std::fmt;
 use std::io::{BufWriter, ErrorKind, Write};
@@ -65,6 +70,21 @@ pub fn json(value: &impl serde::Serialize, pretty: bool) -> Result<(), Error> {
         out.write_all(b"\n")?;
         out.flush()
     })
+}
+
+/// Writes `text` and a newline to standard error, dropped where it cannot be written (see the
+/// module docs).
+pub fn message(text: fmt::Arguments<'_>) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_fmt(text).and_then(|()| err.write_all(b"\n"));
+}
+
+/// `eprintln!` to standard error, as [`message`]: never fails, never panics.
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::out::message(format_args!($($arg)*))
+    };
 }
 
 /// `println!` to standard output, as [`line`]: `Err` when it cannot be written.

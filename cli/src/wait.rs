@@ -96,7 +96,7 @@ pub fn command(a: &WaitArgs) -> Result<ExitCode, Error> {
         }
         // A line when what is awaited changes (never one per poll).
         if last_said != Some((seen.len(), pending)) && !a.quiet {
-            eprintln!(
+            crate::errln!(
                 "stepscope: waiting: {} trace(s) under {}, {pending} still being written{}",
                 seen.len(),
                 a.dir.display(),
@@ -131,7 +131,7 @@ pub fn command(a: &WaitArgs) -> Result<ExitCode, Error> {
         crate::outln!("{word:<10} {}  {detail}", s.manifest.display())?;
     }
     if seen.len() < a.expect {
-        eprintln!(
+        crate::errln!(
             "stepscope: {} manifest(s) under {} after {:.0} s, fewer than the {} expected",
             seen.len(),
             a.dir.display(),
@@ -141,13 +141,13 @@ pub fn command(a: &WaitArgs) -> Result<ExitCode, Error> {
         return Ok(partial(true));
     }
     if failed > 0 {
-        eprintln!(
+        crate::errln!(
             "stepscope: {failed} of {} trace(s) under {} are not complete",
             seen.len(),
             a.dir.display()
         );
     } else {
-        eprintln!(
+        crate::errln!(
             "stepscope: {} trace(s) under {} complete ({:.2} s)",
             seen.len(),
             a.dir.display(),

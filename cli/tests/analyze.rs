@@ -948,3 +948,30 @@ fn a_closed_output_ends_the_command_quietly() {
         assert!(stderr.is_empty(), "--json {json}: {stderr}");
     }
 }
+
+/// The same with the messages too (`stepscope analyze … 2>&1 | head -1`): a message that cannot
+/// be written is dropped and the status still says how the command ended. `eprintln!`
+/// panicked there, so an unreadable trace exited 101, not 2. Both streams are one socket whose
+/// other end is closed before the command starts.
+#[test]
+fn a_closed_error_output_leaves_the_exit_status_as_it_was() {
+    use std::os::unix::net::UnixStream;
+    use std::process::{Command, Stdio};
+    // Never created: nothing to clean up.
+    let missing =
+        std::env::temp_dir().join(format!("stepscope-missing-{}.json.gz", std::process::id()));
+    let trace = data("trace_filter__sampled_rank-0.json.gz");
+    for (input, code) in [(&missing, 2), (&trace, 0)] {
+        let (out, reader) = UnixStream::pair().unwrap();
+        drop(reader);
+        let err = out.try_clone().unwrap();
+        let status = Command::new(env!("CARGO_BIN_EXE_stepscope"))
+            .arg("analyze")
+            .arg(input)
+            .stdout(Stdio::from(std::os::fd::OwnedFd::from(out)))
+            .stderr(Stdio::from(std::os::fd::OwnedFd::from(err)))
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(code), "{}", input.display());
+    }
+}

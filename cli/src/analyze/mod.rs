@@ -96,13 +96,13 @@ fn graph_captures(paths: &[PathBuf]) -> Result<Option<CaptureMap>, crate::Error>
         crate::trace::read_events_ahead(&file, &mut reader)?;
         let (regions, skipped) = (map.regions.len(), map.skipped.len());
         map.extend(reader, &file.display().to_string());
-        eprintln!(
+        crate::errln!(
             "stepscope: {}: {} CUDA graph capture(s)",
             file.display(),
             map.regions.len() - regions
         );
         for (_, why) in &map.skipped[skipped..] {
-            eprintln!("stepscope: {}: a capture left out: {why}", file.display());
+            crate::errln!("stepscope: {}: a capture left out: {why}", file.display());
         }
     }
     if map.regions.is_empty() {
@@ -383,7 +383,7 @@ pub(crate) fn request_logs(dir: &Path) -> Vec<(String, RequestsDocument)> {
             match read {
                 Ok(doc) => Some((p.display().to_string(), doc)),
                 Err(e) => {
-                    eprintln!(
+                    crate::errln!(
                         "stepscope: {}: not a request log, left out: {e}",
                         p.display()
                     );
@@ -420,7 +420,7 @@ pub fn command(a: &crate::flags::AnalyzeArgs) -> Result<std::process::ExitCode, 
                 .into_iter()
                 .map(|read| {
                     read.map_err(|e| {
-                        eprintln!("stepscope: error: {e}");
+                        crate::errln!("stepscope: error: {e}");
                         errors.push(e);
                     })
                     .ok()

@@ -25,9 +25,9 @@ pub fn command(a: &TimelineArgs) -> Result<ExitCode, Error> {
         message: e.to_string(),
     })?;
     for f in &failures {
-        eprintln!("stepscope: {}: {}", f.url, f.error);
+        crate::errln!("stepscope: {}: {}", f.url, f.error);
     }
-    eprintln!(
+    crate::errln!(
         "stepscope: wrote {} ({} workers, {steps} steps)",
         a.output.display(),
         workers.iter().filter(|w| w.steps.is_some()).count()

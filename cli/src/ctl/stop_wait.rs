@@ -142,7 +142,7 @@ pub fn command(a: &StopArgs) -> Result<ExitCode, Error> {
             break after;
         }
         if !announced && !c.json {
-            eprintln!("stepscope: waiting for the workers' traces to be written…");
+            crate::errln!("stepscope: waiting for the workers' traces to be written…");
             announced = true;
         }
         std::thread::sleep(Duration::from_millis(200));

@@ -106,7 +106,7 @@ fn sources(input: &Path, steps_only: bool) -> Result<Vec<Source>, Error> {
                 out.push(source);
             }
             Ok(None) => {}
-            Err(e) => eprintln!("stepscope: warning: {e} (skipped)"),
+            Err(e) => crate::errln!("stepscope: warning: {e} (skipped)"),
         }
     }
     for path in entries {
@@ -175,7 +175,7 @@ fn load(before: Vec<Source>, after: Vec<Source>) -> (Vec<Capture>, Vec<Capture>,
             Ok(c) if i < split => b.push(c),
             Ok(c) => a.push(c),
             Err(e) => {
-                eprintln!("stepscope: error: {e}");
+                crate::errln!("stepscope: error: {e}");
                 errors.push(e);
             }
         }
@@ -209,7 +209,7 @@ pub fn command(d: &DiffArgs) -> Result<std::process::ExitCode, Error> {
     )?;
     for (side, captures, input) in [("BEFORE", &before, &d.before), ("AFTER", &after, &d.after)] {
         if captures.is_empty() {
-            eprintln!(
+            crate::errln!(
                 "stepscope: error: nothing could be read for {side} ({})",
                 input.display()
             );
@@ -228,7 +228,7 @@ pub fn command(d: &DiffArgs) -> Result<std::process::ExitCode, Error> {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        eprintln!("stepscope: wrote {}", path.display());
+        crate::errln!("stepscope: wrote {}", path.display());
     }
     if d.json {
         let errs: Vec<serde_json::Value> = errors

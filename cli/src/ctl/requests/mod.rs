@@ -99,7 +99,7 @@ pub fn command(a: &RequestsArgs) -> Result<ExitCode, Error> {
     }
     let none = logs.is_empty();
     if a.request.is_some() && ranked.is_empty() && !none {
-        eprintln!(
+        crate::errln!(
             "stepscope: no request whose id starts with {:?} in the logs read",
             a.request.as_deref().unwrap_or_default()
         );
