@@ -1,5 +1,5 @@
-//! The command's standard output: every command writes its results through here. `println!`
-//! panics when the output cannot be written; here a reader that stops reading
+//! The command's standard output and error: every command writes its results through here.
+//! `println!` panics when the output cannot be written; here a reader that stops reading
 //! (`stepscope analyze … | head -1`) is no failure of the command's: what is left to print is
 //! dropped, and the command finishes and exits with the status of what it did (a `ctl stop
 //! --wait` still waits for its traces). Any other failed write is an error naming stdout.

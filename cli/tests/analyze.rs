@@ -922,12 +922,10 @@ fn a_captures_requests_are_joined_to_the_latest_request_log_beside_it() {
 /// starts, so its first write fails, every time.
 #[test]
 fn a_closed_output_ends_the_command_quietly() {
-    use std::os::unix::net::UnixStream;
     use std::process::{Command, Stdio};
     let trace = data("trace_filter__sampled_rank-0.json.gz");
     for json in [false, true] {
-        let (out, reader) = UnixStream::pair().unwrap();
-        drop(reader);
+        let out = closed_socket();
         let mut args = vec!["analyze"];
         if json {
             args.push("--json");
@@ -935,7 +933,7 @@ fn a_closed_output_ends_the_command_quietly() {
         let run = Command::new(env!("CARGO_BIN_EXE_stepscope"))
             .args(&args)
             .arg(&trace)
-            .stdout(Stdio::from(std::os::fd::OwnedFd::from(out)))
+            .stdout(Stdio::from(out))
             .stderr(Stdio::piped())
             .output()
             .unwrap();
@@ -955,23 +953,28 @@ fn a_closed_output_ends_the_command_quietly() {
 /// other end is closed before the command starts.
 #[test]
 fn a_closed_error_output_leaves_the_exit_status_as_it_was() {
-    use std::os::unix::net::UnixStream;
     use std::process::{Command, Stdio};
     // Never created: nothing to clean up.
     let missing =
         std::env::temp_dir().join(format!("stepscope-missing-{}.json.gz", std::process::id()));
     let trace = data("trace_filter__sampled_rank-0.json.gz");
     for (input, code) in [(&missing, 2), (&trace, 0)] {
-        let (out, reader) = UnixStream::pair().unwrap();
-        drop(reader);
+        let out = closed_socket();
         let err = out.try_clone().unwrap();
         let status = Command::new(env!("CARGO_BIN_EXE_stepscope"))
             .arg("analyze")
             .arg(input)
-            .stdout(Stdio::from(std::os::fd::OwnedFd::from(out)))
-            .stderr(Stdio::from(std::os::fd::OwnedFd::from(err)))
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
             .status()
             .unwrap();
         assert_eq!(status.code(), Some(code), "{}", input.display());
     }
+}
+
+/// A socket whose other end is closed: its first write fails with a broken pipe, every time.
+fn closed_socket() -> std::os::fd::OwnedFd {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    drop(theirs);
+    ours.into()
 }
