@@ -544,6 +544,15 @@ impl<'a> Scanner<'a> {
             if b > b' ' {
                 return Ok(b);
             }
+            // One space, as after each `,` and `:` of Kineto's JSON: one more compare.
+            if b == b' ' {
+                if let Some(&c) = self.buf.get(self.pos + 1) {
+                    if c > b' ' {
+                        self.pos += 1;
+                        return Ok(c);
+                    }
+                }
+            }
         }
         while let Some(&b) = self.buf.get(self.pos) {
             if !blank(b) {
