@@ -227,7 +227,7 @@ fn fill_chunk(
     let mut chunk = reuse
         // A buffer the parser grew for an event longer than the room is let go.
         .filter(|c| c.capacity() <= 2 * (CHUNK_HEADROOM + chunk_size))
-        .unwrap_or_default();
+        .unwrap_or_else(|| Vec::with_capacity(CHUNK_HEADROOM + chunk_size));
     // The room is zeroed once per buffer; a buffer back from the parser keeps its own.
     if chunk.len() < CHUNK_HEADROOM {
         chunk.clear();
@@ -874,6 +874,49 @@ mod tests {
         let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
         enc.write_all(bytes).unwrap();
         enc.finish().unwrap()
+    }
+
+    #[test]
+    fn gzipped_traces_give_the_plain_files_events_or_an_error_naming_the_file() {
+        let dir = Scratch::empty("trace-prefetch");
+        std::fs::create_dir_all(&*dir).unwrap();
+        let read = |path: &Path| {
+            let mut sink = Record::default();
+            let got = read_source(open_source(path).unwrap().source, &mut sink)
+                .map_err(|e| read_error(path, e));
+            (got, sink)
+        };
+        // One event: the source ends in the first chunk.
+        let tiny = br#"{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 2}], "distributedInfo": {"rank": 2}}"#;
+        let large = document(false);
+        for (what, json) in [("tiny", &tiny[..]), ("large", &large[..])] {
+            let plain = dir.join(format!("{what}.json"));
+            std::fs::write(&plain, json).unwrap();
+            let gz = dir.join(format!("{what}.json.gz"));
+            std::fs::write(&gz, gzip(json, 6)).unwrap();
+            let ((got, events), (want, want_events)) = (read(&gz), read(&plain));
+            let (got, want) = (got.unwrap(), want.unwrap());
+            assert_eq!(events.0, want_events.0, "{what}");
+            assert_eq!((got.rank, got.has_events), (want.rank, want.has_events));
+            assert!(!events.0.is_empty() && got.rank.is_some(), "{what}");
+        }
+        // The gzip at fault in the first chunk, and after it: each an error naming the file,
+        // the events before it given.
+        let whole = gzip(&large, 6);
+        let mut header = whole.clone();
+        header[12..40].fill(0xFF);
+        for (what, bytes) in [
+            ("header", header),
+            ("cut", whole[..whole.len() / 2].to_vec()),
+        ] {
+            let path = dir.join(format!("{what}.json.gz"));
+            std::fs::write(&path, &bytes).unwrap();
+            let (got, events) = read(&path);
+            let e = got.unwrap_err();
+            assert!(e.message.contains("not a valid gzip file"), "{what}: {e}");
+            assert_eq!(e.path, path);
+            assert_eq!(events.0.is_empty(), what == "header", "{what}");
+        }
     }
 
     #[test]
