@@ -10,7 +10,9 @@
 //! strings among them found by the parity of their quotes, simdjson's way; SSE2, part of every
 //! x86_64, else the same masks byte by byte). What it reads is
 //! checked as serde checked it (a `ts` that is a string is an error naming the byte; `args` it
-//! cannot read are taken as absent, as before). The event's own members are checked against
+//! cannot read are taken as absent, as before). An event's members in the order and spacing
+//! Kineto writes them (`, "cat": ` after `ph`'s value, …) are each found by one 16-byte
+//! compare; any other is read as JSON. The event's own members are checked against
 //! JSON's grammar; the values it skips, `args` included, for structure — strings end, brackets
 //! match, a scalar is a number or a literal — not for every rule of the grammar (a missing
 //! comma inside a skipped array is not reported).
@@ -1033,6 +1035,56 @@ impl<'a> Scanner<'a> {
         None
     }
 
+    /// The member after `field` in the order Kineto writes an event's (`FIELDS`' order),
+    /// when it follows as Kineto writes it — `, "key": ` — told by one 16-byte compare and
+    /// consumed, as its index; `None` (nothing consumed) for anything else, read then as
+    /// JSON ([`Scanner::more`], [`Scanner::event_key`]). Where the key stands, for errors:
+    /// two bytes after the position before.
+    #[inline(always)]
+    fn kineto_member(&mut self, field: usize) -> Option<usize> {
+        /// `, "key": ` as the low bytes of 16, with the mask of those bytes and their count.
+        const fn member(key: &[u8]) -> (u128, u128, usize) {
+            let mut text = [0u8; 16];
+            let (head, tail) = (b", \"", b"\": ");
+            let mut n = 0;
+            while n < head.len() {
+                text[n] = head[n];
+                n += 1;
+            }
+            let mut i = 0;
+            while i < key.len() {
+                text[n] = key[i];
+                n += 1;
+                i += 1;
+            }
+            i = 0;
+            while i < tail.len() {
+                text[n] = tail[i];
+                n += 1;
+                i += 1;
+            }
+            (u128::from_le_bytes(text), u128::MAX >> (128 - 8 * n), n)
+        }
+        const MEMBERS: [(u128, u128, usize); FIELDS.len()] = {
+            let mut m = [(0, 0, 0); FIELDS.len()];
+            let mut i = 0;
+            while i < FIELDS.len() {
+                m[i] = member(FIELDS[i].as_bytes());
+                i += 1;
+            }
+            m
+        };
+        let &(text, mask, len) = MEMBERS.get(field + 1)?;
+        let bytes = self.buf.get(self.pos..self.pos + 16)?;
+        let mut w = [0u8; 16];
+        w.copy_from_slice(bytes);
+        if u128::from_le_bytes(w) & mask != text {
+            return None;
+        }
+        self.pos += len;
+        Some(field + 1)
+    }
+
     /// A string or null, for a field named `field`.
     fn opt_str(&mut self, field: &str) -> Scan<Option<Cow<'a, str>>> {
         match self.next()? {
@@ -1264,17 +1316,25 @@ impl<'de> FromTrace<'de> for Event<'de> {
             return Ok(e);
         }
         let mut seen = 0u8;
+        let mut member = None;
         loop {
-            s.next()?;
-            let at = s.pos;
-            let field = match s.event_key() {
-                Some(field) => {
-                    s.eat(b':', "':'")?;
-                    field
-                }
+            let (at, field) = match member.take() {
+                Some(known) => known,
                 None => {
-                    let key = s.key()?;
-                    (FIELDS.iter().position(|f| f.as_bytes() == &*key)).unwrap_or(FIELDS.len())
+                    s.next()?;
+                    let at = s.pos;
+                    let field = match s.event_key() {
+                        Some(field) => {
+                            s.eat(b':', "':'")?;
+                            field
+                        }
+                        None => {
+                            let key = s.key()?;
+                            (FIELDS.iter().position(|f| f.as_bytes() == &*key))
+                                .unwrap_or(FIELDS.len())
+                        }
+                    };
+                    (at, field)
                 }
             };
             if field < FIELDS.len() {
@@ -1308,6 +1368,11 @@ impl<'de> FromTrace<'de> for Event<'de> {
                     e.raw_args = (bytes != b"null").then_some(RawArgs { bytes, at });
                 }
                 _ => s.skip()?,
+            }
+            let before = s.pos;
+            if let Some(next) = s.kineto_member(field) {
+                member = Some((before + 2, next));
+                continue;
             }
             if !s.more(b'}')? {
                 return Ok(e);
@@ -1460,6 +1525,56 @@ mod tests {
                 .and_then(|r| serde_json::from_str::<Args>(r.text()?).ok())
                 .unwrap_or_default();
             assert_eq!(ours.args(), args, "{json}");
+        }
+    }
+
+    #[test]
+    fn members_in_kinetos_order_read_as_json_reads_them() {
+        // As Kineto writes an event, and the same JSON spaced otherwise (each member then
+        // read as JSON, not by the one compare): the same event, the same as serde's.
+        let kineto = r#"{"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 1661203462598738, "dur": 3.25, "args": {"correlation": 7, "device": 0, "stream": 7}}"#;
+        let variants = [
+            kineto.to_string(),
+            kineto.replace(", ", ","),
+            kineto.replace(": ", ":"),
+            kineto.replace(", ", " ,  "),
+            kineto.replace(", \"", ",\n\t\""),
+            // Out of Kineto's order, with a member it does not write between two.
+            r#"{"cat": "kernel", "ph": "X", "x": [1], "name": "gemm", "ts": 1661203462598738, "pid": 0, "tid": 7, "args": {"correlation": 7, "device": 0, "stream": 7}, "dur": 3.25}"#.to_string(),
+        ];
+        // The args' text differs with the spacing: what is read from it is compared.
+        fn fields(mut e: Event<'_>) -> (Event<'_>, Args) {
+            let args = e.args();
+            e.raw_args = None;
+            (e, args)
+        }
+        let want = fields(event(kineto).unwrap());
+        assert_eq!((want.1.correlation, want.1.stream), (Some(7), Some(7)));
+        for json in &variants {
+            let got = event(json).unwrap_or_else(|e| panic!("{json}: {e:?}"));
+            let mut serde = serde_event(json);
+            serde.ts_split = got.ts_split;
+            assert_eq!(got, serde, "{json}");
+            assert_eq!(fields(got), want, "{json}");
+        }
+        // A member given twice is found wherever it stands, the compare's or not.
+        let bad = |json: &str| match event(json) {
+            Err(Fault::Bad(b)) => (b.at, b.message),
+            other => panic!("{json}: {other:?}"),
+        };
+        // After `ph`, `cat` is the member the compare looks for (with 16 bytes to compare).
+        let twice = r#"{"cat": "a", "ph": "X", "cat": "b", "name": "long enough"}"#;
+        assert_eq!(bad(twice), (24, "duplicate field `cat`".into()));
+        assert_eq!(&twice[24..29], "\"cat\"");
+        let twice = r#"{"ph": "X", "cat": "a", "ph": "Y", "name": "long enough"}"#;
+        assert_eq!(bad(twice), (24, "duplicate field `ph`".into()));
+        // Cut anywhere, Kineto's event asks for more bytes.
+        for end in 0..kineto.len() {
+            assert_eq!(
+                event(&kineto[..end]).map(|_| ()),
+                Err(Fault::Cut),
+                "cut at {end}"
+            );
         }
     }
 
