@@ -56,10 +56,10 @@ pub(crate) enum OpClass {
 }
 
 impl OpClass {
-    /// A kernel's class by its name (as [`KernelKind::of`]: a kernel named like a copy is an
-    /// other memcpy).
-    pub(crate) fn of_kernel(name: &str) -> Self {
-        match KernelKind::of(name) {
+    /// A kernel's class by its kind ([`KernelKind::of`] its name: a kernel named like a copy
+    /// is an other memcpy).
+    pub(crate) fn of_kernel(kind: KernelKind) -> Self {
+        match kind {
             KernelKind::Computation => OpClass::Computation,
             KernelKind::Communication => OpClass::Communication,
             KernelKind::Memory => OpClass::MemcpyOther,

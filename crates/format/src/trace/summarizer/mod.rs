@@ -17,6 +17,7 @@ use super::event::{
     ThreadKey,
 };
 use super::explain::{CallKind, DeviceOp, Launch, OpClass, NO_CORRELATION, NO_NAME};
+use super::gpu_time::KernelKind;
 use super::stream::EventSink;
 
 #[derive(Default, Clone, Copy)]
@@ -108,8 +109,9 @@ pub struct Summarizer {
     first: f64,
     last: f64,
     kernel_names: Names,
-    /// Each kernel name's class, by its id in `kernel_names` (found once per name).
-    kernel_classes: Vec<OpClass>,
+    /// Each kernel name's kind, by its id in `kernel_names` (found once per name: the kernel
+    /// table's and the explanation's classes are taken from it).
+    kernel_kinds: Vec<KernelKind>,
     /// Every kernel, memcpy and memset (40 bytes each): the kernel table and the copy totals
     /// are counted from these in `finish`, once what is left out is gone.
     device_ops: Vec<DeviceOp>,
@@ -193,16 +195,16 @@ impl Summarizer {
             NodeKind::Memset => (OpClass::Memset, NO_NAME),
             NodeKind::Kernel => {
                 let id = self.kernel_names.intern(name);
-                let class = match self.kernel_classes.get(id as usize) {
-                    Some(&class) => class,
+                let kind = match self.kernel_kinds.get(id as usize) {
+                    Some(&kind) => kind,
                     // A name seen for the first time: ids are given in order.
                     None => {
-                        let class = OpClass::of_kernel(name);
-                        self.kernel_classes.push(class);
-                        class
+                        let kind = KernelKind::of(name);
+                        self.kernel_kinds.push(kind);
+                        kind
                     }
                 };
-                (class, id)
+                (OpClass::of_kernel(kind), id)
             }
         };
         self.device_ops.push(DeviceOp {
