@@ -651,6 +651,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// The string at `pos` (after whitespace), unescaped.
+    #[inline(always)]
     fn string(&mut self) -> Scan<Cow<'a, str>> {
         let at = self.pos;
         let (raw, escaped, ascii) = self.raw_string()?;
