@@ -434,7 +434,15 @@ impl EventStream {
                         sink.event(event, &self.meta);
                         self.events += 1;
                         self.pos = start + len;
-                        self.state = State::AfterEvent { bare };
+                        // The `, ` Kineto writes before the next event taken here, as the
+                        // moves after an event would take it, not in two more of them.
+                        self.state = match self.buf.get(self.pos..self.pos + 2) {
+                            Some(b", ") => {
+                                self.pos += 2;
+                                State::Event { bare }
+                            }
+                            _ => State::AfterEvent { bare },
+                        };
                         return Ok(Progress::Moved);
                     }
                     Err(Fault::Cut) if !eof => return Ok(Progress::NeedMore),
