@@ -271,6 +271,17 @@ struct Block {
     closes: u64,
 }
 
+impl Block {
+    /// Adds the masks of the bytes from `at` on: quotes, backslashes, opens, closes.
+    #[inline(always)]
+    fn put(&mut self, at: usize, [quotes, backslashes, opens, closes]: [u64; 4]) {
+        self.quotes |= quotes << at;
+        self.backslashes |= backslashes << at;
+        self.opens |= opens << at;
+        self.closes |= closes << at;
+    }
+}
+
 /// The masks of the 64 bytes at `b`. `[` and `]` differ from `{` and `}` by the bit 0x20
 /// alone, and no other byte becomes `{` or `}` when that bit is set: one compare each.
 #[cfg(target_arch = "x86_64")]
@@ -293,11 +304,10 @@ fn block(b: &[u8; 64]) -> Block {
                 _mm_movemask_epi8(_mm_cmpeq_epi8(folded, _mm_set1_epi8(b'}' as i8))),
             )
         };
-        let at = 16 * k;
-        m.quotes |= u64::from(q as u16) << at;
-        m.backslashes |= u64::from(s as u16) << at;
-        m.opens |= u64::from(o as u16) << at;
-        m.closes |= u64::from(c as u16) << at;
+        m.put(
+            16 * k,
+            [q as u16, s as u16, o as u16, c as u16].map(u64::from),
+        );
     }
     m
 }
@@ -324,11 +334,10 @@ fn block_avx2(b: &[u8; 64]) -> Block {
                 _mm256_movemask_epi8(_mm256_cmpeq_epi8(folded, _mm256_set1_epi8(b'}' as i8))),
             )
         };
-        let at = 32 * k;
-        m.quotes |= u64::from(q as u32) << at;
-        m.backslashes |= u64::from(s as u32) << at;
-        m.opens |= u64::from(o as u32) << at;
-        m.closes |= u64::from(c as u32) << at;
+        m.put(
+            32 * k,
+            [q as u32, s as u32, o as u32, c as u32].map(u64::from),
+        );
     }
     m
 }
