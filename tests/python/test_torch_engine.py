@@ -538,31 +538,45 @@ def test_wait_written_returns_with_the_stops_traces_on_disk_and_names_one_not_wr
 
 
 def after_the_stop() -> torch.Tensor:
-    """Work run after a stop (test_the_op_table_leaves_out_what_began_after_the_stop)."""
+    """Work run after a stop (test_the_engine_threads_python_calls_after_the_stop_are_not_recorded)."""
     return matmuls()
 
 
-def test_the_op_table_leaves_out_what_began_after_the_stop(tmp_path):
-    # The stop only detaches the session; Kineto's Python tracer (with_stack, vLLM's default)
-    # records until the writer's finalize stops it, which needs the GIL. With the switch
-    # interval raised this thread keeps the GIL until it blocks (in flush()), so what it runs
-    # right after stop() is recorded, and began after the stop: the next steps' work in an
-    # engine. vLLM's table (torch's synchronous stop) never holds it.
+@pytest.mark.parametrize("ends_by", ["stop", "max_iterations"])
+def test_the_engine_threads_python_calls_after_the_stop_are_not_recorded(tmp_path, ends_by):
+    # torch's Python tracer (with_stack, vLLM's default) is stopped by the finalize, on the
+    # writer's thread, under the GIL; until then it recorded every Python call this thread made
+    # after the stop (an engine's next steps). The stop takes it off this thread, as torch's own
+    # stop does, whether stop() or the step after the last iteration ends the session. With the
+    # switch interval raised this thread keeps the GIL until it blocks (in flush()), so the
+    # finalize cannot stop the tracer first.
     p = stepscope.WorkerProfiler(config(tmp_path, torch_profiler_use_gzip=False), "late")
-    p.start()
-    engine(p, 2)
-    with gil_kept():
-        p.stop()
-        after_the_stop()
+    if ends_by == "stop":
+        p.start()
+        engine(p, 2)
+        with gil_kept():
+            p.stop()
+            assert sys.getprofile() is None
+            after_the_stop()
+    else:
+        p.start(max_iterations=2)
+        with gil_kept():
+            captured = engine(p, 5)
+            assert captured[0] and not captured[-1], captured
+            assert sys.getprofile() is None
+            after_the_stop()
     assert p.flush(120)
     events = read_trace(only(sorted(tmp_path.glob("late.*.pt.trace.json"))))
-    late = [e for e in spans(events, "python_function") if "after_the_stop" in e["name"]]
-    assert late, "the premise: the trace recorded the work after the stop"
+    frames = spans(events, "python_function")
+    assert any("matmuls" in e["name"] for e in frames), "the window's own frames are there"
+    # A frame is named "file(line): function"; the test's own name holds the word too.
+    assert not [e for e in frames if e["name"].endswith("): after_the_stop")]
     table = (tmp_path / "late.profiler_out.txt").read_text()
-    assert "after_the_stop" not in table, table
-    # aten::mm's calls are the window's two iterations', not the three after the stop too.
-    (mm,) = [line.split() for line in table.splitlines() if line.split()[:1] == ["aten::mm"]]
-    assert int(mm[-1]) == 2 * MM_PER_ITERATION, table
+    assert "): after_the_stop" not in table, table
+    if ends_by == "stop":
+        # aten::mm's calls are the window's two iterations'.
+        (mm,) = [line.split() for line in table.splitlines() if line.split()[:1] == ["aten::mm"]]
+        assert int(mm[-1]) == 2 * MM_PER_ITERATION, table
 
 
 #: Args that name one run's objects or threads, not what was recorded: kept as keys, their

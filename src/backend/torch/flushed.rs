@@ -167,9 +167,10 @@ impl KinetoTrace {
 /// moment it has kept them all (before it writes the file).
 ///
 /// The engine thread only detaches the session at the stop (it never waits), and Kineto
-/// records until the writer's finalize stops it: the CPU events (ops, annotations, Python
-/// frames) that began after `stop_unix_ns` are the next steps', not the window's, and are left
-/// out, as the trace's summary leaves out what was launched after the stop. torch's own stop
+/// records until the writer's finalize stops it (torch's Python tracer is taken off the thread
+/// that stops by the Python binding's stop; other threads' frames are still recorded): the CPU
+/// events (ops, annotations, Python frames) that began after `stop_unix_ns` are the next
+/// steps', not the window's, and are left out, as the trace's summary leaves out what was launched after the stop. torch's own stop
 /// (vLLM's table) ends the recording at once. Device events are kept: a kernel launched before
 /// the stop may run after it, and which call launched one takes correlation ids this table is
 /// not given (the summary reads them from the trace).
