@@ -550,11 +550,14 @@ def test_a_captured_long_prefill_and_its_requests_agree_with_the_request_log(ser
         assert joined["server"] == str(window_log), joined
         for key in ("ttft_ms", "e2e_ms", "queue", "prefill", "decode", "finish"):
             assert joined[key] == served[key], (rid, key, joined[key], served[key])
-    # What a short request waited through, which the trace cannot show: the long prefill.
+    # What a short request waited through, which the trace cannot show: the long prefill, among
+    # its costliest steps. Not necessarily the first: under make test's load the short request's
+    # own prefill step once outlasted the long prefill's chunks (as for `long` above).
     waited = [r for r in by_id.values() if r["id"] != long_id and r["log"]["queue"]["steps"] > 0]
     assert waited, by_id
     for r in waited:
-        assert r["log"]["costliest"][0]["largest_prefill_request"] == long_id, r["log"]
+        costliest = r["log"]["costliest"]
+        assert any(c["largest_prefill_request"] == long_id for c in costliest), r["log"]
 
     # Shares by tokens give each iteration's CPU time out whole.
     shared = sum(r["cpu_ms"] for r in listed["requests"])
