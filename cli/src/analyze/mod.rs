@@ -395,7 +395,8 @@ pub(crate) fn request_logs(dir: &Path) -> Vec<(String, RequestsDocument)> {
 }
 
 /// `analyze --json`'s document, written as it is serialized: no value tree built and dropped
-/// in between (on HTA's 1.7 MB rank-1 trace that tree was ~7% of the command's instructions).
+/// in between (on HTA's 1.7 MB rank-1 trace that tree cost 0.46-0.66 M of the main thread's
+/// ~24 M instructions, callgrind).
 #[derive(Serialize)]
 struct JsonDoc<'a> {
     traces: Vec<JsonTrace<'a>>,

@@ -433,6 +433,24 @@ struct Walk {
     escaped: bool,
 }
 
+/// `parts`, one after another, as the low bytes of a little-endian word, and their count: the
+/// text a key compare of the scanner looks for (at most 16 bytes, checked when compiled).
+const fn packed(parts: &[&[u8]]) -> (u128, usize) {
+    let (mut w, mut n) = (0u128, 0usize);
+    let mut p = 0;
+    while p < parts.len() {
+        let mut i = 0;
+        while i < parts[p].len() {
+            assert!(n < 16, "more than 16 bytes");
+            w |= (parts[p][i] as u128) << (8 * n);
+            n += 1;
+            i += 1;
+        }
+        p += 1;
+    }
+    (w, n)
+}
+
 /// Reads the digits at `*i` into `m` (wrapping: the caller counts them), returns how many.
 /// (Eight at a time by SWAR measured no faster on Kineto's timestamps: most numbers are short.)
 #[inline(always)]
@@ -1053,14 +1071,9 @@ impl<'a> Scanner<'a> {
     fn event_key(&mut self) -> Option<usize> {
         /// A key with its quotes, as the low bytes of a word, and their count.
         const fn quoted(key: &[u8]) -> (u64, u32) {
-            let mut w = b'"' as u64;
-            let mut i = 0;
-            while i < key.len() {
-                w |= (key[i] as u64) << (8 * (i + 1));
-                i += 1;
-            }
-            w |= (b'"' as u64) << (8 * (key.len() + 1));
-            (w, key.len() as u32 + 2)
+            let (w, n) = packed(&[b"\"", key, b"\""]);
+            assert!(n <= 8, "a field's key is longer than a word");
+            (w as u64, n as u32)
         }
         const KEYS: [(u64, u32); FIELDS.len()] = {
             let mut keys = [(0, 0); FIELDS.len()];
@@ -1114,26 +1127,8 @@ impl<'a> Scanner<'a> {
     fn kineto_member(&mut self, field: usize) -> Option<usize> {
         /// `, "key": ` as the low bytes of 16, with the mask of those bytes and their count.
         const fn member(key: &[u8]) -> (u128, u128, usize) {
-            let mut text = [0u8; 16];
-            let (head, tail) = (b", \"", b"\": ");
-            let mut n = 0;
-            while n < head.len() {
-                text[n] = head[n];
-                n += 1;
-            }
-            let mut i = 0;
-            while i < key.len() {
-                text[n] = key[i];
-                n += 1;
-                i += 1;
-            }
-            i = 0;
-            while i < tail.len() {
-                text[n] = tail[i];
-                n += 1;
-                i += 1;
-            }
-            (u128::from_le_bytes(text), u128::MAX >> (128 - 8 * n), n)
+            let (text, n) = packed(&[b", \"", key, b"\": "]);
+            (text, u128::MAX >> (128 - 8 * n), n)
         }
         const MEMBERS: [(u128, u128, usize); FIELDS.len()] = {
             let mut m = [(0, 0, 0); FIELDS.len()];

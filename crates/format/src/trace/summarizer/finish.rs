@@ -96,7 +96,10 @@ impl Summarizer {
             .map(|(id, a)| {
                 let name = self.kernel_names.get(id as u32);
                 KernelStat {
-                    kind: (self.kernel_kinds.get(id).copied())
+                    kind: self
+                        .kernel_kinds
+                        .get(id)
+                        .copied()
                         .unwrap_or_else(|| KernelKind::of(name)),
                     mean_us: a.mean(),
                     name: name.to_string(),
