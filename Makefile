@@ -35,7 +35,7 @@ VENVSGL := $(CURDIR)/.venv-sglang
 VENV215 := $(CURDIR)/.venv-torch215
 UV := $(VENV)/bin/uv
 
-.PHONY: all setup demo test fmt-check clippy test-rust header glue cli-bin python wheel sdist test-python test-wheel test-sdist bench bench-vllm bench-sglang install clean gpu-prep
+.PHONY: all setup demo test fmt-check clippy test-rust header glue cli-bin cli-bin-path python wheel sdist test-python test-wheel test-sdist bench bench-vllm bench-sglang install clean gpu-prep
 
 all: test
 
@@ -143,16 +143,28 @@ glue: setup
 python: glue
 	$(VENV)/bin/maturin develop --quiet
 
-# The stepscope command for the wheel: built as maturin builds a binary's wheel (release, linked
-# by zig against glibc 2.28), then taken out of that wheel into the package
-# (python/stepscope/_bin/, git-ignored). It depends on the format crate only (no nvtx-sys, no
-# bindgen), in a target directory of its own so that the two release builds never make each
-# other rebuild what they share.
-CLI_BIN := python/stepscope/_bin/stepscope
+# The stepscope command for the wheel: a static executable (glibc linked in, `+crt-static`):
+# nothing for a dynamic loader to load, resolve and relocate at each start (0.4 ms of the 4 ms
+# `stepscope analyze` takes on a 1.7 MB trace, docs/analyze.md), and nothing it needs of the
+# system's libraries, so it runs wherever the manylinux_2_28 wheel installs. The wheel carries it
+# as data: maturin takes `{module-name}.data/` (git-ignored) into the wheel when it is there, and
+# the installer puts its scripts/ among the environment's, so `stepscope` on PATH is the
+# executable itself, with no Python started first; `python -m stepscope` finds it through the
+# package's RECORD (stepscope/_cli.py). A wheel built without it (an sdist's) has no command. It
+# depends on the format crate only (no nvtx-sys, no bindgen), in a target directory of its own
+# so that the two release builds never make each other rebuild what they share; `--target` keeps
+# the static flag off build scripts and proc macros.
+HOST := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
+CLI_BIN := stepscope._native.data/scripts/stepscope
 cli-bin: setup
-	cd cli && $(VENV)/bin/maturin build --quiet --release --zig \
-		--target-dir ../target/cli-build --out ../target/cli-wheel
-	$(PYTHON) scripts/take_cli.py target/cli-wheel $(CLI_BIN)
+	RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols" $(CARGO) build --quiet --release -p stepscope-cli \
+		--target $(HOST) --target-dir target/cli-build
+	install -D -m 755 target/cli-build/$(HOST)/release/stepscope $(CLI_BIN)
+	rm -rf python/stepscope/_bin
+
+# The command's path once built, for the benches that time what the wheel ships.
+cli-bin-path: cli-bin
+	@echo $(CURDIR)/$(CLI_BIN)
 
 # The release wheel under dist/: abi3, manylinux_2_28 (linked by zig against glibc 2.28, as
 # torch's own wheels), optimized, with the Kineto glue for torch 2.13, 2.14 and 2.15 and the

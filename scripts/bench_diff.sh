@@ -19,8 +19,8 @@ if [ $# -eq 0 ]; then
     [ -f "$t" ] && set -- "$@" "$t" "$t"
   done
 fi
-cargo build -q --release -p stepscope-cli
-bin=$PWD/target/release/stepscope
+# The command the wheel ships (static, `make cli-bin`), as a user runs it.
+bin=$(make -s --no-print-directory cli-bin-path)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 printf '%-44s %8s %12s %9s %11s %9s %9s\n' "pair (before)" "JSON MB" "HTA process" "HTA call" "stepscope" "ratio" "ratio"

@@ -25,8 +25,8 @@ if [ $# -eq 0 ]; then
   set -- "$shared"/*.json.gz
   defaults=1
 fi
-cargo build -q --release -p stepscope-cli
-bin=$PWD/target/release/stepscope
+# The command the wheel ships (static, `make cli-bin`), as a user runs it.
+bin=$(make -s --no-print-directory cli-bin-path)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 printf '%-58s %7s %12s %9s %11s %9s %9s %13s\n' trace "JSON MB" "HTA process" "HTA call" "stepscope" "ratio" "ratio" "call ratio"

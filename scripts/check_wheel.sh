@@ -5,7 +5,8 @@
 # - its extension is an optimized build (under 20 MB unpacked);
 # - installed alone into a fresh environment holding only torch 2.15.0 (from uv's cache after
 #   setup), with no Rust toolchain and no C++ compiler on PATH: `import stepscope`, a Kineto
-#   capture from Python, and the `stepscope` command (script and `python -m stepscope`)
+#   capture from Python, and the `stepscope` command (the static executable the wheel puts on
+#   PATH, and `python -m stepscope`)
 #   analyzing it; and stepscope's serializer writing the events Kineto's own writer writes of
 #   one save (`stepscope.serializer: "compare"`) under that torch.
 # Everything is made under a temporary directory, removed at the end.
@@ -37,14 +38,17 @@ with zipfile.ZipFile(sys.argv[1]) as z:
     sizes = {i.filename: i.file_size for i in z.infolist()}
 ext = [n for n in sizes if n.startswith("stepscope/_native") and n.endswith(".so")]
 glue = sorted(n for n in sizes if n.startswith("stepscope/_glue/libstepscope_kineto-torch"))
-cli = "stepscope/_bin/stepscope"
+cli = [n for n in sizes if n.endswith(".data/scripts/stepscope")]
 assert len(ext) == 1, ext
 mb = sizes[ext[0]] / 1e6
 assert mb < 20, f"{ext[0]} is {mb:.1f} MB unpacked: not an optimized build"
 assert [g.rsplit("torch", 1)[1] for g in glue] == ["2.13.so", "2.14.so", "2.15.so"], glue
-assert cli in sizes, "the stepscope command is not in the wheel"
+assert len(cli) == 1, f"the stepscope command is not in the wheel's scripts: {cli}"
+with zipfile.ZipFile(sys.argv[1]) as z:
+    head = z.read(cli[0])[:4]
+assert head == b"\x7fELF", f"{cli[0]} is not an executable: {head!r}"
 print(f"check_wheel: extension {mb:.1f} MB unpacked; glue for torch 2.13, 2.14, 2.15; "
-      f"stepscope command {sizes[cli] / 1e6:.1f} MB", file=sys.stderr)
+      f"stepscope command {sizes[cli[0]] / 1e6:.1f} MB", file=sys.stderr)
 PY
 
 say "a fresh environment with torch 2.15.0 only, then the wheel"
@@ -97,9 +101,16 @@ assert any(line.startswith('{"ph": "X", "cat": "cpu_op"') for line in open(trace
 print(f"check_wheel: stepscope's serializer wrote the {len(ours['traceEvents'])} events Kineto's does",
       file=sys.stderr)
 PY
+# `stepscope` on PATH is the static executable itself: no interpreter, no Python in front of it.
+cmd=$(command -v stepscope)
+[ "$cmd" = "$work/venv/bin/stepscope" ] || { say "stepscope on PATH is $cmd, not the wheel's"; exit 1; }
+[ "$(head -c 4 "$cmd" | od -An -c | tr -d ' ')" = '177ELF' ] || { say "$cmd is not the executable: $(head -c 64 "$cmd")"; exit 1; }
+if readelf -lW "$cmd" | grep -q 'INTERP\|program interpreter'; then
+  say "$cmd is linked dynamically: $(readelf -lW "$cmd" | grep -i interpreter)"; exit 1
+fi
 stepscope --help >/dev/null
 stepscope analyze "$work/traces" >"$work/analyze.txt"
 grep -q "execute_context_0(0)_generation_4(4)" "$work/analyze.txt" || { cat "$work/analyze.txt"; exit 1; }
 python -m stepscope analyze --json "$work/traces" >"$work/analyze.json"
 python -c 'import json, sys; d = json.load(open(sys.argv[1])); assert len(d["traces"]) == 1 and not d["errors"], d' "$work/analyze.json"
-say "ok: stepscope analyze (the script and python -m stepscope) read the capture"
+say "ok: stepscope analyze (the static executable on PATH, and python -m stepscope) read the capture"

@@ -1,21 +1,34 @@
-"""The ``stepscope`` command (analyze, merge, report, ctl) shipped inside this package: a
-native executable at ``stepscope/_bin/stepscope``, run by the ``stepscope`` console script and
-by ``python -m stepscope``. ``import stepscope`` never loads this module."""
+"""The ``stepscope`` command (analyze, merge, report, ctl) this package installs: a native
+executable the wheel carries as data, which the installer puts among the environment's scripts
+(``bin/stepscope``), so that ``stepscope`` on PATH is the executable itself. ``python -m
+stepscope`` runs the same file, found here through the package's installed files (its RECORD),
+wherever the installer put the scripts (a venv, ``--user``, ``--prefix``, ``--target``).
+``import stepscope`` never loads this module."""
 
 from __future__ import annotations
 
 import os
 import sys
+from importlib import metadata
 from pathlib import Path
 
-#: The packaged executable.
-BINARY = Path(__file__).resolve().parent / "_bin" / "stepscope"
+#: The distribution whose RECORD lists the executable.
+DISTRIBUTION = "stepscope"
 
 
 def executable() -> str | None:
-    """The packaged ``stepscope`` executable, or None when this package carries none (a
-    development install built without it)."""
-    return str(BINARY) if os.access(BINARY, os.X_OK) else None
+    """The ``stepscope`` executable this installation carries, or None when it carries none (a
+    development install made without `make cli-bin`, or a build from the source distribution)."""
+    try:
+        files = metadata.distribution(DISTRIBUTION).files or []
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.name == "stepscope" and f.parent.name in ("bin", "Scripts"):
+            path = Path(str(f.locate()))
+            if os.access(path, os.X_OK) and not path.is_dir():
+                return str(path.resolve())
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     if exe is None:
         print(
             "stepscope: this installation carries no stepscope command (a development build "
-            f"without it: {BINARY} is missing); `make wheel` builds a package with it, or "
-            "`cargo build --release -p stepscope-cli` builds target/release/stepscope",
+            "without it, or one from the source distribution): `make wheel` builds a package "
+            "with it, or `cargo build --release -p stepscope-cli` builds target/release/stepscope",
             file=sys.stderr,
         )
         return 2
