@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::{Scope, ScopedJoinHandle};
 
-use crate::trace::{EventStream, Summarizer, Summary};
+use crate::trace::{EventStream, Summarizer, Summary, CHUNK_HEADROOM};
 
 /// Kernel and operator names a manifest's summary keeps.
 pub(crate) const SUMMARY_TOP: usize = 20;
@@ -44,11 +44,14 @@ impl<'scope> SummaryThread<'scope> {
         })
     }
 
-    /// Queues a copy of `bytes`.
+    /// Queues a copy of `bytes`, after [`CHUNK_HEADROOM`] bytes of room for an event the last
+    /// chunk cut: the thread reads the copy where it lies (`EventStream::feed_chunk`), not
+    /// copied a second time into the stream's buffer (14% of the thread's samples in `perf`
+    /// of the writer bench).
     pub(super) fn feed(&mut self, bytes: &[u8]) {
         let Some(tx) = &self.tx else { return };
         let mut chunk = self.spent.try_recv().unwrap_or_default();
-        chunk.clear();
+        chunk.resize(CHUNK_HEADROOM, 0);
         chunk.extend_from_slice(bytes);
         if tx.send(chunk).is_err() {
             // The thread gave up (malformed JSON): stop copying.
@@ -67,11 +70,16 @@ fn summarize_chunks(rx: Receiver<Vec<u8>>, back: SyncSender<Vec<u8>>) -> Option<
     let mut sink = Summarizer::new();
     let mut stream = EventStream::new();
     for chunk in rx {
-        if let Err(e) = stream.feed(&chunk, &mut sink) {
-            log::debug!("stepscope: no trace summary: {e}");
-            return None;
+        match stream.feed_chunk(chunk, &mut sink) {
+            // The buffer the stream let go of (the chunk before, once read) goes back for reuse.
+            Ok(spent) => {
+                let _ = back.try_send(spent);
+            }
+            Err(e) => {
+                log::debug!("stepscope: no trace summary: {e}");
+                return None;
+            }
         }
-        let _ = back.try_send(chunk);
     }
     match stream.finish(&mut sink) {
         Ok(meta) => Some(sink.finish(meta, SUMMARY_TOP)),
