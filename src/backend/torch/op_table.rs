@@ -169,13 +169,67 @@ impl Rules {
     }
 }
 
+/// No event (no parent, no child, the end of a list of children).
+const NONE: u32 = u32::MAX;
+
+/// Each event's children, as lists threaded through the events' own slots: a child is on one
+/// list at a time, so `next` needs one slot an event. The order within a list is not kept (the
+/// table sums over children and counts them).
+struct Children {
+    first: Vec<u32>,
+    next: Vec<u32>,
+    count: Vec<u32>,
+}
+
+impl Children {
+    fn new(n: usize) -> Self {
+        Children {
+            first: vec![NONE; n],
+            next: vec![NONE; n],
+            count: vec![0; n],
+        }
+    }
+
+    fn add(&mut self, parent: u32, child: u32) {
+        let p = parent as usize;
+        self.next[child as usize] = self.first[p];
+        self.first[p] = child;
+        self.count[p] += 1;
+    }
+
+    /// `to` takes `from`'s children in place of its own (its own is `from`, its only child).
+    fn hand_over(&mut self, from: u32, to: u32) {
+        let (f, t) = (from as usize, to as usize);
+        self.first[t] = std::mem::replace(&mut self.first[f], NONE);
+        self.count[t] = std::mem::take(&mut self.count[f]);
+    }
+
+    fn of(&self, parent: u32) -> impl Iterator<Item = u32> + '_ {
+        let mut c = self.first[parent as usize];
+        std::iter::from_fn(move || {
+            (c != NONE).then(|| {
+                let here = c;
+                c = self.next[here as usize];
+                here
+            })
+        })
+    }
+}
+
 /// Per-name totals of `events` under torch's `rules`, in no particular order.
 pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
     let counted: Vec<&OpEvent<'_>> = events.iter().filter(|e| e.counted()).collect();
     let n = counted.len();
+    // Indices as u32 and each event's children as a list threaded through three arrays (first
+    // child, next sibling, count), not a Vec per event: the table's thread starts with a cold
+    // heap, and every byte it first writes is a page fault (a third of its time in `perf`).
+    let Ok(n32) = u32::try_from(n) else {
+        return Vec::new();
+    };
+    let ev = |i: u32| counted[i as usize];
     // torch's event list: by start, the longer first on ties, else in the order given.
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by_key(|&i| (counted[i].start_ns, std::cmp::Reverse(counted[i].end_ns())));
+    let mut order: Vec<u32> = (0..n32).collect();
+    order.sort_by_key(|&i| (ev(i).start_ns, std::cmp::Reverse(ev(i).end_ns())));
 
     // A kernel's time goes to the CPU op it is linked to (a synchronous CPU event that is not
     // itself linked to another), whatever the kernel's own kind.
@@ -226,39 +280,40 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
 
     // Nesting, per thread: in the list's order, an event's parent is the innermost open one
     // it begins inside and does not outlast.
-    let mut parent: Vec<Option<usize>> = vec![None; n];
-    let mut by_thread: Vec<(u64, usize)> = order
+    let mut parent: Vec<u32> = vec![NONE; n];
+    let mut by_thread: Vec<(u64, u32)> = order
         .iter()
-        .filter(|&&i| !counted[i].device && !counted[i].asynchronous())
-        .map(|&i| (thread_of(counted[i]), i))
+        .filter(|&&i| !ev(i).device && !ev(i).asynchronous())
+        .map(|&i| (thread_of(ev(i)), i))
         .collect();
     by_thread.sort_by_key(|&(t, _)| t); // stable: each thread's in list order
-    let mut stack: Vec<usize> = Vec::new();
+    let mut stack: Vec<u32> = Vec::new();
     let mut thread = None;
     for &(t, i) in &by_thread {
-        let e = counted[i];
+        let e = ev(i);
         if thread != Some(t) {
             stack.clear();
             thread = Some(t);
         }
         while let Some(&top) = stack.last() {
-            let p = counted[top];
+            let p = ev(top);
             if e.start_ns < p.end_ns() && e.end_ns() <= p.end_ns() {
-                parent[i] = Some(top);
+                parent[i as usize] = top;
                 break;
             }
             stack.pop();
         }
         stack.push(i);
     }
+    drop(by_thread);
 
     // torch then folds an event into its parent of the same name when it is that parent's
     // only child (`EventList._remove_dup_nodes`: an op calling its own overload): the parent
     // takes its children and its kernels (in place of its own), and it is no longer counted.
-    let mut children: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut children = Children::new(n);
     for &i in &order {
-        if let Some(p) = parent[i] {
-            children[p].push(i);
+        if parent[i as usize] != NONE {
+            children.add(parent[i as usize], i);
         }
     }
     let mut own: Vec<u64> = counted.iter().map(|e| own_device(e)).collect();
@@ -266,16 +321,22 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
     loop {
         let mut changed = false;
         for &i in &order {
-            let Some(p) = parent[i] else { continue };
-            if folded[i] || children[p].len() != 1 || counted[p].key() != counted[i].key() {
+            let p = parent[i as usize];
+            if p == NONE
+                || folded[i as usize]
+                || children.count[p as usize] != 1
+                || ev(p).key() != ev(i).key()
+            {
                 continue;
             }
-            children[p] = std::mem::take(&mut children[i]);
-            for &c in &children[p] {
-                parent[c] = Some(p);
+            children.hand_over(i, p);
+            let mut c = children.first[p as usize];
+            while c != NONE {
+                parent[c as usize] = p;
+                c = children.next[c as usize];
             }
-            own[p] = own[i];
-            folded[i] = true;
+            own[p as usize] = own[i as usize];
+            folded[i as usize] = true;
             changed = true;
         }
         if !changed {
@@ -283,16 +344,16 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
         }
     }
 
-    let duration = |i: usize| i64::try_from(counted[i].duration_ns).unwrap_or(i64::MAX);
-    let self_cpu: Vec<i64> = (0..n)
+    let duration = |i: u32| i64::try_from(ev(i).duration_ns).unwrap_or(i64::MAX);
+    let self_cpu: Vec<i64> = (0..n32)
         .map(|i| {
-            let e = counted[i];
+            let e = ev(i);
             if e.device || e.asynchronous() {
                 0
             } else {
-                children[i]
-                    .iter()
-                    .fold(duration(i), |s, &c| s.saturating_sub(duration(c)))
+                children
+                    .of(i)
+                    .fold(duration(i), |s, c| s.saturating_sub(duration(c)))
             }
         })
         .collect();
@@ -300,8 +361,9 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
     // device total is complete when it is added to its parent's.
     let mut device_total = own.clone();
     for &i in order.iter().rev() {
-        for &c in &children[i] {
-            device_total[i] = device_total[i].saturating_add(device_total[c]);
+        for c in children.of(i) {
+            device_total[i as usize] =
+                device_total[i as usize].saturating_add(device_total[c as usize]);
         }
     }
 
@@ -309,7 +371,8 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
     // list's order, as torch's averages are, so that a row's first event decides.
     let mut rows: FastMap<(&str, bool, bool), OpTotals> = FastMap::default();
     for (rank, &i) in order.iter().enumerate() {
-        let e = counted[i];
+        let e = ev(i);
+        let i = i as usize;
         if folded[i] || (e.python_function && !rules.python_frames) {
             continue;
         }
