@@ -4,9 +4,9 @@ SHELL := /bin/bash
 CARGO ?= cargo
 # Debian packages a fresh machine needs: libclang-dev (nvtx-sys runs bindgen), valgrind and
 # pkg-config (the C ABI tests), chromium (the HTML report test), g++ (the Kineto glue, the C++
-# tests).
+# tests), libc6-dev (libc.a for the static stepscope command, `make cli-bin`).
 PREFIX ?= /usr/local
-DEBS := libclang-dev valgrind pkg-config chromium g++
+DEBS := libclang-dev valgrind pkg-config chromium g++ libc6-dev
 # The torch backend links the libtorch of the project's venv (made by scripts/setup.sh):
 # torch-sys asks that venv's python where it is.
 VENV := $(CURDIR)/.venv
