@@ -157,6 +157,7 @@ python: glue
 HOST := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 CLI_BIN := stepscope._native.data/scripts/stepscope
 cli-bin: setup
+	$(if $(HOST),,$(error cli-bin: `rustc -vV` names no host target: is rustc on PATH?))
 	RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols" $(CARGO) build --quiet --release -p stepscope-cli \
 		--target $(HOST) --target-dir target/cli-build
 	install -D -m 755 target/cli-build/$(HOST)/release/stepscope $(CLI_BIN)

@@ -114,3 +114,12 @@ grep -q "execute_context_0(0)_generation_4(4)" "$work/analyze.txt" || { cat "$wo
 python -m stepscope analyze --json "$work/traces" >"$work/analyze.json"
 python -c 'import json, sys; d = json.load(open(sys.argv[1])); assert len(d["traces"]) == 1 and not d["errors"], d' "$work/analyze.json"
 say "ok: stepscope analyze (the static executable on PATH, and python -m stepscope) read the capture"
+
+# pip install --target, as the GPU scripts install the wheel (scripts/gpu_wheel.sh): pip moves the
+# scripts into {target}/bin after writing RECORD, whose path to the command is then wrong;
+# python -m stepscope must still find the command (stepscope/_cli.py).
+"$uv" pip install --quiet --python "$work/venv/bin/python" pip
+"$work/venv/bin/python" -m pip install --quiet --no-index --no-deps --target "$work/target" "$wheel"
+PYTHONPATH="$work/target" "$work/venv/bin/python" -m stepscope --version >/dev/null \
+  || { say "python -m stepscope found no command in a pip install --target"; exit 1; }
+say "ok: python -m stepscope runs the command of a pip install --target"

@@ -229,6 +229,8 @@ def request_shares(out: Path) -> dict:
     from stepscope import _cli
 
     cli = _cli.executable()
+    if cli is None:
+        return {"check": "request shares", "ok": False, "error": "the installed wheel carries no stepscope command"}
     run = subprocess.run([cli, "analyze", "--json", "--requests=0", str(trace)],
                          capture_output=True, text=True, timeout=300, check=False)
     if run.returncode != 0:
@@ -476,7 +478,10 @@ def ops_of_launches(events: list[dict], runtime: list[dict]) -> list[str]:
 def cli_json(args: list[str]) -> dict:
     from stepscope import _cli
 
-    run = subprocess.run([_cli.executable(), *args], capture_output=True, text=True, timeout=300, check=False)
+    cli = _cli.executable()
+    if cli is None:
+        raise RuntimeError("the installed wheel carries no stepscope command")
+    run = subprocess.run([cli, *args], capture_output=True, text=True, timeout=300, check=False)
     if run.returncode != 0:
         raise RuntimeError(f"stepscope {' '.join(args)}: {run.stderr[-2000:]}")
     return json.loads(run.stdout)
