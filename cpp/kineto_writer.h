@@ -598,7 +598,7 @@ class Logger : public kt::ActivityLogger {
   // The two values are read where the frame's metadata map keeps them (torch 2.13's pairs), one
   // walk over its few entries: two getMetadataValue() calls hashed both keys, built a
   // std::string of the 16-byte "Python parent id" for the lookup and copied each value out
-  // (4-5% of the saver thread's samples in `perf` of bench_writer).
+  // (89 of the saver thread's 2,003 samples in `perf` of bench_writer, 4.4%).
   std::string missing_parent(const kt::GenericTraceActivity& op) {
     if (!kWritesPythonParents || op.type() != kt::ActivityType::PYTHON_FUNCTION) return {};
     std::string_view id_text;

@@ -333,3 +333,59 @@ fn try_step_idle_counts_only_steps_with_nothing_to_do() {
     assert_eq!(steps(&p, 2), [false, true]);
     assert_eq!(rec.lifecycle(), [Call::Start { first_step: 4 }]);
 }
+
+#[test]
+fn is_running_here_follows_is_running_through_every_transition() {
+    let (p, _rec) = profiler(r#"{"delay_iterations": 1, "max_iterations": 2}"#);
+    let same = |p: &stepscope::WorkerProfiler, when: &str| {
+        assert_eq!(p.is_running_here(), p.is_running(), "{when}");
+    };
+    same(&p, "made");
+    steps(&p, 1);
+    same(&p, "idle");
+    p.start().unwrap();
+    same(&p, "delaying");
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let _iteration = p.step(&IterationInfo::default());
+        same(&p, "after a step");
+        seen.push(p.is_running_here());
+    }
+    assert_eq!(
+        seen,
+        [true, true, false, false, false],
+        "the window, by itself"
+    );
+    p.start().unwrap();
+    steps(&p, 2);
+    assert!(p.is_running_here());
+    p.step_end();
+    same(&p, "after step_end");
+    p.stop().unwrap();
+    same(&p, "stopped");
+    assert!(!p.is_running_here());
+    p.start().unwrap();
+    steps(&p, 2);
+    p.shutdown().unwrap();
+    same(&p, "shut down");
+    assert!(!p.is_running_here());
+}
+
+#[test]
+fn is_running_here_holds_through_a_stop_from_another_thread_until_the_engine_carries_it_out() {
+    let (p, _rec) = profiler("{}");
+    let p = std::sync::Arc::new(p);
+    steps(&p, 1); // this thread is the engine thread
+    p.start().unwrap();
+    steps(&p, 1);
+    let q = std::sync::Arc::clone(&p);
+    assert_eq!(
+        std::thread::spawn(move || q.stop().unwrap())
+            .join()
+            .unwrap(),
+        StopOutcome::Deferred
+    );
+    assert!(p.is_running() && p.is_running_here(), "the stop is pending");
+    steps(&p, 1);
+    assert!(!p.is_running() && !p.is_running_here(), "carried out here");
+}

@@ -25,6 +25,9 @@ const GATE_UNREGISTERED: u8 = 2;
 /// Gate bit: the step timeline is on (`stepscope.timeline`); alone, `step()` records the step
 /// in it without the lock.
 pub(super) const GATE_TIMELINE: u8 = 4;
+/// Gate bit: the backend captures ([`WorkerProfiler::is_running`]); set only with
+/// [`GATE_ARMED`], so the idle and timeline-only paths read the gate as before.
+const GATE_RUNNING: u8 = 8;
 
 /// The engine-side profiler of one worker: vLLM's `WorkerProfiler`, driven by one `step()`
 /// per engine iteration.
@@ -172,6 +175,16 @@ impl WorkerProfiler {
     /// until the engine thread has stopped the backend (at its next step).
     pub fn is_running(&self) -> bool {
         self.inner.lock().backend_running()
+    }
+
+    /// [`WorkerProfiler::is_running`] as the last transition left it, without the lock (one
+    /// relaxed load): exact on the thread that made that transition (the engine thread after
+    /// its own `step()`, `step_end()` or `stop()`), possibly a moment late on another. For a
+    /// caller that must know, around each of its own calls, whether that call stopped the
+    /// backend (the Python binding, which then takes torch's Python tracer off the thread).
+    #[inline]
+    pub fn is_running_here(&self) -> bool {
+        self.gate.load(Relaxed) & GATE_RUNNING != 0
     }
 
     /// Whether iterations should be annotated: while running, as vLLM's `should_annotate`.
@@ -333,6 +346,11 @@ impl WorkerProfiler {
             || g.nvtx_always
         {
             gate |= GATE_ARMED;
+        }
+        // The backend runs only within a session or while its stop is pending: never without
+        // GATE_ARMED.
+        if g.backend_running() {
+            gate |= GATE_RUNNING;
         }
         if self.timeline.is_some() {
             gate |= GATE_TIMELINE;

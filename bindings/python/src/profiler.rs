@@ -54,15 +54,16 @@ impl PyWorkerProfiler {
 
     /// Runs `call` (with the GIL released), then, where the backend was running before it and
     /// is not after, takes torch's Python tracer off this thread (see
-    /// [`drop_python_tracer`]).
+    /// [`drop_python_tracer`]). Both readings are the profiler's gate (no lock): this thread
+    /// made the transition, so it reads its own.
     fn ending<T>(&self, py: Python<'_>, call: impl FnOnce() -> T + Send) -> T
     where
         T: Send,
     {
         let p = &self.inner;
-        let was_running = p.is_running();
+        let was_running = p.is_running_here();
         let out = py.detach(call);
-        if was_running && !p.is_running() {
+        if was_running && !p.is_running_here() {
             drop_python_tracer(py);
         }
         out

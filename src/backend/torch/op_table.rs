@@ -330,10 +330,8 @@ pub fn op_totals(events: &[OpEvent<'_>], rules: Rules) -> Vec<OpTotals> {
                 continue;
             }
             children.hand_over(i, p);
-            let mut c = children.first[p as usize];
-            while c != NONE {
+            for c in children.of(p) {
                 parent[c as usize] = p;
-                c = children.next[c as usize];
             }
             own[p as usize] = own[i as usize];
             folded[i as usize] = true;
