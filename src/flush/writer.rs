@@ -504,6 +504,16 @@ fn save_loop(settings: &Settings, rx: &Receiver<Finalized>, done: &Done) {
         job.manifest.free_seconds = cpu
             .zip(crate::sys::thread_cpu())
             .map(|(before, after)| after.saturating_sub(before).as_secs_f64());
+        // What glibc keeps of it is handed back to the kernel at once: kept, the next window
+        // would reuse it unseen by its budget, which reads resident memory (measured: three
+        // stack windows of one loop cut 32, 63 and 95 steps in, each over the last one's
+        // leftovers; handed back, 31-32 each, 2.5-2.9 ms a trim).
+        let trim = Instant::now();
+        crate::sys::return_freed_memory();
+        log::debug!(
+            "stepscope: freed heap handed back in {:.1} ms",
+            trim.elapsed().as_secs_f64() * 1e3
+        );
         conclude(&job.manifest_path, &job.manifest, job.held_bytes, done);
     }
 }
