@@ -221,14 +221,16 @@ gpu-prep: wheel
 	$(CARGO) build --release -p stepscope-c
 	$(CARGO) bench --bench step --no-run
 
-bench: setup
+# The benches that start torch captures load the Kineto glue from the package directory
+# (`glue` stages it there: an editable install has no other on a fresh clone).
+bench: glue
 	$(CARGO) bench --workspace
 	$(VENV)/bin/maturin develop --quiet --release
 	$(PYTHON) scripts/bench_python_step.py
 
 # vLLM's own torch profiler against stepscope's in live `vllm serve`s on this CPU: four server
 # starts, about 15 minutes. Prints the table docs/python.md quotes.
-bench-vllm: setup
+bench-vllm: glue
 	$(VENV)/bin/maturin develop --quiet --release
 	$(PYTHON) scripts/bench_vllm_live.py
 
