@@ -105,6 +105,10 @@ pub(crate) struct HowToWrite {
     /// The exact file stem the engine asked for (`set_trace_name`), in place of
     /// `{worker}.{time_ns}.pt`.
     pub trace_name: Option<String>,
+    /// Hand the heap's free pages back to the kernel once the capture is freed
+    /// ([`crate::sys::return_freed_memory`]): where the memory budget
+    /// (`stepscope.max_capture_mb`) is on, which reads resident memory.
+    pub return_freed_memory: bool,
 }
 
 /// A finalized capture, ready to save.
@@ -450,6 +454,10 @@ fn finalize_loop(
                 log::error!("stepscope: {} failed: {e}", manifest.trace_file);
                 manifest.status = Status::Failed;
                 manifest.error = Some(e.to_string());
+                // The session is freed by now (`finalize` took it), as a written one is.
+                if job.how.return_freed_memory {
+                    return_freed_memory();
+                }
                 conclude(&manifest_path, &manifest, job.held_bytes, done);
             }
         }
@@ -506,16 +514,23 @@ fn save_loop(settings: &Settings, rx: &Receiver<Finalized>, done: &Done) {
             .map(|(before, after)| after.saturating_sub(before).as_secs_f64());
         // What glibc keeps of it is handed back to the kernel at once: kept, the next window
         // would reuse it unseen by its budget, which reads resident memory (measured: three
-        // stack windows of one loop cut 32, 63 and 95 steps in, each over the last one's
-        // leftovers; handed back, 31-32 each, 2.5-2.9 ms a trim).
-        let trim = Instant::now();
-        crate::sys::return_freed_memory();
-        log::debug!(
-            "stepscope: freed heap handed back in {:.1} ms",
-            trim.elapsed().as_secs_f64() * 1e3
-        );
+        // stack windows of one process cut 32, 64 and 96 steps in, each over the last one's
+        // leftovers; handed back, 32 each, 2.1-2.9 ms a trim).
+        if job.how.return_freed_memory {
+            return_freed_memory();
+        }
         conclude(&job.manifest_path, &job.manifest, job.held_bytes, done);
     }
+}
+
+/// [`crate::sys::return_freed_memory`], timed into the debug log.
+fn return_freed_memory() {
+    let trim = Instant::now();
+    crate::sys::return_freed_memory();
+    log::debug!(
+        "stepscope: freed heap handed back in {:.1} ms",
+        trim.elapsed().as_secs_f64() * 1e3
+    );
 }
 
 /// Where a trace's summary comes from.

@@ -253,6 +253,7 @@ impl TorchBackend {
             // Kineto writes the annotations' kwinputs (the requests) only with shapes.
             requests_into_args: manifest.steps.is_some() && !o.record_shapes,
             trace_name: session.and_then(|s| s.trace_name.clone()),
+            return_freed_memory: self.max_held_bytes > 0,
         };
         self.writer.submit(Job {
             session: Box::new(KinetoCapture {
