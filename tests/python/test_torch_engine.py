@@ -513,7 +513,6 @@ def test_successive_budgeted_windows_are_each_cut_at_their_first_reading(tmp_pat
     capture's leftovers (32, 64, 96 steps in before it did). Growth per step is a count of
     events, not a speed: 32 steps of these grew 8 MB with stacks, where this budget allows
     100 / 80 = 1.25. With the budget off, nothing is handed back (no trim, no cost)."""
-    import gc
 
     def handed_back() -> int:
         return sum("freed heap handed back" in r.getMessage() for r in caplog.records)
