@@ -114,8 +114,8 @@ pub(crate) struct HowToWrite {
 /// What the finalizer hands the saver, in the order it happened.
 enum ToSave {
     /// A job's finalize has begun: its `writing` manifest, written (and fsynced) by the saver
-    /// while the finalize runs, not before it on the stop's path (that fsync took 1.5-30 ms
-    /// in `make bench-vllm`'s stop, 0.21 s once while the machine was loaded).
+    /// while the finalize runs, not before it on the stop's path (that write took 1.5-30 ms in
+    /// the stop of `make bench-vllm`'s capture, 0.21 s once while the machine was loaded).
     Begun(PathBuf, Manifest),
     Finalized(Finalized),
 }
@@ -131,8 +131,15 @@ struct Finalized {
 }
 
 /// Jobs the writer has not finished, by manifest path: what the backend marks `unfinished`
-/// when it cannot wait any longer.
+/// when it cannot wait any longer. The engine thread takes its lock to queue a job, so it is
+/// never held across a write (see [`ManifestWrites`]).
 type InFlight = Arc<Mutex<Vec<(PathBuf, Manifest)>>>;
+
+/// Taken around every manifest write of a writer's jobs, so that a drop's `unfinished` and a
+/// job's own manifests never interleave: held across the write and its fsync, which the
+/// in-flight list's lock must not be (a stop queuing its job on the engine thread would wait
+/// behind another job's write, as long as a slow disk makes it).
+type ManifestWrites = Arc<Mutex<()>>;
 
 /// What the jobs not yet written hold in memory, bytes (the sum of their `held_bytes`).
 type Held = Arc<AtomicU64>;
@@ -160,6 +167,7 @@ pub(crate) struct Writer {
     /// Sessions not yet finalized, of every writer in the process ([`sessions_finalizing`]).
     finalizing: PendingWrites,
     in_flight: InFlight,
+    writes: ManifestWrites,
     held: Held,
 }
 
@@ -172,6 +180,7 @@ impl Writer {
             pending: PendingWrites::default(),
             finalizing: sessions_finalizing().clone(),
             in_flight: InFlight::default(),
+            writes: ManifestWrites::default(),
             held: Held::default(),
         }
     }
@@ -217,6 +226,7 @@ impl Writer {
         let done = Done {
             pending: self.pending.clone(),
             in_flight: Arc::clone(&self.in_flight),
+            writes: Arc::clone(&self.writes),
             held: Arc::clone(&self.held),
         };
         let settings = Arc::clone(&self.settings);
@@ -231,6 +241,7 @@ impl Writer {
         let done = Done {
             pending: self.pending.clone(),
             in_flight: Arc::clone(&self.in_flight),
+            writes: Arc::clone(&self.writes),
             held: Arc::clone(&self.held),
         };
         let finalizing = self.finalizing.clone();
@@ -303,7 +314,8 @@ impl Drop for Writer {
             }
             return;
         }
-        let mut in_flight = self.in_flight.lock();
+        let _writes = self.writes.lock();
+        let mut in_flight = std::mem::take(&mut *self.in_flight.lock());
         for (path, manifest) in in_flight.iter_mut() {
             manifest.status = Status::Unfinished;
             manifest.error = Some(format!(
@@ -320,7 +332,6 @@ impl Drop for Writer {
         );
         // Nobody waits for them any longer: no parent should either.
         in_flight_end(in_flight.len());
-        in_flight.clear();
     }
 }
 
@@ -393,20 +404,25 @@ fn write_manifest(path: &Path, manifest: &Manifest) {
 struct Done {
     pending: PendingWrites,
     in_flight: InFlight,
+    writes: ManifestWrites,
     held: Held,
 }
 
 /// Records a job's end: its final manifest, then its place in the pending count and in what
 /// the queue holds (its buffers are freed by then).
 fn conclude(manifest_path: &Path, manifest: &Manifest, held_bytes: u64, done: &Done) {
-    // Leave the in-flight list first (under its lock), so a concurrent drop cannot mark this
-    // job unfinished after its final manifest is written.
+    // Leave the in-flight list first, and write under the writes' lock, so a concurrent drop
+    // cannot mark this job unfinished after its final manifest is written.
     let listed = {
-        let mut list = done.in_flight.lock();
-        let before = list.len();
-        list.retain(|(p, _)| p != manifest_path);
+        let _writes = done.writes.lock();
+        let listed = {
+            let mut list = done.in_flight.lock();
+            let before = list.len();
+            list.retain(|(p, _)| p != manifest_path);
+            list.len() < before
+        };
         write_manifest(manifest_path, manifest);
-        list.len() < before
+        listed
     };
     done.held.fetch_sub(held_bytes, Relaxed);
     done.pending
@@ -475,12 +491,17 @@ fn finalize_loop(
     }
 }
 
-/// A job's `writing` manifest. Under the lock, and only while still listed: a drop that gave
-/// up on this job has already written it as unfinished, and a failed finalize as failed, which
-/// "writing" must not overwrite.
+/// A job's `writing` manifest, only while still listed: a drop that gave up on this job has
+/// already written it as unfinished, and a failed finalize as failed, which "writing" must not
+/// overwrite.
 fn write_begun(manifest_path: &Path, manifest: &Manifest, done: &Done) {
-    let list = done.in_flight.lock();
-    if list.iter().any(|(p, _)| p == manifest_path) {
+    let _writes = done.writes.lock();
+    let listed = done
+        .in_flight
+        .lock()
+        .iter()
+        .any(|(p, _)| p == manifest_path);
+    if listed {
         write_manifest(manifest_path, manifest);
     }
 }
@@ -1040,6 +1061,96 @@ mod tests {
             manifests[0].error
         );
         assert!(!fifo.exists(), "the FIFO was left behind");
+    }
+
+    /// Whether this process's thread named `name` comes to be blocked in `openat` (its
+    /// `/proc` syscall entry says so) within a minute: a watchdog, not a speed.
+    fn blocked_in_open(name: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            let tasks = fs::read_dir("/proc/self/task")
+                .into_iter()
+                .flatten()
+                .flatten();
+            for task in tasks {
+                let task = task.path();
+                let named = fs::read_to_string(task.join("comm")).is_ok_and(|c| c.trim() == name);
+                let call = fs::read_to_string(task.join("syscall")).unwrap_or_default();
+                let nr = call
+                    .split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse::<i64>().ok());
+                if named && nr == Some(libc::SYS_openat) {
+                    return true;
+                }
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    #[test]
+    fn a_stop_queues_its_job_while_another_manifest_write_hangs() {
+        // A stop queues its capture on the engine thread, which must not wait for the writer
+        // threads' disk: here the first job's `writing` manifest hangs (a FIFO at its
+        // temporary), and a second job is queued meanwhile.
+        let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
+        let dir = Scratch::empty("writer-queue-beside-write");
+        let mut writer = Writer::new(Settings {
+            dir: dir.to_path_buf(),
+            gzip: Some(1),
+            flush_timeout: Duration::from_secs(120),
+        });
+        let (stem, _) = trace_names("w", 1, None, true);
+        let fifo = temp_path(&dir, &manifest_name(&stem), "");
+        let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("a path");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
+        let job = |time_ns, session: Box<dyn Capture>| {
+            let mut manifest = Manifest::default();
+            manifest.captured.worker_name = "w".into();
+            Job {
+                session,
+                time_ns,
+                queued: Instant::now(),
+                manifest,
+                held_bytes: 0,
+                how: HowToWrite::default(),
+            }
+        };
+        let first = Box::new(Fake(Arc::new(AtomicBool::new(false))));
+        writer.submit(job(1, first)).expect("submit");
+        assert!(
+            blocked_in_open("stepscope-write"),
+            "the saver never reached the manifest's write"
+        );
+        let (queued_tx, queued) = crossbeam_channel::bounded(1);
+        let second = Box::new(Fake(Arc::new(AtomicBool::new(false))));
+        let (ok, at_once) = thread::scope(|scope| {
+            let writer = &mut writer;
+            scope.spawn(move || {
+                let _ = queued_tx.send(writer.submit(job(2, second)).is_ok());
+            });
+            // A deadlock's watchdog, not a speed: the second submit returns at once, or only
+            // once the hung write is let go below.
+            let at_once = queued.recv_timeout(Duration::from_secs(60)).ok();
+            let mut held = Vec::new();
+            io::Read::read_to_end(&mut File::open(&fifo).expect("the FIFO"), &mut held)
+                .expect("the held manifest");
+            (at_once.or_else(|| queued.recv().ok()), at_once.is_some())
+        });
+        assert_eq!(ok, Some(true), "the second job was not queued");
+        assert!(
+            at_once,
+            "queuing a job waited for another job's manifest write"
+        );
+        assert!(
+            writer.pending().wait(Duration::from_secs(120)),
+            "not written"
+        );
+        let manifests = manifests_in(&dir);
+        assert_eq!(manifests.len(), 2);
+        assert!(manifests.iter().all(|m| m.status == Status::Complete));
     }
 
     #[test]
