@@ -303,9 +303,16 @@ impl Writer {
     }
 }
 
+/// How long a drop that gave up on its traces waits for their `unfinished` marks: they are
+/// written on a thread of their own, after any manifest write under way (a disk that stopped
+/// answering holds both), and what is not marked by then is marked by the next start in the
+/// directory once this process has ended ([`super::stale`]).
+const MARK_UNFINISHED_WAIT: Duration = Duration::from_secs(5);
+
 impl Drop for Writer {
     /// Waits up to the flush timeout for queued traces; what is still unwritten then is marked
-    /// `unfinished` in its manifest and left to the (detached) threads.
+    /// `unfinished` in its manifest (waited for up to [`MARK_UNFINISHED_WAIT`] more) and left to
+    /// the (detached) threads.
     fn drop(&mut self) {
         drop(self.tx.take());
         if self.pending.wait(self.settings.flush_timeout) {
@@ -314,24 +321,46 @@ impl Drop for Writer {
             }
             return;
         }
-        let _writes = self.writes.lock();
-        let mut in_flight = std::mem::take(&mut *self.in_flight.lock());
-        for (path, manifest) in in_flight.iter_mut() {
-            manifest.status = Status::Unfinished;
-            manifest.error = Some(format!(
-                "the profiler was dropped before this trace was written (waited {:?}, \
-                 stepscope.flush_timeout_s)",
-                self.settings.flush_timeout
-            ));
-            write_manifest(path, manifest);
-        }
+        let in_flight = std::mem::take(&mut *self.in_flight.lock());
+        let n = in_flight.len();
         log::error!(
-            "stepscope: {} trace(s) still being written after {:?}; marked unfinished",
-            in_flight.len(),
+            "stepscope: {n} trace(s) still being written after {:?}; marked unfinished",
             self.settings.flush_timeout
         );
+        let error = format!(
+            "the profiler was dropped before this trace was written (waited {:?}, \
+             stepscope.flush_timeout_s)",
+            self.settings.flush_timeout
+        );
+        let writes = Arc::clone(&self.writes);
+        let (marked_tx, marked) = crossbeam_channel::bounded::<()>(1);
+        let marker = thread::Builder::new()
+            .name("stepscope-mark".into())
+            .spawn(move || {
+                let _writes = writes.lock();
+                for (path, mut manifest) in in_flight {
+                    manifest.status = Status::Unfinished;
+                    manifest.error = Some(error.clone());
+                    write_manifest(&path, &manifest);
+                }
+                let _ = marked_tx.send(());
+            });
+        let waited = match marker {
+            Ok(_) => marked.recv_timeout(MARK_UNFINISHED_WAIT).is_ok(),
+            Err(e) => {
+                log::error!("stepscope: cannot start the thread that marks them: {e}");
+                false
+            }
+        };
+        if !waited {
+            log::error!(
+                "stepscope: {n} trace(s) not marked unfinished within {MARK_UNFINISHED_WAIT:?} \
+                 (a manifest write has not returned); the next start in the directory marks \
+                 them once this process has ended"
+            );
+        }
         // Nobody waits for them any longer: no parent should either.
-        in_flight_end(in_flight.len());
+        in_flight_end(n);
     }
 }
 
@@ -1151,6 +1180,116 @@ mod tests {
         let manifests = manifests_in(&dir);
         assert_eq!(manifests.len(), 2);
         assert!(manifests.iter().all(|m| m.status == Status::Complete));
+    }
+
+    #[test]
+    fn a_drop_giving_up_returns_while_a_manifest_write_hangs() {
+        // At exit, a writer whose traces outlast the flush timeout marks them unfinished and
+        // lets go: here a job's `writing` manifest hangs (a FIFO at its temporary, as on a
+        // disk that stopped answering), and the drop must return all the same, its traces no
+        // longer counted in flight (the flushing marker gone).
+        let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
+        let dir = Scratch::empty("writer-drop-beside-write");
+        let mut writer = Writer::new(Settings {
+            dir: dir.to_path_buf(),
+            gzip: Some(1),
+            flush_timeout: Duration::ZERO,
+        });
+        let (stem, _) = trace_names("w", 1, None, true);
+        let fifo = temp_path(&dir, &manifest_name(&stem), "");
+        let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("a path");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
+        let mut manifest = Manifest::default();
+        manifest.captured.worker_name = "w".into();
+        let job = Job {
+            session: Box::new(Fake(Arc::new(AtomicBool::new(false)))),
+            time_ns: 1,
+            queued: Instant::now(),
+            manifest,
+            held_bytes: 0,
+            how: HowToWrite::default(),
+        };
+        writer.submit(job).expect("submit");
+        assert!(
+            blocked_in_open("stepscope-write"),
+            "the saver never reached the manifest's write"
+        );
+        let (dropped_tx, dropped) = crossbeam_channel::bounded(1);
+        let dropping = thread::spawn(move || {
+            drop(writer);
+            let _ = dropped_tx.send(());
+        });
+        // A deadlock's watchdog, not a speed: the drop waits for the marks at most
+        // MARK_UNFINISHED_WAIT, then returns.
+        let returned = dropped.recv_timeout(Duration::from_secs(60)).is_ok();
+        let marker_gone = !super::super::in_flight::flushing_marker_of(std::process::id()).exists();
+        // Let the hung write go, so the detached threads end.
+        let mut held = Vec::new();
+        io::Read::read_to_end(&mut File::open(&fifo).expect("the FIFO"), &mut held)
+            .expect("the held manifest");
+        let _ = dropping.join();
+        assert!(
+            returned,
+            "the drop waited for a manifest write that did not return"
+        );
+        assert!(marker_gone, "the drop left its traces counted in flight");
+    }
+
+    /// A capture whose finalize waits for word (a deadlock's watchdog of a minute).
+    struct FinalizesOnWord(Receiver<()>);
+
+    impl Capture for FinalizesOnWord {
+        fn finalize(self: Box<Self>) -> Result<Box<dyn Trace>> {
+            let _ = self.0.recv_timeout(Duration::from_secs(60));
+            Ok(Box::new(FakeTrace(Arc::new(AtomicBool::new(false)))))
+        }
+    }
+
+    #[test]
+    fn a_drop_giving_up_marks_its_traces_unfinished() {
+        let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
+        let dir = Scratch::empty("writer-drop-marks");
+        let mut writer = Writer::new(Settings {
+            dir: dir.to_path_buf(),
+            gzip: Some(1),
+            flush_timeout: Duration::ZERO,
+        });
+        let (word, heard) = crossbeam_channel::bounded(1);
+        let mut manifest = Manifest::default();
+        manifest.captured.worker_name = "w".into();
+        let job = Job {
+            session: Box::new(FinalizesOnWord(heard)),
+            time_ns: 1,
+            queued: Instant::now(),
+            manifest,
+            held_bytes: 0,
+            how: HowToWrite::default(),
+        };
+        writer.submit(job).expect("submit");
+        drop(writer);
+        // When the drop returns, the manifest says why the trace is not there.
+        let marked = manifests_in(&dir);
+        // The finalize goes on (detached), and writes the trace after all.
+        let _ = word.send(());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while manifests_in(&dir)
+            .first()
+            .is_none_or(|m| m.status != Status::Complete)
+        {
+            assert!(Instant::now() < deadline, "the detached job never ended");
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(marked.len(), 1);
+        assert_eq!(marked[0].status, Status::Unfinished);
+        assert!(
+            marked[0]
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("dropped before this trace was written")),
+            "{:?}",
+            marked[0].error
+        );
     }
 
     #[test]
