@@ -111,15 +111,6 @@ pub(crate) struct HowToWrite {
     pub return_freed_memory: bool,
 }
 
-/// What the finalizer hands the saver, in the order it happened.
-enum ToSave {
-    /// A job's finalize has begun: its `writing` manifest, written (and fsynced) by the saver
-    /// while the finalize runs, not before it on the stop's path (that write took 1.5-30 ms in
-    /// the stop of `make bench-vllm`'s capture, 0.21 s once while the machine was loaded).
-    Begun(PathBuf, Manifest),
-    Finalized(Finalized),
-}
-
 /// A finalized capture, ready to save.
 struct Finalized {
     result: Box<dyn Trace>,
@@ -130,10 +121,19 @@ struct Finalized {
     how: HowToWrite,
 }
 
-/// Jobs the writer has not finished, by manifest path: what the backend marks `unfinished`
-/// when it cannot wait any longer. The engine thread takes its lock to queue a job, so it is
-/// never held across a write (see [`ManifestWrites`]).
-type InFlight = Arc<Mutex<Vec<(PathBuf, Manifest)>>>;
+/// The jobs the writer has not finished, by manifest path. The engine thread takes its lock
+/// to queue a job, so it is never held across a write (see [`ManifestWrites`]).
+#[derive(Default)]
+struct Jobs {
+    /// Being written: each one ends by leaving this list, in `conclude` (or `submit`, where it
+    /// could not be queued).
+    listed: Vec<(PathBuf, Manifest)>,
+    /// Those a drop gave up on (and counted out of the process's traces in flight), to be
+    /// marked `unfinished` unless their own final manifest is written first.
+    given_up: Vec<(PathBuf, Manifest)>,
+}
+
+type InFlight = Arc<Mutex<Jobs>>;
 
 /// Taken around every manifest write of a writer's jobs, so that a drop's `unfinished` and a
 /// job's own manifests never interleave: held across the write and its fsync, which the
@@ -160,7 +160,7 @@ fn sessions_finalizing() -> &'static PendingWrites {
 /// files.
 pub(crate) struct Writer {
     settings: Arc<Settings>,
-    tx: Option<Sender<(PathBuf, Job)>>,
+    tx: Option<Senders>,
     threads: Vec<JoinHandle<()>>,
     /// Jobs not yet written (finalizing, queued or saving).
     pending: PendingWrites,
@@ -216,11 +216,12 @@ impl Writer {
         }
     }
 
-    fn spawn(&mut self) -> Result<Sender<(PathBuf, Job)>> {
+    fn spawn(&mut self) -> Result<Senders> {
         let spawn_err =
             |e: io::Error| Error::backend("torch", format!("cannot start the trace writer: {e}"));
         let (tx, rx) = crossbeam_channel::unbounded::<(PathBuf, Job)>();
-        let (save_tx, save_rx) = crossbeam_channel::unbounded::<ToSave>();
+        let (begun_tx, begun_rx) = crossbeam_channel::unbounded::<(PathBuf, Manifest)>();
+        let (save_tx, save_rx) = crossbeam_channel::unbounded::<Finalized>();
         // Spawned from the engine thread: its CPUs are the ones to keep clear.
         let cpus = OffEngineCpus::of_this_thread();
         let done = Done {
@@ -253,7 +254,31 @@ impl Writer {
             })
             .map_err(spawn_err)?;
         self.threads.push(finalizer);
-        Ok(tx)
+        // Each job's `writing` manifest, written (and fsynced) as the job is queued, behind no
+        // finalize or save: on the finalizer, before its finalize, that write was on the stop's
+        // path (the finalize began 0.9-2.5 ms after the stop queued its job in the capture
+        // `make bench-vllm` makes, once 30 ms, once 0.21 s while the machine was loaded); on
+        // the saver, a job's manifest waited for the save before it.
+        let done = Done {
+            pending: self.pending.clone(),
+            in_flight: Arc::clone(&self.in_flight),
+            writes: Arc::clone(&self.writes),
+            held: Arc::clone(&self.held),
+        };
+        let begun = thread::Builder::new()
+            .name("stepscope-begun".into())
+            .spawn(move || {
+                cpus.apply();
+                for (manifest_path, manifest) in begun_rx.iter() {
+                    write_begun(&manifest_path, &manifest, &done);
+                }
+            })
+            .map_err(spawn_err)?;
+        self.threads.push(begun);
+        Ok(Senders {
+            begun: begun_tx,
+            jobs: tx,
+        })
     }
 
     /// Queues a session for writing. Costs a channel send (the threads start with the first
@@ -279,16 +304,18 @@ impl Writer {
         }
         self.in_flight
             .lock()
+            .listed
             .push((manifest_path.clone(), job.manifest.clone()));
         self.pending.begin_trace(trace_path, manifest_path.clone());
         self.finalizing.begin();
         let held_bytes = job.held_bytes;
         self.held.fetch_add(held_bytes, Relaxed);
         in_flight_begin(self.settings.flush_timeout);
-        let sent = self
-            .tx
-            .as_ref()
-            .is_some_and(|tx| tx.send((manifest_path.clone(), job)).is_ok());
+        let sent = self.tx.as_ref().is_some_and(|tx| {
+            // Its `writing` manifest first (a job queued without one is still written).
+            let _ = tx.begun.send((manifest_path.clone(), job.manifest.clone()));
+            tx.jobs.send((manifest_path.clone(), job)).is_ok()
+        });
         if !sent {
             let why = "the trace writer has stopped";
             self.pending
@@ -296,7 +323,10 @@ impl Writer {
             self.finalizing.finish();
             self.held.fetch_sub(held_bytes, Relaxed);
             in_flight_end(1);
-            self.in_flight.lock().retain(|(p, _)| *p != manifest_path);
+            self.in_flight
+                .lock()
+                .listed
+                .retain(|(p, _)| *p != manifest_path);
             return Err(Error::backend("torch", why));
         }
         Ok(())
@@ -321,10 +351,17 @@ impl Drop for Writer {
             }
             return;
         }
-        let in_flight = std::mem::take(&mut *self.in_flight.lock());
-        let n = in_flight.len();
+        // Given up on, and counted out below, in the list's lock: a job ending from now on
+        // finds itself no longer listed.
+        let n = {
+            let mut jobs = self.in_flight.lock();
+            let listed = std::mem::take(&mut jobs.listed);
+            let n = listed.len();
+            jobs.given_up.extend(listed);
+            n
+        };
         log::error!(
-            "stepscope: {n} trace(s) still being written after {:?}; marked unfinished",
+            "stepscope: {n} trace(s) still being written after {:?}; marking them unfinished",
             self.settings.flush_timeout
         );
         let error = format!(
@@ -333,12 +370,16 @@ impl Drop for Writer {
             self.settings.flush_timeout
         );
         let writes = Arc::clone(&self.writes);
+        let in_flight = Arc::clone(&self.in_flight);
         let (marked_tx, marked) = crossbeam_channel::bounded::<()>(1);
         let marker = thread::Builder::new()
             .name("stepscope-mark".into())
             .spawn(move || {
+                // Under the writes' lock, what is still given up on: a job whose final manifest
+                // was written first (in `conclude`, under the same lock) has left the list.
                 let _writes = writes.lock();
-                for (path, mut manifest) in in_flight {
+                let given_up = std::mem::take(&mut in_flight.lock().given_up);
+                for (path, mut manifest) in given_up {
                     manifest.status = Status::Unfinished;
                     manifest.error = Some(error.clone());
                     write_manifest(&path, &manifest);
@@ -429,6 +470,13 @@ fn write_manifest(path: &Path, manifest: &Manifest) {
     }
 }
 
+/// Where `submit` hands a job: its `writing` manifest to the thread that writes those, the job
+/// to the finalizer.
+struct Senders {
+    begun: Sender<(PathBuf, Manifest)>,
+    jobs: Sender<(PathBuf, Job)>,
+}
+
 /// What the writer threads update when a job ends.
 struct Done {
     pending: PendingWrites,
@@ -445,10 +493,11 @@ fn conclude(manifest_path: &Path, manifest: &Manifest, held_bytes: u64, done: &D
     let listed = {
         let _writes = done.writes.lock();
         let listed = {
-            let mut list = done.in_flight.lock();
-            let before = list.len();
-            list.retain(|(p, _)| p != manifest_path);
-            list.len() < before
+            let mut jobs = done.in_flight.lock();
+            jobs.given_up.retain(|(p, _)| p != manifest_path);
+            let before = jobs.listed.len();
+            jobs.listed.retain(|(p, _)| p != manifest_path);
+            jobs.listed.len() < before
         };
         write_manifest(manifest_path, manifest);
         listed
@@ -464,20 +513,12 @@ fn conclude(manifest_path: &Path, manifest: &Manifest, held_bytes: u64, done: &D
 
 fn finalize_loop(
     rx: &Receiver<(PathBuf, Job)>,
-    save_tx: &Sender<ToSave>,
+    save_tx: &Sender<Finalized>,
     done: &Done,
     finalizing: &PendingWrites,
 ) {
     for (manifest_path, job) in rx.iter() {
         publish_in_flight();
-        // The saver writes the `writing` manifest as the finalize runs; it writes every later
-        // manifest of this job too, or, where the finalize fails, skips it (no longer listed).
-        let begun = ToSave::Begun(manifest_path.clone(), job.manifest.clone());
-        if let Err(crossbeam_channel::SendError(ToSave::Begun(path, manifest))) =
-            save_tx.send(begun)
-        {
-            write_begun(&path, &manifest, done);
-        }
         let began = Instant::now();
         let outcome =
             catch_unwind(AssertUnwindSafe(|| job.session.finalize())).unwrap_or_else(|p| {
@@ -497,9 +538,7 @@ fn finalize_loop(
                     held_bytes: job.held_bytes,
                     how: job.how,
                 };
-                if let Err(crossbeam_channel::SendError(ToSave::Finalized(f))) =
-                    save_tx.send(ToSave::Finalized(next))
-                {
+                if let Err(crossbeam_channel::SendError(f)) = save_tx.send(next) {
                     let mut manifest = f.manifest;
                     manifest.status = Status::Failed;
                     manifest.error = Some("the trace writer has stopped".into());
@@ -520,14 +559,15 @@ fn finalize_loop(
     }
 }
 
-/// A job's `writing` manifest, only while still listed: a drop that gave up on this job has
-/// already written it as unfinished, and a failed finalize as failed, which "writing" must not
-/// overwrite.
+/// A job's `writing` manifest, only while still listed: a job that has ended (its final
+/// manifest written) or that a drop gave up on (marked unfinished) is not, and "writing" must
+/// not overwrite what they wrote.
 fn write_begun(manifest_path: &Path, manifest: &Manifest, done: &Done) {
     let _writes = done.writes.lock();
     let listed = done
         .in_flight
         .lock()
+        .listed
         .iter()
         .any(|(p, _)| p == manifest_path);
     if listed {
@@ -535,15 +575,8 @@ fn write_begun(manifest_path: &Path, manifest: &Manifest, done: &Done) {
     }
 }
 
-fn save_loop(settings: &Settings, rx: &Receiver<ToSave>, done: &Done) {
-    for next in rx.iter() {
-        let mut job = match next {
-            ToSave::Begun(manifest_path, manifest) => {
-                write_begun(&manifest_path, &manifest, done);
-                continue;
-            }
-            ToSave::Finalized(job) => job,
-        };
+fn save_loop(settings: &Settings, rx: &Receiver<Finalized>, done: &Done) {
+    for mut job in rx.iter() {
         let began = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             write_job(settings, &mut job.result, &job.manifest, &job.how)
@@ -1035,8 +1068,8 @@ mod tests {
 
     #[test]
     fn the_finalize_does_not_wait_for_the_writing_manifest() {
-        // The `writing` manifest's write (and its fsync) is the saver's, made while the
-        // finalize runs: here it hangs, as on a disk that stopped answering (a FIFO at the
+        // The `writing` manifest's write (and its fsync) is a thread's of its own, made as the
+        // job is queued: here it hangs, as on a disk that stopped answering (a FIFO at the
         // temporary it writes through blocks its open until a reader comes), and the finalize
         // must run all the same.
         let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
@@ -1092,8 +1125,9 @@ mod tests {
         assert!(!fifo.exists(), "the FIFO was left behind");
     }
 
-    /// Whether this process's thread named `name` comes to be blocked in `openat` (its
-    /// `/proc` syscall entry says so) within a minute: a watchdog, not a speed.
+    /// Whether this process's thread named `name` (as `/proc` holds it: 15 bytes at most)
+    /// comes to be blocked in `openat` (its `/proc` syscall entry says so) within a minute: a
+    /// watchdog, not a speed.
     fn blocked_in_open(name: &str) -> bool {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
@@ -1150,8 +1184,8 @@ mod tests {
         let first = Box::new(Fake(Arc::new(AtomicBool::new(false))));
         writer.submit(job(1, first)).expect("submit");
         assert!(
-            blocked_in_open("stepscope-write"),
-            "the saver never reached the manifest's write"
+            blocked_in_open("stepscope-begun"),
+            "the manifest's thread never reached its write"
         );
         let (queued_tx, queued) = crossbeam_channel::bounded(1);
         let second = Box::new(Fake(Arc::new(AtomicBool::new(false))));
@@ -1212,9 +1246,10 @@ mod tests {
         };
         writer.submit(job).expect("submit");
         assert!(
-            blocked_in_open("stepscope-write"),
-            "the saver never reached the manifest's write"
+            blocked_in_open("stepscope-begun"),
+            "the manifest's thread never reached its write"
         );
+        let pending = writer.pending();
         let (dropped_tx, dropped) = crossbeam_channel::bounded(1);
         let dropping = thread::spawn(move || {
             drop(writer);
@@ -1229,11 +1264,92 @@ mod tests {
         io::Read::read_to_end(&mut File::open(&fifo).expect("the FIFO"), &mut held)
             .expect("the held manifest");
         let _ = dropping.join();
+        // The detached threads end their job before the directory goes.
+        assert!(pending.wait(Duration::from_secs(120)), "never written");
         assert!(
             returned,
             "the drop waited for a manifest write that did not return"
         );
         assert!(marker_gone, "the drop left its traces counted in flight");
+        let manifests = manifests_in(&dir);
+        assert_eq!(manifests.len(), 1);
+        assert_eq!(
+            manifests[0].status,
+            Status::Complete,
+            "{:?}",
+            manifests[0].error
+        );
+    }
+
+    /// A capture whose save waits for word (a deadlock's watchdog of a minute).
+    struct SavesOnWord(Receiver<()>);
+
+    impl Capture for SavesOnWord {
+        fn finalize(self: Box<Self>) -> Result<Box<dyn Trace>> {
+            Ok(self)
+        }
+    }
+
+    impl Trace for SavesOnWord {
+        fn save(&self, path: &str) -> Result<()> {
+            let _ = self.0.recv_timeout(Duration::from_secs(60));
+            fs::write(path, br#"{"traceEvents": []}"#).map_err(|e| Error::io(path, "writing", e))
+        }
+    }
+
+    #[test]
+    fn a_stops_manifest_says_writing_while_another_trace_is_saved() {
+        // `stepscope wait DIR` waits while a manifest says `writing`: a job queued while the
+        // writer still saves another trace has one a moment after its stop, not once that save
+        // ends.
+        let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
+        let dir = Scratch::empty("writer-begun-during-save");
+        let mut writer = Writer::new(Settings {
+            dir: dir.to_path_buf(),
+            gzip: Some(1),
+            flush_timeout: Duration::from_secs(120),
+        });
+        let job = |time_ns, session: Box<dyn Capture>| {
+            let mut manifest = Manifest::default();
+            manifest.captured.worker_name = "w".into();
+            Job {
+                session,
+                time_ns,
+                queued: Instant::now(),
+                manifest,
+                held_bytes: 0,
+                how: HowToWrite::default(),
+            }
+        };
+        let (word, heard) = crossbeam_channel::bounded(1);
+        writer
+            .submit(job(1, Box::new(SavesOnWord(heard))))
+            .expect("submit");
+        writer
+            .submit(job(2, Box::new(Fake(Arc::new(AtomicBool::new(false))))))
+            .expect("submit");
+        let (second, _) = trace_names("w", 2, None, true);
+        let second = dir.join(manifest_name(&second));
+        // A watchdog, not a speed: the manifest comes at once, or only after the save below.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut says = None;
+        while says.is_none() && Instant::now() < deadline {
+            says = Manifest::read(&second).ok().map(|m| m.status);
+            thread::sleep(Duration::from_millis(5));
+        }
+        let _ = word.send(());
+        assert!(
+            writer.pending().wait(Duration::from_secs(120)),
+            "not written"
+        );
+        assert_eq!(
+            says,
+            Some(Status::Writing),
+            "no manifest while another trace was saved"
+        );
+        let manifests = manifests_in(&dir);
+        assert_eq!(manifests.len(), 2);
+        assert!(manifests.iter().all(|m| m.status == Status::Complete));
     }
 
     /// A capture whose finalize waits for word (a deadlock's watchdog of a minute).
