@@ -365,7 +365,7 @@ def test_what_stepscope_cannot_record_goes_to_sglangs_own_profiler(tmp_path, cap
     s = Scheduler()
     caplog.set_level(logging.INFO, logger="stepscope.sglang")
     # A stepscope capture just ended: its trace is still being written (here held at its
-    # first manifest write, which its save waits behind), and Kineto is one profiler per
+    # first manifest write, which its final manifest waits behind), and Kineto is one profiler per
     # process. A request only SGLang's own profiler can serve is refused until the trace
     # is written, not started into a crash.
     wait_written()  # earlier tests' traces: the count below is this test's
