@@ -220,7 +220,7 @@ impl Writer {
         let spawn_err =
             |e: io::Error| Error::backend("torch", format!("cannot start the trace writer: {e}"));
         let (tx, rx) = crossbeam_channel::unbounded::<(PathBuf, Job)>();
-        let (begun_tx, begun_rx) = crossbeam_channel::unbounded::<(PathBuf, Manifest)>();
+        let (begun_tx, begun_rx) = crossbeam_channel::unbounded::<PathBuf>();
         let (save_tx, save_rx) = crossbeam_channel::unbounded::<Finalized>();
         // Spawned from the engine thread: its CPUs are the ones to keep clear.
         let cpus = OffEngineCpus::of_this_thread();
@@ -269,8 +269,8 @@ impl Writer {
             .name("stepscope-begun".into())
             .spawn(move || {
                 cpus.apply();
-                for (manifest_path, manifest) in begun_rx.iter() {
-                    write_begun(&manifest_path, &manifest, &done);
+                for manifest_path in begun_rx.iter() {
+                    write_begun(&manifest_path, &done);
                 }
             })
             .map_err(spawn_err)?;
@@ -281,7 +281,7 @@ impl Writer {
         })
     }
 
-    /// Queues a session for writing. Costs a channel send (the threads start with the first
+    /// Queues a session for writing. Costs two channel sends (the threads start with the first
     /// job); never blocks on Kineto or I/O.
     pub fn submit(&mut self, mut job: Job) -> Result<()> {
         let s = &self.settings;
@@ -312,9 +312,13 @@ impl Writer {
         self.held.fetch_add(held_bytes, Relaxed);
         in_flight_begin(self.settings.flush_timeout);
         let sent = self.tx.as_ref().is_some_and(|tx| {
-            // Its `writing` manifest first (a job queued without one is still written).
-            let _ = tx.begun.send((manifest_path.clone(), job.manifest.clone()));
-            tx.jobs.send((manifest_path.clone(), job)).is_ok()
+            let sent = tx.jobs.send((manifest_path.clone(), job)).is_ok();
+            // Its `writing` manifest once it is queued (a job not queued must have none; one
+            // queued without it is still written).
+            if sent {
+                let _ = tx.begun.send(manifest_path.clone());
+            }
+            sent
         });
         if !sent {
             let why = "the trace writer has stopped";
@@ -473,7 +477,8 @@ fn write_manifest(path: &Path, manifest: &Manifest) {
 /// Where `submit` hands a job: its `writing` manifest to the thread that writes those, the job
 /// to the finalizer.
 struct Senders {
-    begun: Sender<(PathBuf, Manifest)>,
+    /// The manifest's path: the thread takes the manifest from [`Jobs::listed`].
+    begun: Sender<PathBuf>,
     jobs: Sender<(PathBuf, Job)>,
 }
 
@@ -562,16 +567,17 @@ fn finalize_loop(
 /// A job's `writing` manifest, only while still listed: a job that has ended (its final
 /// manifest written) or that a drop gave up on (marked unfinished) is not, and "writing" must
 /// not overwrite what they wrote.
-fn write_begun(manifest_path: &Path, manifest: &Manifest, done: &Done) {
+fn write_begun(manifest_path: &Path, done: &Done) {
     let _writes = done.writes.lock();
     let listed = done
         .in_flight
         .lock()
         .listed
         .iter()
-        .any(|(p, _)| p == manifest_path);
-    if listed {
-        write_manifest(manifest_path, manifest);
+        .find(|(p, _)| p == manifest_path)
+        .map(|(_, m)| m.clone());
+    if let Some(manifest) = listed {
+        write_manifest(manifest_path, &manifest);
     }
 }
 
@@ -1056,14 +1062,26 @@ mod tests {
         assert_eq!(left, ["w.profiler_out.txt"]);
     }
 
-    /// A capture that says when its finalize runs.
-    struct SaysFinalized(crossbeam_channel::Sender<()>);
+    /// A capture whose finalize waits for word (a deadlock's watchdog of a minute), then says
+    /// it ran: held, its job writes no manifest but the `writing` one.
+    struct Gated {
+        word: Receiver<()>,
+        said: crossbeam_channel::Sender<()>,
+    }
 
-    impl Capture for SaysFinalized {
+    impl Capture for Gated {
         fn finalize(self: Box<Self>) -> Result<Box<dyn Trace>> {
-            let _ = self.0.send(());
+            let _ = self.word.recv_timeout(Duration::from_secs(60));
+            let _ = self.said.send(());
             Ok(Box::new(FakeTrace(Arc::new(AtomicBool::new(false)))))
         }
+    }
+
+    /// A gated capture, its word and what it says.
+    fn gated() -> (Box<Gated>, crossbeam_channel::Sender<()>, Receiver<()>) {
+        let (word_tx, word) = crossbeam_channel::bounded(1);
+        let (said, said_rx) = crossbeam_channel::bounded(1);
+        (Box::new(Gated { word, said }), word_tx, said_rx)
     }
 
     #[test]
@@ -1084,11 +1102,13 @@ mod tests {
         let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("a path");
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
-        let (said, finalized) = crossbeam_channel::bounded(1);
+        // The finalize is held until the manifest's write hangs: nothing else of the job's
+        // may take that write's place at the FIFO.
+        let (session, word, finalized) = gated();
         let mut manifest = Manifest::default();
         manifest.captured.worker_name = "w".into();
         let job = Job {
-            session: Box::new(SaysFinalized(said)),
+            session,
             time_ns: 1,
             queued: Instant::now(),
             manifest,
@@ -1096,6 +1116,8 @@ mod tests {
             how: HowToWrite::default(),
         };
         writer.submit(job).expect("submit");
+        let hung = blocked_in_open("stepscope-begun");
+        let _ = word.send(());
         // A deadlock's watchdog, not a speed: the finalize runs at once, or never while the
         // manifest's write hangs.
         let ran = finalized.recv_timeout(Duration::from_secs(60)).is_ok();
@@ -1104,6 +1126,7 @@ mod tests {
         let mut held = Vec::new();
         io::Read::read_to_end(&mut File::open(&fifo).expect("the FIFO"), &mut held)
             .expect("the held manifest");
+        assert!(hung, "the manifest's thread never reached its write");
         assert!(
             ran,
             "the finalize waited for the `writing` manifest's write"
@@ -1181,12 +1204,13 @@ mod tests {
                 how: HowToWrite::default(),
             }
         };
-        let first = Box::new(Fake(Arc::new(AtomicBool::new(false))));
+        // Its finalize held until the manifest's write hangs (its final manifest must not take
+        // that write's place at the FIFO).
+        let (first, word, _) = gated();
         writer.submit(job(1, first)).expect("submit");
-        assert!(
-            blocked_in_open("stepscope-begun"),
-            "the manifest's thread never reached its write"
-        );
+        let hung = blocked_in_open("stepscope-begun");
+        let _ = word.send(());
+        assert!(hung, "the manifest's thread never reached its write");
         let (queued_tx, queued) = crossbeam_channel::bounded(1);
         let second = Box::new(Fake(Arc::new(AtomicBool::new(false))));
         let (ok, at_once) = thread::scope(|scope| {
@@ -1234,10 +1258,13 @@ mod tests {
         let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("a path");
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
+        // Its finalize held until the manifest's write hangs (its final manifest must not take
+        // that write's place at the FIFO).
+        let (session, word, _) = gated();
         let mut manifest = Manifest::default();
         manifest.captured.worker_name = "w".into();
         let job = Job {
-            session: Box::new(Fake(Arc::new(AtomicBool::new(false)))),
+            session,
             time_ns: 1,
             queued: Instant::now(),
             manifest,
@@ -1245,10 +1272,9 @@ mod tests {
             how: HowToWrite::default(),
         };
         writer.submit(job).expect("submit");
-        assert!(
-            blocked_in_open("stepscope-begun"),
-            "the manifest's thread never reached its write"
-        );
+        let hung = blocked_in_open("stepscope-begun");
+        let _ = word.send(());
+        assert!(hung, "the manifest's thread never reached its write");
         let pending = writer.pending();
         let (dropped_tx, dropped) = crossbeam_channel::bounded(1);
         let dropping = thread::spawn(move || {
@@ -1281,7 +1307,8 @@ mod tests {
         );
     }
 
-    /// A capture whose save waits for word (a deadlock's watchdog of a minute).
+    /// A capture whose save waits for word (a deadlock's watchdog of two minutes: longer than
+    /// the test's wait for the other manifest).
     struct SavesOnWord(Receiver<()>);
 
     impl Capture for SavesOnWord {
@@ -1292,7 +1319,7 @@ mod tests {
 
     impl Trace for SavesOnWord {
         fn save(&self, path: &str) -> Result<()> {
-            let _ = self.0.recv_timeout(Duration::from_secs(60));
+            let _ = self.0.recv_timeout(Duration::from_secs(120));
             fs::write(path, br#"{"traceEvents": []}"#).map_err(|e| Error::io(path, "writing", e))
         }
     }

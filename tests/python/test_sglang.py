@@ -365,9 +365,9 @@ def test_what_stepscope_cannot_record_goes_to_sglangs_own_profiler(tmp_path, cap
     s = Scheduler()
     caplog.set_level(logging.INFO, logger="stepscope.sglang")
     # A stepscope capture just ended: its trace is still being written (here held at its
-    # first manifest write, which its final manifest waits behind), and Kineto is one profiler per
-    # process. A request only SGLang's own profiler can serve is refused until the trace
-    # is written, not started into a crash.
+    # first manifest write, which its final manifest waits behind), and Kineto is one
+    # profiler per process. A request only SGLang's own profiler can serve is refused until
+    # the trace is written, not started into a crash.
     wait_written()  # earlier tests' traces: the count below is this test's
     with manifest_write_held(tmp_path / "ours", "ours-TP-0") as held:
         assert s.profile(**profile_req(tmp_path / "ours", "ours", num_steps=1)).success
