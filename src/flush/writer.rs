@@ -327,10 +327,12 @@ impl Writer {
             self.finalizing.finish();
             self.held.fetch_sub(held_bytes, Relaxed);
             in_flight_end(1);
-            self.in_flight
-                .lock()
-                .listed
-                .retain(|(p, _)| *p != manifest_path);
+            // This job's entry: the newest of its path (two jobs may share a path, a name the
+            // engine set twice).
+            let mut jobs = self.in_flight.lock();
+            if let Some(at) = jobs.listed.iter().rposition(|(p, _)| *p == manifest_path) {
+                jobs.listed.remove(at);
+            }
             return Err(Error::backend("torch", why));
         }
         Ok(())
@@ -497,12 +499,20 @@ fn conclude(manifest_path: &Path, manifest: &Manifest, held_bytes: u64, done: &D
     // cannot mark this job unfinished after its final manifest is written.
     let listed = {
         let _writes = done.writes.lock();
+        // This job's entry, in whichever list holds it (a drop moves them all at once): the
+        // oldest of its path, as jobs end in the order they were queued (two jobs may share a
+        // path, a name the engine set twice, and each must leave with its own entry).
         let listed = {
             let mut jobs = done.in_flight.lock();
-            jobs.given_up.retain(|(p, _)| p != manifest_path);
-            let before = jobs.listed.len();
-            jobs.listed.retain(|(p, _)| p != manifest_path);
-            jobs.listed.len() < before
+            let oldest = |list: &mut Vec<(PathBuf, Manifest)>| {
+                let at = list.iter().position(|(p, _)| p == manifest_path);
+                at.map(|at| list.remove(at)).is_some()
+            };
+            let listed = oldest(&mut jobs.listed);
+            if !listed {
+                oldest(&mut jobs.given_up);
+            }
+            listed
         };
         write_manifest(manifest_path, manifest);
         listed
@@ -1433,6 +1443,52 @@ mod tests {
             "{:?}",
             marked[0].error
         );
+    }
+
+    #[test]
+    fn two_jobs_of_one_name_each_end_in_flight() {
+        // The engine may name two captures alike (`set_trace_name`) while the first is still
+        // being written: each job leaves the count of traces in flight once, so the flushing
+        // marker a parent waits on at exit goes when both are written.
+        let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
+        let dir = Scratch::empty("writer-same-name");
+        let mut writer = Writer::new(Settings {
+            dir: dir.to_path_buf(),
+            gzip: Some(1),
+            flush_timeout: Duration::from_secs(120),
+        });
+        let job = |session: Box<dyn Capture>| {
+            let mut manifest = Manifest::default();
+            manifest.captured.worker_name = "w".into();
+            Job {
+                session,
+                time_ns: 1,
+                queued: Instant::now(),
+                manifest,
+                held_bytes: 0,
+                how: HowToWrite {
+                    trace_name: Some("same".into()),
+                    ..HowToWrite::default()
+                },
+            }
+        };
+        let (word, heard) = crossbeam_channel::bounded(1);
+        writer
+            .submit(job(Box::new(SavesOnWord(heard))))
+            .expect("submit");
+        writer
+            .submit(job(Box::new(Fake(Arc::new(AtomicBool::new(false))))))
+            .expect("submit");
+        let _ = word.send(());
+        assert!(
+            writer.pending().wait(Duration::from_secs(120)),
+            "not written"
+        );
+        let marker = super::super::in_flight::flushing_marker_of(std::process::id());
+        assert!(!marker.exists(), "a trace still counted in flight");
+        let manifests = manifests_in(&dir);
+        assert_eq!(manifests.len(), 1);
+        assert_eq!(manifests[0].status, Status::Complete);
     }
 
     #[test]
