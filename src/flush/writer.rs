@@ -1094,68 +1094,75 @@ mod tests {
         (Box::new(Gated { word, said }), word_tx, said_rx)
     }
 
-    #[test]
-    fn the_finalize_does_not_wait_for_the_writing_manifest() {
-        // The `writing` manifest's write (and its fsync) is a thread's of its own, made as the
-        // job is queued: here it hangs, as on a disk that stopped answering (a FIFO at the
-        // temporary it writes through blocks its open until a reader comes), and the finalize
-        // must run all the same.
-        let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
-        let dir = Scratch::empty("writer-begun-beside");
-        let mut writer = Writer::new(Settings {
+    /// A capture whose save waits for word (a deadlock's watchdog of two minutes: longer than
+    /// any of these tests' waits for something else).
+    struct SavesOnWord(Receiver<()>);
+
+    impl Capture for SavesOnWord {
+        fn finalize(self: Box<Self>) -> Result<Box<dyn Trace>> {
+            Ok(self)
+        }
+    }
+
+    impl Trace for SavesOnWord {
+        fn save(&self, path: &str) -> Result<()> {
+            let _ = self.0.recv_timeout(Duration::from_secs(120));
+            fs::write(path, br#"{"traceEvents": []}"#).map_err(|e| Error::io(path, "writing", e))
+        }
+    }
+
+    /// A writer into `dir` that waits `flush_timeout` for its traces when dropped.
+    fn writer_into(dir: &Path, flush_timeout: Duration) -> Writer {
+        Writer::new(Settings {
             dir: dir.to_path_buf(),
             gzip: Some(1),
-            flush_timeout: Duration::from_secs(120),
-        });
-        let (stem, _) = trace_names("w", 1, None, true);
-        let fifo = temp_path(&dir, &manifest_name(&stem), "");
-        let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("a path");
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
-        // The finalize is held until the manifest's write hangs: nothing else of the job's
-        // may take that write's place at the FIFO.
-        let (session, word, finalized) = gated();
+            flush_timeout,
+        })
+    }
+
+    /// A job of worker `w`'s capture stopped at `time_ns`, written as `how` says.
+    fn job_of(session: Box<dyn Capture>, time_ns: u128, how: HowToWrite) -> Job {
         let mut manifest = Manifest::default();
         manifest.captured.worker_name = "w".into();
-        let job = Job {
+        Job {
             session,
-            time_ns: 1,
+            time_ns,
             queued: Instant::now(),
             manifest,
             held_bytes: 0,
-            how: HowToWrite::default(),
-        };
-        writer.submit(job).expect("submit");
-        let hung = blocked_in_open("stepscope-begun");
-        let _ = word.send(());
-        // A deadlock's watchdog, not a speed: the finalize runs at once, or never while the
-        // manifest's write hangs.
-        let ran = finalized.recv_timeout(Duration::from_secs(60)).is_ok();
-        // The reader the write waited for: it takes the `writing` manifest (whose fsync then
-        // fails, a FIFO cannot be fsynced) and the job goes on.
+            how,
+        }
+    }
+
+    /// A FIFO where the writer's first write of the manifest of worker `w`'s trace stopped at
+    /// `time_ns` goes (the temporary it writes through): that write's open hangs until a
+    /// reader comes, as on a disk that stopped answering. [`let_go`] is the reader.
+    fn fifo_at_manifest(dir: &Path, time_ns: u128) -> PathBuf {
+        let (stem, _) = trace_names("w", time_ns, None, true);
+        let fifo = temp_path(dir, &manifest_name(&stem), "");
+        let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("a path");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
+        fifo
+    }
+
+    /// Reads what the hung write at `fifo` writes, letting it go (its fsync then fails, a FIFO
+    /// cannot be fsynced, and its job goes on).
+    fn let_go(fifo: &Path) -> Vec<u8> {
         let mut held = Vec::new();
-        io::Read::read_to_end(&mut File::open(&fifo).expect("the FIFO"), &mut held)
+        io::Read::read_to_end(&mut File::open(fifo).expect("the FIFO"), &mut held)
             .expect("the held manifest");
-        assert!(hung, "the manifest's thread never reached its write");
-        assert!(
-            ran,
-            "the finalize waited for the `writing` manifest's write"
-        );
-        let held = Manifest::from_slice(&held, &fifo).expect("the held manifest");
-        assert_eq!(held.status, Status::Writing);
-        assert!(
-            writer.pending().wait(Duration::from_secs(120)),
-            "not written"
-        );
-        let manifests = manifests_in(&dir);
-        assert_eq!(manifests.len(), 1);
-        assert_eq!(
-            manifests[0].status,
-            Status::Complete,
-            "{:?}",
-            manifests[0].error
-        );
-        assert!(!fifo.exists(), "the FIFO was left behind");
+        held
+    }
+
+    /// Waits for what `pending` counts, then requires `n` manifests in `dir`, each `complete`.
+    fn assert_written(pending: &PendingWrites, dir: &Path, n: usize) {
+        assert!(pending.wait(Duration::from_secs(120)), "not written");
+        let manifests = manifests_in(dir);
+        assert_eq!(manifests.len(), n);
+        for m in manifests {
+            assert_eq!(m.status, Status::Complete, "{:?}", m.error);
+        }
     }
 
     /// Whether this process's thread named `name` (as `/proc` holds it: 15 bytes at most)
@@ -1185,55 +1192,65 @@ mod tests {
         false
     }
 
-    #[test]
-    fn a_stop_queues_its_job_while_another_manifest_write_hangs() {
-        // A stop queues its capture on the engine thread, which must not wait for the writer
-        // threads' disk: here the first job's `writing` manifest hangs (a FIFO at its
-        // temporary), and a second job is queued meanwhile.
-        let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
-        let dir = Scratch::empty("writer-queue-beside-write");
-        let mut writer = Writer::new(Settings {
-            dir: dir.to_path_buf(),
-            gzip: Some(1),
-            flush_timeout: Duration::from_secs(120),
-        });
-        let (stem, _) = trace_names("w", 1, None, true);
-        let fifo = temp_path(&dir, &manifest_name(&stem), "");
-        let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("a path");
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
-        let job = |time_ns, session: Box<dyn Capture>| {
-            let mut manifest = Manifest::default();
-            manifest.captured.worker_name = "w".into();
-            Job {
-                session,
-                time_ns,
-                queued: Instant::now(),
-                manifest,
-                held_bytes: 0,
-                how: HowToWrite::default(),
-            }
-        };
-        // Its finalize held until the manifest's write hangs (its final manifest must not take
-        // that write's place at the FIFO).
-        let (first, word, _) = gated();
-        writer.submit(job(1, first)).expect("submit");
+    /// Submits a job to `writer` whose `writing` manifest's write hangs at a FIFO (its
+    /// finalize held until then: no later write of the job may take that write's place), and
+    /// returns the FIFO once the manifest's thread is seen blocked there, with what the
+    /// finalize says when it runs.
+    fn submit_with_manifest_write_hung(writer: &mut Writer, dir: &Path) -> (PathBuf, Receiver<()>) {
+        let fifo = fifo_at_manifest(dir, 1);
+        let (session, word, finalized) = gated();
+        writer
+            .submit(job_of(session, 1, HowToWrite::default()))
+            .expect("submit");
         let hung = blocked_in_open("stepscope-begun");
         let _ = word.send(());
         assert!(hung, "the manifest's thread never reached its write");
+        (fifo, finalized)
+    }
+
+    #[test]
+    fn the_finalize_does_not_wait_for_the_writing_manifest() {
+        // The `writing` manifest's write (and its fsync) is a thread's of its own, made as the
+        // job is queued: here it hangs, and the finalize must run all the same.
+        let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
+        let dir = Scratch::empty("writer-begun-beside");
+        let mut writer = writer_into(&dir, Duration::from_secs(120));
+        let (fifo, finalized) = submit_with_manifest_write_hung(&mut writer, &dir);
+        // A deadlock's watchdog, not a speed: the finalize runs at once, or never while the
+        // manifest's write hangs.
+        let ran = finalized.recv_timeout(Duration::from_secs(60)).is_ok();
+        let held = let_go(&fifo);
+        assert!(
+            ran,
+            "the finalize waited for the `writing` manifest's write"
+        );
+        let held = Manifest::from_slice(&held, &fifo).expect("the held manifest");
+        assert_eq!(held.status, Status::Writing);
+        assert_written(&writer.pending(), &dir, 1);
+        assert!(!fifo.exists(), "the FIFO was left behind");
+    }
+
+    #[test]
+    fn a_stop_queues_its_job_while_another_manifest_write_hangs() {
+        // A stop queues its capture on the engine thread, which must not wait for the writer
+        // threads' disk: here the first job's `writing` manifest hangs, and a second job is
+        // queued meanwhile.
+        let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
+        let dir = Scratch::empty("writer-queue-beside-write");
+        let mut writer = writer_into(&dir, Duration::from_secs(120));
+        let (fifo, _) = submit_with_manifest_write_hung(&mut writer, &dir);
         let (queued_tx, queued) = crossbeam_channel::bounded(1);
         let second = Box::new(Fake(Arc::new(AtomicBool::new(false))));
         let (ok, at_once) = thread::scope(|scope| {
             let writer = &mut writer;
             scope.spawn(move || {
-                let _ = queued_tx.send(writer.submit(job(2, second)).is_ok());
+                let queued = writer.submit(job_of(second, 2, HowToWrite::default()));
+                let _ = queued_tx.send(queued.is_ok());
             });
             // A deadlock's watchdog, not a speed: the second submit returns at once, or only
             // once the hung write is let go below.
             let at_once = queued.recv_timeout(Duration::from_secs(60)).ok();
-            let mut held = Vec::new();
-            io::Read::read_to_end(&mut File::open(&fifo).expect("the FIFO"), &mut held)
-                .expect("the held manifest");
+            let_go(&fifo);
             (at_once.or_else(|| queued.recv().ok()), at_once.is_some())
         });
         assert_eq!(ok, Some(true), "the second job was not queued");
@@ -1241,50 +1258,18 @@ mod tests {
             at_once,
             "queuing a job waited for another job's manifest write"
         );
-        assert!(
-            writer.pending().wait(Duration::from_secs(120)),
-            "not written"
-        );
-        let manifests = manifests_in(&dir);
-        assert_eq!(manifests.len(), 2);
-        assert!(manifests.iter().all(|m| m.status == Status::Complete));
+        assert_written(&writer.pending(), &dir, 2);
     }
 
     #[test]
     fn a_drop_giving_up_returns_while_a_manifest_write_hangs() {
         // At exit, a writer whose traces outlast the flush timeout marks them unfinished and
-        // lets go: here a job's `writing` manifest hangs (a FIFO at its temporary, as on a
-        // disk that stopped answering), and the drop must return all the same, its traces no
-        // longer counted in flight (the flushing marker gone).
+        // lets go: here a job's `writing` manifest hangs, and the drop must return all the
+        // same, its traces no longer counted in flight (the flushing marker gone).
         let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
         let dir = Scratch::empty("writer-drop-beside-write");
-        let mut writer = Writer::new(Settings {
-            dir: dir.to_path_buf(),
-            gzip: Some(1),
-            flush_timeout: Duration::ZERO,
-        });
-        let (stem, _) = trace_names("w", 1, None, true);
-        let fifo = temp_path(&dir, &manifest_name(&stem), "");
-        let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("a path");
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
-        // Its finalize held until the manifest's write hangs (its final manifest must not take
-        // that write's place at the FIFO).
-        let (session, word, _) = gated();
-        let mut manifest = Manifest::default();
-        manifest.captured.worker_name = "w".into();
-        let job = Job {
-            session,
-            time_ns: 1,
-            queued: Instant::now(),
-            manifest,
-            held_bytes: 0,
-            how: HowToWrite::default(),
-        };
-        writer.submit(job).expect("submit");
-        let hung = blocked_in_open("stepscope-begun");
-        let _ = word.send(());
-        assert!(hung, "the manifest's thread never reached its write");
+        let mut writer = writer_into(&dir, Duration::ZERO);
+        let (fifo, _) = submit_with_manifest_write_hung(&mut writer, &dir);
         let pending = writer.pending();
         let (dropped_tx, dropped) = crossbeam_channel::bounded(1);
         let dropping = thread::spawn(move || {
@@ -1295,43 +1280,15 @@ mod tests {
         // MARK_UNFINISHED_WAIT, then returns.
         let returned = dropped.recv_timeout(Duration::from_secs(60)).is_ok();
         let marker_gone = !super::super::in_flight::flushing_marker_of(std::process::id()).exists();
-        // Let the hung write go, so the detached threads end.
-        let mut held = Vec::new();
-        io::Read::read_to_end(&mut File::open(&fifo).expect("the FIFO"), &mut held)
-            .expect("the held manifest");
+        let_go(&fifo);
         let _ = dropping.join();
         // The detached threads end their job before the directory goes.
-        assert!(pending.wait(Duration::from_secs(120)), "never written");
+        assert_written(&pending, &dir, 1);
         assert!(
             returned,
             "the drop waited for a manifest write that did not return"
         );
         assert!(marker_gone, "the drop left its traces counted in flight");
-        let manifests = manifests_in(&dir);
-        assert_eq!(manifests.len(), 1);
-        assert_eq!(
-            manifests[0].status,
-            Status::Complete,
-            "{:?}",
-            manifests[0].error
-        );
-    }
-
-    /// A capture whose save waits for word (a deadlock's watchdog of two minutes: longer than
-    /// the test's wait for the other manifest).
-    struct SavesOnWord(Receiver<()>);
-
-    impl Capture for SavesOnWord {
-        fn finalize(self: Box<Self>) -> Result<Box<dyn Trace>> {
-            Ok(self)
-        }
-    }
-
-    impl Trace for SavesOnWord {
-        fn save(&self, path: &str) -> Result<()> {
-            let _ = self.0.recv_timeout(Duration::from_secs(120));
-            fs::write(path, br#"{"traceEvents": []}"#).map_err(|e| Error::io(path, "writing", e))
-        }
     }
 
     #[test]
@@ -1341,29 +1298,15 @@ mod tests {
         // ends.
         let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
         let dir = Scratch::empty("writer-begun-during-save");
-        let mut writer = Writer::new(Settings {
-            dir: dir.to_path_buf(),
-            gzip: Some(1),
-            flush_timeout: Duration::from_secs(120),
-        });
-        let job = |time_ns, session: Box<dyn Capture>| {
-            let mut manifest = Manifest::default();
-            manifest.captured.worker_name = "w".into();
-            Job {
-                session,
-                time_ns,
-                queued: Instant::now(),
-                manifest,
-                held_bytes: 0,
-                how: HowToWrite::default(),
-            }
-        };
+        let mut writer = writer_into(&dir, Duration::from_secs(120));
         let (word, heard) = crossbeam_channel::bounded(1);
+        let saving = Box::new(SavesOnWord(heard));
         writer
-            .submit(job(1, Box::new(SavesOnWord(heard))))
+            .submit(job_of(saving, 1, HowToWrite::default()))
             .expect("submit");
+        let second = Box::new(Fake(Arc::new(AtomicBool::new(false))));
         writer
-            .submit(job(2, Box::new(Fake(Arc::new(AtomicBool::new(false))))))
+            .submit(job_of(second, 2, HowToWrite::default()))
             .expect("submit");
         let (second, _) = trace_names("w", 2, None, true);
         let second = dir.join(manifest_name(&second));
@@ -1375,51 +1318,23 @@ mod tests {
             thread::sleep(Duration::from_millis(5));
         }
         let _ = word.send(());
-        assert!(
-            writer.pending().wait(Duration::from_secs(120)),
-            "not written"
-        );
+        assert_written(&writer.pending(), &dir, 2);
         assert_eq!(
             says,
             Some(Status::Writing),
             "no manifest while another trace was saved"
         );
-        let manifests = manifests_in(&dir);
-        assert_eq!(manifests.len(), 2);
-        assert!(manifests.iter().all(|m| m.status == Status::Complete));
-    }
-
-    /// A capture whose finalize waits for word (a deadlock's watchdog of a minute).
-    struct FinalizesOnWord(Receiver<()>);
-
-    impl Capture for FinalizesOnWord {
-        fn finalize(self: Box<Self>) -> Result<Box<dyn Trace>> {
-            let _ = self.0.recv_timeout(Duration::from_secs(60));
-            Ok(Box::new(FakeTrace(Arc::new(AtomicBool::new(false)))))
-        }
     }
 
     #[test]
     fn a_drop_giving_up_marks_its_traces_unfinished() {
         let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
         let dir = Scratch::empty("writer-drop-marks");
-        let mut writer = Writer::new(Settings {
-            dir: dir.to_path_buf(),
-            gzip: Some(1),
-            flush_timeout: Duration::ZERO,
-        });
-        let (word, heard) = crossbeam_channel::bounded(1);
-        let mut manifest = Manifest::default();
-        manifest.captured.worker_name = "w".into();
-        let job = Job {
-            session: Box::new(FinalizesOnWord(heard)),
-            time_ns: 1,
-            queued: Instant::now(),
-            manifest,
-            held_bytes: 0,
-            how: HowToWrite::default(),
-        };
-        writer.submit(job).expect("submit");
+        let mut writer = writer_into(&dir, Duration::ZERO);
+        let (session, word, _) = gated();
+        writer
+            .submit(job_of(session, 1, HowToWrite::default()))
+            .expect("submit");
         drop(writer);
         // When the drop returns, the manifest says why the trace is not there.
         let marked = manifests_in(&dir);
@@ -1452,43 +1367,21 @@ mod tests {
         // marker a parent waits on at exit goes when both are written.
         let _alone = crate::flush::in_flight::IN_FLIGHT_TESTS.lock();
         let dir = Scratch::empty("writer-same-name");
-        let mut writer = Writer::new(Settings {
-            dir: dir.to_path_buf(),
-            gzip: Some(1),
-            flush_timeout: Duration::from_secs(120),
-        });
-        let job = |session: Box<dyn Capture>| {
-            let mut manifest = Manifest::default();
-            manifest.captured.worker_name = "w".into();
-            Job {
-                session,
-                time_ns: 1,
-                queued: Instant::now(),
-                manifest,
-                held_bytes: 0,
-                how: HowToWrite {
-                    trace_name: Some("same".into()),
-                    ..HowToWrite::default()
-                },
-            }
+        let mut writer = writer_into(&dir, Duration::from_secs(120));
+        let same = || HowToWrite {
+            trace_name: Some("same".into()),
+            ..HowToWrite::default()
         };
         let (word, heard) = crossbeam_channel::bounded(1);
         writer
-            .submit(job(Box::new(SavesOnWord(heard))))
+            .submit(job_of(Box::new(SavesOnWord(heard)), 1, same()))
             .expect("submit");
-        writer
-            .submit(job(Box::new(Fake(Arc::new(AtomicBool::new(false))))))
-            .expect("submit");
+        let second = Box::new(Fake(Arc::new(AtomicBool::new(false))));
+        writer.submit(job_of(second, 1, same())).expect("submit");
         let _ = word.send(());
-        assert!(
-            writer.pending().wait(Duration::from_secs(120)),
-            "not written"
-        );
+        assert_written(&writer.pending(), &dir, 1);
         let marker = super::super::in_flight::flushing_marker_of(std::process::id());
         assert!(!marker.exists(), "a trace still counted in flight");
-        let manifests = manifests_in(&dir);
-        assert_eq!(manifests.len(), 1);
-        assert_eq!(manifests[0].status, Status::Complete);
     }
 
     #[test]
