@@ -7,9 +7,11 @@ in a live server); and ``TokenCostLlama``, whose every forward pass sleeps ``TOK
 token it computes (a step's time grows with its tokens by construction, for the request log's
 attribution test).
 
-The sleep is 100 times the median period of the forward passes before it, as this process
+The sleep is 400 times the median period of the forward passes before it, as this process
 measured them, so the marked request's prefill is a clear outlier whatever the CPU's speed
-(a 100x faster or slower machine scales both). Loaded through vLLM's real plugin mechanism:
+(a 100x faster or slower machine scales both), and far above what a loaded machine makes of
+an ordinary step (one step of a fresh `make test`, nine test processes at once on two cores,
+took 38 times the median). Loaded through vLLM's real plugin mechanism:
 the test puts this directory on ``PYTHONPATH`` (its ``.dist-info`` declares the
 ``vllm.general_plugins`` entry point) and names ``slow_step`` in ``VLLM_PLUGINS``; the plugin
 registers the architecture with vLLM's ``ModelRegistry`` in every vLLM process.
@@ -24,8 +26,9 @@ from collections import deque
 
 # A token id the test's prompts never hold elsewhere (they use 3..502 of a 512-token vocab).
 MARK = 511
-# The sleep, in medians of the forward passes' period.
-SLOW_FACTOR = 100
+# The sleep, in medians of the forward passes' period: four times the trigger's factor in
+# test_vllm_live_trigger.py, which is well above the 38x a load spike was seen to make.
+SLOW_FACTOR = 400
 ARCH = "SlowStepLlama"
 DELAYABLE_ARCH = "DelayableLlama"
 # The record_function range the delay runs in, as the trace names it.
