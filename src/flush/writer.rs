@@ -114,6 +114,8 @@ pub(crate) struct HowToWrite {
 /// A finalized capture, ready to save.
 struct Finalized {
     result: Box<dyn Trace>,
+    /// The job's `seq` ([`PendingWrites::begin_trace`]): its entry in [`Jobs`].
+    seq: u64,
     manifest_path: PathBuf,
     manifest: Manifest,
     queued: Instant,
@@ -123,14 +125,37 @@ struct Finalized {
 
 /// The jobs the writer has not finished, by manifest path. The engine thread takes its lock
 /// to queue a job, so it is never held across a write (see [`ManifestWrites`]).
+/// Each job by its `seq` (two jobs may share a manifest path: a name the engine set twice).
 #[derive(Default)]
 struct Jobs {
     /// Being written: each one ends by leaving this list, in `conclude` (or `submit`, where it
     /// could not be queued).
-    listed: Vec<(PathBuf, Manifest)>,
+    listed: Vec<(u64, PathBuf, Manifest)>,
     /// Those a drop gave up on (and counted out of the process's traces in flight), to be
     /// marked `unfinished` unless their own final manifest is written first.
-    given_up: Vec<(PathBuf, Manifest)>,
+    given_up: Vec<(u64, PathBuf, Manifest)>,
+}
+
+impl Jobs {
+    /// Takes job `seq` out of whichever list holds it; whether it was still listed (not given
+    /// up on).
+    fn leave(&mut self, seq: u64) -> bool {
+        let take = |list: &mut Vec<(u64, PathBuf, Manifest)>| {
+            let at = list.iter().position(|(s, _, _)| *s == seq);
+            at.map(|at| list.remove(at)).is_some()
+        };
+        let listed = take(&mut self.listed);
+        if !listed {
+            take(&mut self.given_up);
+        }
+        listed
+    }
+
+    /// Job `seq`'s manifest path and its `writing` manifest, while it is listed.
+    fn writing(&self, seq: u64) -> Option<(PathBuf, Manifest)> {
+        let (_, path, manifest) = self.listed.iter().find(|(s, _, _)| *s == seq)?;
+        Some((path.clone(), manifest.clone()))
+    }
 }
 
 type InFlight = Arc<Mutex<Jobs>>;
@@ -216,20 +241,25 @@ impl Writer {
         }
     }
 
-    fn spawn(&mut self) -> Result<Senders> {
-        let spawn_err =
-            |e: io::Error| Error::backend("torch", format!("cannot start the trace writer: {e}"));
-        let (tx, rx) = crossbeam_channel::unbounded::<(PathBuf, Job)>();
-        let (begun_tx, begun_rx) = crossbeam_channel::unbounded::<PathBuf>();
-        let (save_tx, save_rx) = crossbeam_channel::unbounded::<Finalized>();
-        // Spawned from the engine thread: its CPUs are the ones to keep clear.
-        let cpus = OffEngineCpus::of_this_thread();
-        let done = Done {
+    /// What a writer thread updates when a job ends.
+    fn done(&self) -> Done {
+        Done {
             pending: self.pending.clone(),
             in_flight: Arc::clone(&self.in_flight),
             writes: Arc::clone(&self.writes),
             held: Arc::clone(&self.held),
-        };
+        }
+    }
+
+    fn spawn(&mut self) -> Result<Senders> {
+        let spawn_err =
+            |e: io::Error| Error::backend("torch", format!("cannot start the trace writer: {e}"));
+        let (tx, rx) = crossbeam_channel::unbounded::<(u64, PathBuf, Job)>();
+        let (begun_tx, begun_rx) = crossbeam_channel::unbounded::<u64>();
+        let (save_tx, save_rx) = crossbeam_channel::unbounded::<Finalized>();
+        // Spawned from the engine thread: its CPUs are the ones to keep clear.
+        let cpus = OffEngineCpus::of_this_thread();
+        let done = self.done();
         let settings = Arc::clone(&self.settings);
         let saver = thread::Builder::new()
             .name("stepscope-writer".into())
@@ -239,12 +269,7 @@ impl Writer {
             })
             .map_err(spawn_err)?;
         self.threads.push(saver);
-        let done = Done {
-            pending: self.pending.clone(),
-            in_flight: Arc::clone(&self.in_flight),
-            writes: Arc::clone(&self.writes),
-            held: Arc::clone(&self.held),
-        };
+        let done = self.done();
         let finalizing = self.finalizing.clone();
         let finalizer = thread::Builder::new()
             .name("stepscope-finalize".into())
@@ -259,18 +284,13 @@ impl Writer {
         // path (the finalize began 0.9-2.5 ms after the stop queued its job in the capture
         // `make bench-vllm` makes, once 30 ms, once 0.21 s while the machine was loaded); on
         // the saver, a job's manifest waited for the save before it.
-        let done = Done {
-            pending: self.pending.clone(),
-            in_flight: Arc::clone(&self.in_flight),
-            writes: Arc::clone(&self.writes),
-            held: Arc::clone(&self.held),
-        };
+        let done = self.done();
         let begun = thread::Builder::new()
             .name("stepscope-begun".into())
             .spawn(move || {
                 cpus.apply();
-                for manifest_path in begun_rx.iter() {
-                    write_begun(&manifest_path, &done);
+                for seq in begun_rx.iter() {
+                    write_begun(seq, &done);
                 }
             })
             .map_err(spawn_err)?;
@@ -302,21 +322,21 @@ impl Writer {
         if self.tx.is_none() {
             self.tx = Some(self.spawn()?);
         }
+        let seq = self.pending.begin_trace(trace_path, manifest_path.clone());
         self.in_flight
             .lock()
             .listed
-            .push((manifest_path.clone(), job.manifest.clone()));
-        self.pending.begin_trace(trace_path, manifest_path.clone());
+            .push((seq, manifest_path.clone(), job.manifest.clone()));
         self.finalizing.begin();
         let held_bytes = job.held_bytes;
         self.held.fetch_add(held_bytes, Relaxed);
         in_flight_begin(self.settings.flush_timeout);
         let sent = self.tx.as_ref().is_some_and(|tx| {
-            let sent = tx.jobs.send((manifest_path.clone(), job)).is_ok();
+            let sent = tx.jobs.send((seq, manifest_path.clone(), job)).is_ok();
             // Its `writing` manifest once it is queued (a job not queued must have none; one
             // queued without it is still written).
             if sent {
-                let _ = tx.begun.send(manifest_path.clone());
+                let _ = tx.begun.send(seq);
             }
             sent
         });
@@ -327,12 +347,7 @@ impl Writer {
             self.finalizing.finish();
             self.held.fetch_sub(held_bytes, Relaxed);
             in_flight_end(1);
-            // This job's entry: the newest of its path (two jobs may share a path, a name the
-            // engine set twice).
-            let mut jobs = self.in_flight.lock();
-            if let Some(at) = jobs.listed.iter().rposition(|(p, _)| *p == manifest_path) {
-                jobs.listed.remove(at);
-            }
+            self.in_flight.lock().leave(seq);
             return Err(Error::backend("torch", why));
         }
         Ok(())
@@ -385,7 +400,7 @@ impl Drop for Writer {
                 // was written first (in `conclude`, under the same lock) has left the list.
                 let _writes = writes.lock();
                 let given_up = std::mem::take(&mut in_flight.lock().given_up);
-                for (path, mut manifest) in given_up {
+                for (_, path, mut manifest) in given_up {
                     manifest.status = Status::Unfinished;
                     manifest.error = Some(error.clone());
                     write_manifest(&path, &manifest);
@@ -479,9 +494,9 @@ fn write_manifest(path: &Path, manifest: &Manifest) {
 /// Where `submit` hands a job: its `writing` manifest to the thread that writes those, the job
 /// to the finalizer.
 struct Senders {
-    /// The manifest's path: the thread takes the manifest from [`Jobs::listed`].
-    begun: Sender<PathBuf>,
-    jobs: Sender<(PathBuf, Job)>,
+    /// The job's `seq`: the thread takes its manifest from [`Jobs::listed`].
+    begun: Sender<u64>,
+    jobs: Sender<(u64, PathBuf, Job)>,
 }
 
 /// What the writer threads update when a job ends.
@@ -494,29 +509,13 @@ struct Done {
 
 /// Records a job's end: its final manifest, then its place in the pending count and in what
 /// the queue holds (its buffers are freed by then).
-fn conclude(manifest_path: &Path, manifest: &Manifest, held_bytes: u64, done: &Done) {
-    // Leave the in-flight list first, and write under the writes' lock, so a concurrent drop
+fn conclude(seq: u64, manifest_path: &Path, manifest: &Manifest, held_bytes: u64, done: &Done) {
+    // Leave the in-flight lists first, and write under the writes' lock, so a concurrent drop
     // cannot mark this job unfinished after its final manifest is written.
-    let listed = {
-        let _writes = done.writes.lock();
-        // This job's entry, in whichever list holds it (a drop moves them all at once): the
-        // oldest of its path, as jobs end in the order they were queued (two jobs may share a
-        // path, a name the engine set twice, and each must leave with its own entry).
-        let listed = {
-            let mut jobs = done.in_flight.lock();
-            let oldest = |list: &mut Vec<(PathBuf, Manifest)>| {
-                let at = list.iter().position(|(p, _)| p == manifest_path);
-                at.map(|at| list.remove(at)).is_some()
-            };
-            let listed = oldest(&mut jobs.listed);
-            if !listed {
-                oldest(&mut jobs.given_up);
-            }
-            listed
-        };
-        write_manifest(manifest_path, manifest);
-        listed
-    };
+    let writes = done.writes.lock();
+    let listed = done.in_flight.lock().leave(seq);
+    write_manifest(manifest_path, manifest);
+    drop(writes);
     done.held.fetch_sub(held_bytes, Relaxed);
     done.pending
         .finish_trace(manifest_path, manifest.status, manifest.error.clone());
@@ -527,12 +526,12 @@ fn conclude(manifest_path: &Path, manifest: &Manifest, held_bytes: u64, done: &D
 }
 
 fn finalize_loop(
-    rx: &Receiver<(PathBuf, Job)>,
+    rx: &Receiver<(u64, PathBuf, Job)>,
     save_tx: &Sender<Finalized>,
     done: &Done,
     finalizing: &PendingWrites,
 ) {
-    for (manifest_path, job) in rx.iter() {
+    for (seq, manifest_path, job) in rx.iter() {
         publish_in_flight();
         let began = Instant::now();
         let outcome =
@@ -547,6 +546,7 @@ fn finalize_loop(
             Ok(result) => {
                 let next = Finalized {
                     result,
+                    seq,
                     manifest_path,
                     manifest,
                     queued: job.queued,
@@ -557,7 +557,7 @@ fn finalize_loop(
                     let mut manifest = f.manifest;
                     manifest.status = Status::Failed;
                     manifest.error = Some("the trace writer has stopped".into());
-                    conclude(&f.manifest_path, &manifest, f.held_bytes, done);
+                    conclude(f.seq, &f.manifest_path, &manifest, f.held_bytes, done);
                 }
             }
             Err(e) => {
@@ -568,7 +568,7 @@ fn finalize_loop(
                 if job.how.return_freed_memory {
                     return_freed_memory();
                 }
-                conclude(&manifest_path, &manifest, job.held_bytes, done);
+                conclude(seq, &manifest_path, &manifest, job.held_bytes, done);
             }
         }
     }
@@ -577,17 +577,11 @@ fn finalize_loop(
 /// A job's `writing` manifest, only while still listed: a job that has ended (its final
 /// manifest written) or that a drop gave up on (marked unfinished) is not, and "writing" must
 /// not overwrite what they wrote.
-fn write_begun(manifest_path: &Path, done: &Done) {
+fn write_begun(seq: u64, done: &Done) {
     let _writes = done.writes.lock();
-    let listed = done
-        .in_flight
-        .lock()
-        .listed
-        .iter()
-        .find(|(p, _)| p == manifest_path)
-        .map(|(_, m)| m.clone());
-    if let Some(manifest) = listed {
-        write_manifest(manifest_path, &manifest);
+    let listed = done.in_flight.lock().writing(seq);
+    if let Some((manifest_path, manifest)) = listed {
+        write_manifest(&manifest_path, &manifest);
     }
 }
 
@@ -646,7 +640,13 @@ fn save_loop(settings: &Settings, rx: &Receiver<Finalized>, done: &Done) {
         if job.how.return_freed_memory {
             return_freed_memory();
         }
-        conclude(&job.manifest_path, &job.manifest, job.held_bytes, done);
+        conclude(
+            job.seq,
+            &job.manifest_path,
+            &job.manifest,
+            job.held_bytes,
+            done,
+        );
     }
 }
 
@@ -993,16 +993,8 @@ mod tests {
 
     /// Submits one capture of `worker` to `writer` and waits until it is written.
     fn write_one(writer: &mut Writer, worker: &str, session: Box<dyn Capture>, time_ns: u128) {
-        let mut manifest = Manifest::default();
-        manifest.captured.worker_name = worker.into();
-        let job = Job {
-            session,
-            time_ns,
-            queued: Instant::now(),
-            manifest,
-            held_bytes: 0,
-            how: HowToWrite::default(),
-        };
+        let mut job = job_of(session, time_ns, HowToWrite::default());
+        job.manifest.captured.worker_name = worker.into();
         writer.submit(job).expect("submit");
         assert!(
             writer.pending().wait(Duration::from_secs(120)),

@@ -28,9 +28,10 @@ from live_vllm import VllmServer, cpu_build_missing, iteration_name, slow_step_e
 pytestmark = pytest.mark.skipif(cpu_build_missing() is not None, reason=str(cpu_build_missing()))
 
 # The plugin's marker token: a prompt beginning with it makes its prefill step slow.
-from vllm_slow_step.stepscope_slow_step import MARK  # noqa: E402
+from vllm_slow_step.stepscope_slow_step import MARK, SLOW_FACTOR  # noqa: E402
 
-FACTOR = 100
+# The trigger: a quarter of the marked prefill's sleep (the plugin's factor).
+FACTOR = SLOW_FACTOR // 4
 MAX_ITERATIONS = 3
 
 

@@ -26,8 +26,8 @@ from collections import deque
 
 # A token id the test's prompts never hold elsewhere (they use 3..502 of a 512-token vocab).
 MARK = 511
-# The sleep, in medians of the forward passes' period: four times the trigger's factor in
-# test_vllm_live_trigger.py, which is well above the 38x a load spike was seen to make.
+# The sleep, in medians of the forward passes' period (test_vllm_live_trigger.py's trigger is a
+# quarter of it, 100x, well above the 38x a load spike was seen to make).
 SLOW_FACTOR = 400
 ARCH = "SlowStepLlama"
 DELAYABLE_ARCH = "DelayableLlama"
