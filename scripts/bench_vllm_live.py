@@ -17,6 +17,7 @@ one per (profiler, ignore_frontend), each with vLLM's default torch profiler con
   requests unprofiled: what a stop costs the traffic it overlaps.
 
 Usage: .venv/bin/python scripts/bench_vllm_live.py [--tokens 64] [--requests 8] [--json OUT]
+       [--without-stack]
 Needs the release build of the extension for representative writer figures (`make bench`).
 """
 
@@ -75,11 +76,10 @@ def run_one(kind: str, ignore_frontend: bool, args: argparse.Namespace, root: Pa
     work = root / f"{kind}-{'ignore' if ignore_frontend else 'frontend'}"
     traces = work / "traces"
     env = {"STEPSCOPE_VLLM": "0"} if kind == "vllm" else {}
-    srv = VllmServer(
-        work,
-        {"profiler": "torch", "torch_profiler_dir": str(traces), "ignore_frontend": ignore_frontend},
-        env=env,
-    )
+    config = {"profiler": "torch", "torch_profiler_dir": str(traces), "ignore_frontend": ignore_frontend}
+    if args.without_stack:
+        config["torch_profiler_with_stack"] = False
+    srv = VllmServer(work, config, env=env)
     say(f"== {kind}, ignore_frontend={ignore_frontend}: starting vllm serve")
     began = time.monotonic()
     srv.start()
@@ -174,6 +174,10 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64, help="tokens per request (default 64)")
     ap.add_argument("--requests", type=int, default=8, help="concurrent requests (default 8)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--without-stack", action="store_true",
+                    help="both profilers with torch_profiler_with_stack=false (vLLM's default is "
+                    "true): what the stops cost without torch's Python tracer, whose frames are "
+                    "most of a default capture")
     args = ap.parse_args()
     if reason := cpu_build_missing():
         say(f"cannot run: {reason}")
@@ -187,8 +191,10 @@ def main() -> int:
         args.json.write_text(json.dumps(results, indent=2))
 
     by = {(r["profiler"], r["ignore_frontend"]): r for r in results}
-    print(f"\n{args.requests} concurrent requests x {args.tokens} tokens, vLLM's default torch "
-          "profiler config (with_stack), one machine, one run\n")
+    config = ("vLLM's default torch profiler config but torch_profiler_with_stack=false"
+              if args.without_stack else "vLLM's default torch profiler config (with_stack)")
+    print(f"\n{args.requests} concurrent requests x {args.tokens} tokens, {config}, one machine, "
+          "one run\n")
     print("| | vLLM's own | stepscope | ratio |")
     print("|---|---|---|---|")
     for ign in (True, False):
