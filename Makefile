@@ -229,7 +229,8 @@ bench: glue
 	$(PYTHON) scripts/bench_python_step.py
 
 # vLLM's own torch profiler against stepscope's in live `vllm serve`s on this CPU: four server
-# starts, about 15 minutes. Prints the table docs/python.md quotes.
+# starts, three captures and stops on each (the table gives the median stop), 8-15 minutes.
+# Prints the table docs/python.md quotes.
 bench-vllm: glue
 	$(VENV)/bin/maturin develop --quiet --release
 	$(PYTHON) scripts/bench_vllm_live.py

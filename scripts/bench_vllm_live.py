@@ -4,7 +4,9 @@ A benchmark, not a test: it starts four servers of the tiny model (tests/python/
 one per (profiler, ignore_frontend), each with vLLM's default torch profiler config otherwise
 (Python stacks recorded), sends the same traffic to each, and prints one table:
 
-- `/stop_profile` latency after a capture of 8 concurrent requests x 64 tokens;
+- `/stop_profile` latency after a capture of 8 concurrent requests x 64 tokens: the median of
+  `--stops` captures and stops per server (3), each given (one stop's time varies, vLLM's own
+  most: 6.1 s and then 16.8 s in two stops of one server, the traces the same size);
 - request latency while profiling, against the same traffic unprofiled;
 - the engine stall at the automatic stop: one request of 64 tokens whose decode crosses
   `max_iterations` (vLLM's own profiler stops and exports on the engine thread there), against
@@ -17,7 +19,7 @@ one per (profiler, ignore_frontend), each with vLLM's default torch profiler con
   requests unprofiled: what a stop costs the traffic it overlaps.
 
 Usage: .venv/bin/python scripts/bench_vllm_live.py [--tokens 64] [--requests 8] [--json OUT]
-       [--without-stack]
+       [--stops 3] [--without-stack]
 Needs the release build of the extension for representative writer figures (`make bench`).
 """
 
@@ -72,6 +74,50 @@ def wait_manifest(traces: Path, known: set[str], timeout: float = 900) -> dict:
     raise TimeoutError("no stepscope manifest completed")
 
 
+def capture_and_stop(srv: VllmServer, kind: str, traces: Path, known: set[str],
+                     args: argparse.Namespace) -> tuple[dict, list[float]]:
+    """One capture of the bench's traffic, then `/stop_profile` with short requests sent one
+    after another while it waits: what it took (with stepscope, the manifest's split), and the
+    captured requests' latencies."""
+    before = worker_traces(traces)
+    assert srv.post("/start_profile")[0] == 200, srv.log_tail()
+    profiled = srv.complete(args.requests, args.tokens)
+    stop_done = threading.Event()
+    during: list[float] = []
+
+    def overlap() -> None:
+        while not stop_done.is_set():
+            during.append(srv.completion(8, SHORT_TOKENS, seed=len(during))[1])
+
+    t = threading.Thread(target=overlap)
+    t.start()
+    status, _, stop_s = srv.post("/stop_profile")
+    stop_done.set()
+    t.join()
+    assert status == 200, srv.log_tail()
+    (trace,) = worker_traces(traces) - before  # on disk when the stop returned
+    out = dict(
+        stop_profile_s=stop_s,
+        trace_on_disk_s=stop_s,
+        trace_json_mb=json_size(trace) / 1e6,
+        trace_gz_mb=trace.stat().st_size / 1e6,
+        short_during_stop=during,
+    )
+    if kind != "vllm":
+        (mpath,) = [p for p in traces.glob("rank0.*.stepscope.json")
+                    if p.name.startswith(trace.name.split(".pt.trace")[0])]
+        m = json.loads(mpath.read_text())
+        assert m["status"] == "complete", m
+        known.add(mpath.name)
+        out.update(finalize_s=m["finalize_seconds"], write_s=m["write_seconds"],
+                   writer_s=m["writer_seconds"], op_table_s=m.get("op_table_seconds") or 0.0,
+                   op_table_wait_s=m.get("op_table_wait_seconds") or 0.0,
+                   free_cpu_s=m.get("free_seconds") or 0.0)
+    say(f"   capture: stop_profile {stop_s:.3f} s with the trace on disk "
+        f"({out['trace_json_mb']:.0f} MB of JSON); {len(during)} short request(s) sent during it")
+    return out, profiled
+
+
 def run_one(kind: str, ignore_frontend: bool, args: argparse.Namespace, root: Path) -> dict:
     work = root / f"{kind}-{'ignore' if ignore_frontend else 'frontend'}"
     traces = work / "traces"
@@ -92,53 +138,22 @@ def run_one(kind: str, ignore_frontend: bool, args: argparse.Namespace, root: Pa
 
         short = [srv.completion(8, SHORT_TOKENS, seed=i)[1] for i in range(5)]
 
-        # A capture of the same traffic, then /stop_profile, with short requests sent one
-        # after another while it waits.
+        # Captures of the same traffic, each then /stop_profile with short requests sent one
+        # after another while it waits: several, since one stop's time varies (vLLM's own took
+        # 6.1 s and then 16.8 s in two stops of one server, for traces of the same size).
         known: set[str] = set()
-        before = worker_traces(traces)
-        assert srv.post("/start_profile")[0] == 200, srv.log_tail()
-        profiled = srv.complete(args.requests, args.tokens)
-        stop_done = threading.Event()
-        during: list[float] = []
-
-        def overlap() -> None:
-            while not stop_done.is_set():
-                during.append(srv.completion(8, SHORT_TOKENS, seed=len(during))[1])
-
-        t = threading.Thread(target=overlap)
-        t.start()
-        status, _, stop_s = srv.post("/stop_profile")
-        stop_done.set()
-        t.join()
-        assert status == 200, srv.log_tail()
-        (trace,) = worker_traces(traces) - before  # on disk when the stop returned
-        m = None
-        if kind != "vllm":
-            (mpath,) = [p for p in traces.glob("rank0.*.stepscope.json")
-                        if p.name.startswith(trace.name.split(".pt.trace")[0])]
-            m = json.loads(mpath.read_text())
-            assert m["status"] == "complete", m
-            known.add(mpath.name)
-        on_disk_s = stop_s
+        captured = [capture_and_stop(srv, kind, traces, known, args) for _ in range(args.stops)]
+        stops = [c[0] for c in captured]
+        # The median stop stands for the server (the lower of the two middle ones for an even
+        # count); every stop is kept in `stops`.
+        out.update(sorted(stops, key=lambda x: x["stop_profile_s"])[(len(stops) - 1) // 2])
         out.update(
-            stop_profile_s=stop_s,
+            stops=stops,
             latency_base_median_s=statistics.median(base),
-            latency_profiled_median_s=statistics.median(profiled),
-            trace_on_disk_s=on_disk_s,
-            trace_json_mb=json_size(trace) / 1e6,
-            trace_gz_mb=trace.stat().st_size / 1e6,
-        )
-        out.update(
+            latency_profiled_median_s=statistics.median(s for c in captured for s in c[1]),
             short_base_median_s=statistics.median(short),
-            short_during_stop=during,
+            short_during_stop=[s for x in stops for s in x["short_during_stop"]],
         )
-        if m is not None:
-            out.update(finalize_s=m["finalize_seconds"], write_s=m["write_seconds"],
-                       writer_s=m["writer_seconds"], op_table_s=m.get("op_table_seconds") or 0.0,
-                       op_table_wait_s=m.get("op_table_wait_seconds") or 0.0,
-                       free_cpu_s=m.get("free_seconds") or 0.0)
-        say(f"   capture: stop_profile {stop_s:.3f} s with the trace on disk; "
-            f"{len(during)} short request(s) sent during it")
 
         # One request crossing the automatic stop of an 8-iteration window.
         time.sleep(1 if kind == "vllm" else 0)
@@ -174,11 +189,16 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64, help="tokens per request (default 64)")
     ap.add_argument("--requests", type=int, default=8, help="concurrent requests (default 8)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--stops", type=int, default=3,
+                    help="captures and stops per server (default 3): the table gives the median "
+                    "stop (and the range), since one stop's time varies, vLLM's own most")
     ap.add_argument("--without-stack", action="store_true",
                     help="both profilers with torch_profiler_with_stack=false (vLLM's default is "
                     "true): what the stops cost without torch's Python tracer, whose frames are "
                     "most of a default capture")
     args = ap.parse_args()
+    if args.stops < 1:
+        ap.error("--stops: at least 1")
     if reason := cpu_build_missing():
         say(f"cannot run: {reason}")
         return 2
@@ -194,14 +214,23 @@ def main() -> int:
     config = ("vLLM's default torch profiler config but torch_profiler_with_stack=false"
               if args.without_stack else "vLLM's default torch profiler config (with_stack)")
     print(f"\n{args.requests} concurrent requests x {args.tokens} tokens, {config}, one machine, "
-          "one run\n")
+          f"one run, {args.stops} capture(s) and stop(s) per server (one server per column and "
+          "row; the rows below the first two give the median stop's figures)\n")
     print("| | vLLM's own | stepscope | ratio |")
     print("|---|---|---|---|")
+
+    def stop_cell(r: dict) -> str:
+        times = sorted(x["stop_profile_s"] for x in r["stops"])
+        if len(times) == 1:
+            return f"{r['stop_profile_s']:.3f} s"
+        each = ", ".join(f"{t:.3f}" for t in times)
+        return f"{r['stop_profile_s']:.3f} s (median of {len(times)}: {each} s)"
+
     for ign in (True, False):
         v, s = by[("vllm", ign)], by[("stepscope", ign)]
         print(f"| `/stop_profile` (returns with the trace on disk), "
-              f"ignore_frontend={str(ign).lower()} | {v['stop_profile_s']:.3f} s "
-              f"| {s['stop_profile_s']:.3f} s | {v['stop_profile_s'] / s['stop_profile_s']:.0f}x |")
+              f"ignore_frontend={str(ign).lower()} | {stop_cell(v)} "
+              f"| {stop_cell(s)} | {v['stop_profile_s'] / s['stop_profile_s']:.0f}x |")
     for ign in (True, False):
         v, s = by[("vllm", ign)], by[("stepscope", ign)]
         cells = []
@@ -210,7 +239,8 @@ def main() -> int:
             cells.append(f"{len(d)} sent, median {statistics.median(d):.3f} s, max {max(d):.3f} s"
                          f" ({statistics.median(d) / r['short_base_median_s']:.1f}x unprofiled "
                          f"{r['short_base_median_s']:.3f} s)")
-        print(f"| {SHORT_TOKENS}-token requests sent one after another during `/stop_profile`, "
+        print(f"| {SHORT_TOKENS}-token requests sent one after another during the "
+              f"{len(v['stops'])} `/stop_profile`s, "
               f"ignore_frontend={str(ign).lower()} | {cells[0]} | {cells[1]} | |")
     for ign in (True, False):
         v, s = by[("vllm", ign)], by[("stepscope", ign)]
