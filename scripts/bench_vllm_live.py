@@ -224,7 +224,8 @@ def main() -> int:
         if len(times) == 1:
             return f"{r['stop_profile_s']:.3f} s"
         each = ", ".join(f"{t:.3f}" for t in times)
-        return f"{r['stop_profile_s']:.3f} s (median of {len(times)}: {each} s)"
+        which = "median" if len(times) % 2 else "lower middle"
+        return f"{r['stop_profile_s']:.3f} s ({which} of {len(times)}: {each} s)"
 
     for ign in (True, False):
         v, s = by[("vllm", ign)], by[("stepscope", ign)]
